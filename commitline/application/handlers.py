@@ -1,0 +1,139 @@
+"""Command handlers: which aggregate each command changes, and the domain call it makes.
+
+A handler receives the loaded aggregate (blank when its stream is empty) and a loader
+for reading other, existing aggregates (it raises AggregateNotFound); it calls one domain method and returns the aggregate
+holding the new events. Loading, concurrency and idempotency are the processor's job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+from uuid import UUID
+
+from commitline.application import commands as c
+from commitline.domain import Aggregate
+from commitline.domain.inventory import InventoryItem
+from commitline.domain.payment import PaymentTransaction
+from commitline.domain.survey import SurveyAssignment, SurveyTask, assignment_id
+
+Loader = Callable[[type[Aggregate], UUID], Aggregate]
+
+
+class Stream(Enum):
+    NEW = "the stream must be empty"
+    EXISTING = "the stream must already exist"
+    ANY = "either"
+
+
+@dataclass(frozen=True)
+class Handler:
+    aggregate: type[Aggregate]
+    stream: Stream
+    target: Callable[[Any], UUID | None]
+    run: Callable[[Any, Any, Loader], Aggregate]
+
+
+HANDLERS: dict[type[c.Command], Handler] = {}
+
+
+def handles(command: type[c.Command], aggregate: type[Aggregate], stream: Stream, target: Callable[[Any], UUID | None]):
+    def register(run: Callable[[Any, Any, Loader], Aggregate]) -> Callable[[Any, Any, Loader], Aggregate]:
+        HANDLERS[command] = Handler(aggregate, stream, target, run)
+        return run
+
+    return register
+
+
+def _payment(cmd: Any) -> UUID | None:
+    return cmd.payment_id
+
+
+def _item(cmd: Any) -> UUID:
+    return cmd.item_id
+
+
+def _task(cmd: Any) -> UUID | None:
+    return cmd.task_id
+
+
+def _assignment(cmd: c.AnswerSurveyTask) -> UUID:
+    return assignment_id(cmd.task_id, cmd.user_id)
+
+
+@handles(c.CreatePayment, PaymentTransaction, Stream.NEW, _payment)
+def create_payment(p: PaymentTransaction, cmd: c.CreatePayment, _: Loader) -> Aggregate:
+    return PaymentTransaction.create(p.id, amount=cmd.amount, currency=cmd.currency, account=cmd.account)
+
+
+@handles(c.SubmitPayment, PaymentTransaction, Stream.EXISTING, _payment)
+def submit_payment(p: PaymentTransaction, cmd: c.SubmitPayment, _: Loader) -> Aggregate:
+    p.submit()
+    return p
+
+
+@handles(c.CompletePayment, PaymentTransaction, Stream.EXISTING, _payment)
+def complete_payment(p: PaymentTransaction, cmd: c.CompletePayment, _: Loader) -> Aggregate:
+    p.complete()
+    return p
+
+
+@handles(c.FailPayment, PaymentTransaction, Stream.EXISTING, _payment)
+def fail_payment(p: PaymentTransaction, cmd: c.FailPayment, _: Loader) -> Aggregate:
+    p.fail(cmd.reason)
+    return p
+
+
+@handles(c.ReceiveStock, InventoryItem, Stream.ANY, _item)
+def receive_stock(item: InventoryItem, cmd: c.ReceiveStock, _: Loader) -> Aggregate:
+    item.receive(cmd.quantity)
+    return item
+
+
+@handles(c.ReserveStock, InventoryItem, Stream.EXISTING, _item)
+def reserve_stock(item: InventoryItem, cmd: c.ReserveStock, _: Loader) -> Aggregate:
+    item.reserve(cmd.reservation_id, cmd.quantity)
+    return item
+
+
+@handles(c.ReleaseReservation, InventoryItem, Stream.EXISTING, _item)
+def release_reservation(item: InventoryItem, cmd: c.ReleaseReservation, _: Loader) -> Aggregate:
+    item.release(cmd.reservation_id)
+    return item
+
+
+@handles(c.FulfilReservation, InventoryItem, Stream.EXISTING, _item)
+def fulfil_reservation(item: InventoryItem, cmd: c.FulfilReservation, _: Loader) -> Aggregate:
+    item.fulfil(cmd.reservation_id)
+    return item
+
+
+@handles(c.CreateSurveyTask, SurveyTask, Stream.NEW, _task)
+def create_survey_task(task: SurveyTask, cmd: c.CreateSurveyTask, _: Loader) -> Aggregate:
+    return SurveyTask.create(task.id, cmd.title)
+
+
+@handles(c.IssueSurveyTask, SurveyTask, Stream.EXISTING, _task)
+def issue_survey_task(task: SurveyTask, cmd: c.IssueSurveyTask, _: Loader) -> Aggregate:
+    task.issue(cmd.user_ids)
+    return task
+
+
+@handles(c.CloseSurveyTask, SurveyTask, Stream.EXISTING, _task)
+def close_survey_task(task: SurveyTask, cmd: c.CloseSurveyTask, _: Loader) -> Aggregate:
+    task.close()
+    return task
+
+
+@handles(c.AnswerSurveyTask, SurveyAssignment, Stream.ANY, _assignment)
+def answer_survey_task(assignment: SurveyAssignment, cmd: c.AnswerSurveyTask, load: Loader) -> Aggregate:
+    task = load(SurveyTask, cmd.task_id)
+    assert isinstance(task, SurveyTask)
+    assignment.answer(task, cmd.user_id)
+    return assignment
+
+
+missing = set(c.COMMAND_TYPES.values()) - set(HANDLERS)
+assert not missing, f"commands without a handler: {missing}"

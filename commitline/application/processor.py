@@ -1,0 +1,166 @@
+"""``CommandProcessor.dispatch``: validate, deduplicate, load, decide, append, exactly once.
+
+1. Validate the command (pydantic) and the key; a bad one raises before any I/O.
+2. Look the (tenant, key) up: a stored outcome with the same fingerprint is returned
+   as ``replayed=True``; a different fingerprint raises IdempotencyKeyReused.
+3. Load the aggregate by replaying its events (from a snapshot when there is one).
+4. Run the domain method; it raises on an illegal transition or a broken invariant
+   (unless a twin with the same key committed meanwhile: then the twin's outcome is returned).
+5. Append the events and the idempotency record in one short transaction. If the
+   stream moved meanwhile: with ``expected_version`` raise ConcurrencyConflict, without
+   it reload and decide again after a jittered back-off, a bounded number of times.
+   If a concurrent twin with the same key committed first, return its outcome.
+No transaction is held open while the domain decides.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from collections.abc import Mapping
+from typing import Any
+from uuid import UUID, uuid5
+
+import orjson
+from pydantic_core import to_jsonable_python
+
+from commitline.application.commands import Command, VersionedCommand, parse_command
+from commitline.application.errors import (
+    AggregateAlreadyExists,
+    AggregateNotFound,
+    CommitlineError,
+    ConcurrencyConflict,
+    IdempotencyKeyReused,
+    InvalidTenant,
+    MissingIdempotencyKey,
+)
+from commitline.application.handlers import HANDLERS, Handler, Stream
+from commitline.application.ports import EventStore, IdempotencyRecord, KeyAlreadyRecorded, StreamMoved
+from commitline.application.results import DispatchResult, RecordedEventView
+from commitline.application.retry import RetryPolicy
+from commitline.domain import Aggregate, Event
+
+_TENANT = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_DERIVED_ID_NAMESPACE = UUID("0b7e5a0c-2f4e-4f8e-9d61-6a1f3c2b9e77")
+MAX_KEY_LENGTH = 255
+
+
+def fingerprint(command: Command) -> bytes:
+    """SHA-256 of the command's canonical JSON: same request, same fingerprint."""
+    canonical = orjson.dumps(command.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(canonical).digest()
+
+
+class CommandProcessor:
+    def __init__(self, store: EventStore, retry: RetryPolicy | None = None):
+        self.store = store
+        self.retry = retry or RetryPolicy()
+
+    def dispatch(
+        self,
+        command: Command | Mapping[str, Any] | str | bytes,
+        *,
+        idempotency_key: str | None,
+        tenant: str = "default",
+    ) -> DispatchResult:
+        cmd = parse_command(command)
+        key = self._checked_key(cmd, idempotency_key)
+        if not isinstance(tenant, str) or not _TENANT.match(tenant):
+            raise InvalidTenant(tenant)
+        digest = fingerprint(cmd)
+        earlier = self._earlier_outcome(tenant, key, digest)
+        if earlier is not None:
+            return earlier
+        handler = HANDLERS[type(cmd)]
+        aggregate_id = handler.target(cmd) or uuid5(_DERIVED_ID_NAMESPACE, f"{tenant}\x00{key}")
+        expected = cmd.expected_version if isinstance(cmd, VersionedCommand) else None
+
+        delays = self.retry.delays()
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                aggregate = self._load_for(handler, aggregate_id, expected)
+                changed = handler.run(aggregate, cmd, self._load_existing)
+            except CommitlineError:
+                # A twin with this key may have committed since our lookup, changing the state we
+                # just refused: its outcome is the answer for this key.
+                twin = self._earlier_outcome(tenant, key, digest)
+                if twin is not None:
+                    return twin
+                raise
+            events = changed.collect_events()
+            result = self._result(cmd, tenant, changed, events)
+            record = IdempotencyRecord(tenant, key, digest, cmd.type, aggregate_id, result.outcome_bytes())
+            try:
+                self.store.append(changed, events, tenant=tenant, idempotency=record)
+                return result
+            except KeyAlreadyRecorded:
+                twin = self._earlier_outcome(tenant, key, digest)
+                assert twin is not None, "a committed idempotency record must be readable"
+                return twin
+            except StreamMoved:
+                if expected is not None:
+                    raise ConcurrencyConflict(aggregate_id, expected, self.store.stream_version(aggregate_id)) from None
+                delay = next(delays, None)
+                if delay is None:
+                    actual = self.store.stream_version(aggregate_id)
+                    raise ConcurrencyConflict(aggregate_id, None, actual, attempts) from None
+                time.sleep(delay)
+
+    def _checked_key(self, cmd: Command, key: str | None) -> str:
+        if key is None:
+            raise MissingIdempotencyKey(cmd.type)
+        if not isinstance(key, str) or not key.strip() or len(key) > MAX_KEY_LENGTH or not key.isprintable():
+            raise MissingIdempotencyKey(cmd.type, f"the idempotency key must be 1-{MAX_KEY_LENGTH} printable characters")
+        return key
+
+    def _earlier_outcome(self, tenant: str, key: str, digest: bytes) -> DispatchResult | None:
+        record = self.store.find_outcome(tenant, key)
+        if record is None:
+            return None
+        if record.fingerprint != digest:
+            raise IdempotencyKeyReused(tenant, key, record.command_type)
+        return DispatchResult.from_outcome(record.outcome)
+
+    def _load_existing(self, cls: type[Aggregate], aggregate_id: UUID) -> Aggregate:
+        aggregate = self.store.load(cls, aggregate_id)
+        if not aggregate.exists:
+            raise AggregateNotFound(cls.__name__, aggregate_id)
+        return aggregate
+
+    def _load_for(self, handler: Handler, aggregate_id: UUID, expected: int | None) -> Aggregate:
+        aggregate = self.store.load(handler.aggregate, aggregate_id)
+        name = handler.aggregate.__name__
+        if handler.stream is Stream.NEW and aggregate.exists:
+            raise AggregateAlreadyExists(name, aggregate_id)
+        if handler.stream is Stream.EXISTING and not aggregate.exists:
+            raise AggregateNotFound(name, aggregate_id)
+        if expected is not None and aggregate.version != expected:
+            raise ConcurrencyConflict(aggregate_id, expected, aggregate.version)
+        return aggregate
+
+    @staticmethod
+    def _result(cmd: Command, tenant: str, aggregate: Aggregate, events: list[Event]) -> DispatchResult:
+        aggregate_type = type(aggregate).__name__
+        return DispatchResult(
+            command_type=cmd.type,
+            tenant=tenant,
+            aggregate_type=aggregate_type,
+            aggregate_id=aggregate.id,
+            version=aggregate.version,
+            events=tuple(
+                RecordedEventView(
+                    event_id=e.event_id,
+                    type=e.type_name(),
+                    aggregate_type=aggregate_type,
+                    aggregate_id=e.aggregate_id,
+                    version=e.version,
+                    occurred_at=e.occurred_at,
+                    tenant=tenant,
+                    payload=to_jsonable_python(e.payload()),
+                )
+                for e in events
+            ),
+        )

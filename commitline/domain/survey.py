@@ -1,0 +1,143 @@
+"""Survey tasks (seed 003): a task issued to batches of users, re-issued later, each user
+answering at most once.
+
+Answers are recorded on a per-(task, user) ``SurveyAssignment`` stream rather than on
+the task's own stream, so thousands of users answering at once never contend for one
+stream version, and a re-issue never blocks an answer. The task stream holds who was
+issued; the assignment stream holds that user's answer. Task-status counters are
+built from both by a projection, never updated on the command path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from uuid import UUID, uuid5
+
+from commitline.domain.aggregate import Aggregate, Event
+from commitline.domain.errors import InvalidValue, TaskClosed, UserNotIssued, UsersAlreadyIssued
+from commitline.domain.fsm import table
+
+MAX_USERS_PER_ISSUE = 100_000
+_ASSIGNMENT_NAMESPACE = UUID("6f1c3a52-9d7e-4c39-8a0e-2b5d1e7c9f40")
+
+
+class TaskState(str, Enum):
+    OPEN = "OPEN"
+    CLOSED = "CLOSED"
+
+
+class AssignmentStatus(str, Enum):
+    PENDING = "PENDING"
+    DONE = "DONE"
+
+
+TASK_TRANSITIONS = table("SurveyTask", {TaskState.OPEN: {TaskState.CLOSED}, TaskState.CLOSED: set()})
+ASSIGNMENT_TRANSITIONS = table(
+    "SurveyAssignment", {AssignmentStatus.PENDING: {AssignmentStatus.DONE}, AssignmentStatus.DONE: set()}
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SurveyTaskCreated(Event):
+    title: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class SurveyTaskIssued(Event):
+    round: int
+    user_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SurveyTaskClosed(Event):
+    pass
+
+
+@dataclass(frozen=True, kw_only=True)
+class SurveyTaskAnswered(Event):
+    task_id: UUID
+    user_id: str
+
+
+def assignment_id(task_id: UUID, user_id: str) -> UUID:
+    return uuid5(_ASSIGNMENT_NAMESPACE, f"{task_id}/{user_id}")
+
+
+@dataclass(kw_only=True)
+class SurveyTask(Aggregate):
+    state: TaskState | None = None
+    title: str = ""
+    rounds: int = 0
+    issued: frozenset[str] = frozenset()
+
+    EVENTS = (SurveyTaskCreated, SurveyTaskIssued, SurveyTaskClosed)
+    TRANSITIONS = TASK_TRANSITIONS
+
+    @classmethod
+    def create(cls, task_id: UUID, title: str) -> SurveyTask:
+        if not title.strip():
+            raise InvalidValue("title", title, "must not be blank")
+        task = cls.blank(task_id)
+        task._emit(SurveyTaskCreated, title=title)
+        return task
+
+    def issue(self, user_ids: list[str] | tuple[str, ...]) -> None:
+        if self.state is TaskState.CLOSED:
+            raise TaskClosed(str(self.id), "issue")
+        if not user_ids:
+            raise InvalidValue("user_ids", user_ids, "must name at least one user")
+        if len(user_ids) > MAX_USERS_PER_ISSUE:
+            raise InvalidValue("user_ids", f"{len(user_ids)} users", f"at most {MAX_USERS_PER_ISSUE} per issue")
+        unique = set(user_ids)
+        if len(unique) != len(user_ids):
+            raise InvalidValue("user_ids", f"{len(user_ids) - len(unique)} duplicates", "must not repeat a user")
+        already = unique & self.issued
+        if already:
+            raise UsersAlreadyIssued(str(self.id), already)
+        self._emit(SurveyTaskIssued, round=self.rounds + 1, user_ids=tuple(user_ids))
+
+    def close(self) -> None:
+        assert self.state is not None
+        TASK_TRANSITIONS.check(self.state, TaskState.CLOSED)
+        self._emit(SurveyTaskClosed)
+
+    def _evolve(self, event: Event) -> None:
+        match event:
+            case SurveyTaskCreated(title=title):
+                self.state, self.title = TaskState.OPEN, title
+            case SurveyTaskIssued(round=round_, user_ids=user_ids):
+                self.rounds, self.issued = round_, self.issued | frozenset(user_ids)
+            case SurveyTaskClosed():
+                self.state = TaskState.CLOSED
+            case _:
+                raise TypeError(f"SurveyTask cannot apply {type(event).__name__}")
+
+
+@dataclass(kw_only=True)
+class SurveyAssignment(Aggregate):
+    """One user's assignment to one task; its id is derived from both (``assignment_id``)."""
+
+    status: AssignmentStatus = AssignmentStatus.PENDING
+    task_id: UUID | None = None
+    user_id: str = ""
+
+    EVENTS = (SurveyTaskAnswered,)
+    TRANSITIONS = ASSIGNMENT_TRANSITIONS
+
+    def answer(self, task: SurveyTask, user_id: str) -> None:
+        if self.id != assignment_id(task.id, user_id):
+            raise InvalidValue("assignment", str(self.id), "does not belong to this task and user")
+        if task.state is TaskState.CLOSED:
+            raise TaskClosed(str(task.id), "answer")
+        if user_id not in task.issued:
+            raise UserNotIssued(str(task.id), user_id)
+        ASSIGNMENT_TRANSITIONS.check(self.status, AssignmentStatus.DONE)
+        self._emit(SurveyTaskAnswered, task_id=task.id, user_id=user_id)
+
+    def _evolve(self, event: Event) -> None:
+        match event:
+            case SurveyTaskAnswered(task_id=task_id, user_id=user_id):
+                self.status, self.task_id, self.user_id = AssignmentStatus.DONE, task_id, user_id
+            case _:
+                raise TypeError(f"SurveyAssignment cannot apply {type(event).__name__}")

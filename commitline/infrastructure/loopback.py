@@ -1,0 +1,28 @@
+"""Local TCP port allocation for the embedded services.
+
+Owns :func:`free_port`: ask the kernel for an unused port on 127.0.0.1. The
+port is released again before it is returned, so another process *could* grab
+it before the server binds; to make that unlikely between services started by
+this process, a port already handed out here is never handed out twice.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+_issued: set[int] = set()
+_lock = threading.Lock()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """Return a TCP port on *host* that nothing listens on right now."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        with _lock:
+            if port not in _issued:
+                _issued.add(port)
+                return port
+    raise RuntimeError(f"could not find a free TCP port on {host}")

@@ -1,0 +1,312 @@
+"""The append-only PostgreSQL event store: schema, appends, and the gap-safe notification log.
+
+Built on ``eventsourcing``'s ``PostgresApplicationRecorder`` (its datastore, pool, event
+and notification types, per-stream reads, LISTEN subscription), with three changes:
+
+1. **No table lock on append.** The stock recorder takes ``LOCK TABLE ... EXCLUSIVE``
+   on every insert so notification ids commit in order; that serialises every writer,
+   fsync included. Here writers run in parallel and the *reader* proves gaps instead.
+2. **Gap-safe reads.** Notification ids come from a sequence (CACHE 1, so ids grow in
+   the order they are drawn), but transactions commit in any order, so a reader can
+   see id 12 while id 11 is still uncommitted. ``select_notifications`` returns only
+   the contiguous prefix of ids, and passes a gap only once it is proven permanent:
+
+   - every writer assigns itself a transaction id *before* drawing notification ids;
+   - if a read at snapshot S1 sees id h but not g < h, then g was drawn before h, and h
+     committed before S1, so the writer X of g had its xid before S1 and was either
+     aborted or still running at S1;
+   - right after S1 the reader draws a fresh xid B in a throw-away transaction (rolled
+     back: no commit record to flush). X's xid < B. (A snapshot's own xmax is no such
+     bound: it is latestCompletedXid + 1, and a running writer may sit above it.)
+   - a later snapshot S2 with xmin(S2) >= B proves every xid below B has ended; if g
+     is still absent in S2, X aborted and g will never appear, so the reader passes it.
+
+   Consequence: a follower never skips an event that commits late (the leapfrog
+   problem), without serialising writers. The cost, as in Emmett: a very long open
+   transaction delays passing a gap (never correctness).
+3. **Append-only for real, plus idempotency in the same transaction.** Triggers reject
+   UPDATE, DELETE and TRUNCATE on events; the idempotency record is inserted in the
+   events' transaction, so both commit or neither does.
+
+Wake-ups: after a successful append the writer sends ``NOTIFY`` outside the event
+transaction. (``NOTIFY`` inside a transaction takes a database-wide lock until commit
+ends, which would serialise commits again.) Followers also poll, so a lost wake-up only
+delays them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from eventsourcing.persistence import Notification, StoredEvent
+from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
+from psycopg import errors as pg_errors
+from psycopg.rows import tuple_row
+from psycopg.sql import SQL, Composed, Identifier
+
+from commitline.application.ports import IdempotencyRecord, KeyAlreadyRecorded, StreamMoved
+
+EVENTS_TABLE = "events"
+IDEMPOTENCY_TABLE = "idempotency_keys"
+SNAPSHOTS_TABLE = "snapshots"
+_MAX_TRACKED_GAPS = 100_000
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    aggregate_id: UUID
+    version: int
+    aggregate_type: str
+    state: bytes
+
+
+class EventRecorder(PostgresApplicationRecorder):
+    def __init__(self, datastore: PostgresDatastore):
+        super().__init__(datastore, events_table_name=EVENTS_TABLE)
+        self._q = _Statements(datastore.schema)
+        self.sql_create_statements = self._q.create_statements()
+        self.channel_name = f"{datastore.schema}_events"
+        # first missing id of a gap -> an xid drawn just after the gap was first seen
+        self._gaps: dict[int, int] = {}
+        self._gaps_lock = threading.Lock()
+        # Test seam for crash-safety tests: runs inside the append transaction,
+        # after the inserts and before COMMIT.
+        self.before_commit: Callable[[], None] | None = None
+
+    # -- schema -------------------------------------------------------------------
+
+    def create_table(self) -> None:
+        with self.datastore.get_connection() as conn:
+            conn.execute(SQL("CREATE SCHEMA IF NOT EXISTS {}").format(Identifier(self.datastore.schema)))
+            with conn.transaction():
+                # Serialise concurrent first starts: CREATE ... IF NOT EXISTS races otherwise.
+                conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"commitline-schema-{self.datastore.schema}",))
+                for statement in self.sql_create_statements:
+                    conn.execute(statement)
+
+    # -- writes -------------------------------------------------------------------
+
+    def append(self, stored_events: Sequence[StoredEvent], idempotency: IdempotencyRecord | None = None) -> list[int]:
+        """Insert events (and the idempotency record) in one transaction; return notification ids."""
+        params = (
+            [e.originator_id for e in stored_events],
+            [e.originator_version for e in stored_events],
+            [e.topic for e in stored_events],
+            [e.state for e in stored_events],
+        )
+        try:
+            with self.datastore.pool.connection() as conn:
+                with conn.pipeline(), conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+                    cur.execute(self._q.assign_xid)
+                    if idempotency is not None:
+                        cur.execute(self._q.insert_idempotency, _idempotency_params(idempotency))
+                    cur.execute(self._q.insert_events, params, prepare=True)
+                    ids = [row[0] for row in cur.fetchall()]
+                    if self.before_commit is not None:
+                        self.before_commit()
+                conn.execute(self._q.notify)
+        except pg_errors.UniqueViolation as e:
+            constraint = e.diag.constraint_name or ""
+            if constraint.startswith(IDEMPOTENCY_TABLE):
+                raise KeyAlreadyRecorded(constraint) from None
+            raise StreamMoved(constraint) from None
+        return ids
+
+    # -- per-stream reads ---------------------------------------------------------
+
+    def load_stream(self, aggregate_id: UUID, after_snapshot: bool) -> tuple[Snapshot | None, list[StoredEvent]]:
+        """The latest snapshot (if wanted) and the events after it, in one round trip."""
+        with self.datastore.pool.connection() as conn, conn.cursor(row_factory=tuple_row) as cur:
+            snapshot = None
+            if after_snapshot:
+                cur.execute(self._q.latest_snapshot, (aggregate_id,), prepare=True)
+                row = cur.fetchone()
+                if row is not None:
+                    snapshot = Snapshot(aggregate_id, row[0], row[1], bytes(row[2]))
+            cur.execute(self._q.stream_after, (aggregate_id, snapshot.version if snapshot else 0), prepare=True)
+            events = [StoredEvent(aggregate_id, v, t, bytes(s)) for v, t, s in cur.fetchall()]
+        return snapshot, events
+
+    def stream_version(self, aggregate_id: UUID) -> int:
+        with self.datastore.pool.connection() as conn:
+            row = conn.cursor(row_factory=tuple_row).execute(self._q.stream_head, (aggregate_id,)).fetchone()
+        return int(row[0]) if row and row[0] is not None else 0
+
+    def save_snapshot(self, snapshot: Snapshot) -> None:
+        with self.datastore.pool.connection() as conn:
+            conn.execute(
+                self._q.insert_snapshot,
+                (snapshot.aggregate_id, snapshot.version, snapshot.aggregate_type, snapshot.state),
+            )
+
+    def find_idempotency(self, tenant: str, key: str) -> IdempotencyRecord | None:
+        with self.datastore.pool.connection() as conn:
+            row = conn.cursor(row_factory=tuple_row).execute(self._q.select_idempotency, (tenant, key), prepare=True).fetchone()
+        if row is None:
+            return None
+        return IdempotencyRecord(tenant, key, bytes(row[0]), row[1], row[2], bytes(row[3]))
+
+    # -- the notification log -----------------------------------------------------
+
+    def select_notifications(
+        self,
+        start: int | None,
+        limit: int,
+        stop: int | None = None,
+        topics: Sequence[str] = (),
+        *,
+        inclusive_of_start: bool = True,
+    ) -> Sequence[Notification]:
+        """Notifications from ``start`` in id order, ending before any gap not yet proven permanent."""
+        first = 1 if start is None else (start if inclusive_of_start else start + 1)
+        last = stop if stop is not None else 2**63 - 1
+        with self.datastore.pool.connection() as conn:
+            with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                cur.execute(self._q.snapshot_xmin)
+                xmin = int(cur.fetchone()[0])  # type: ignore[index]
+                cur.execute(self._q.select_log, (first, last, limit), prepare=True)
+                rows = cur.fetchall()
+        notifications: list[Notification] = []
+        expected, new_gap = first, None
+        with self._gaps_lock:
+            for nid, originator_id, version, topic, state in rows:
+                if nid > expected:
+                    bound = self._gaps.get(expected)
+                    if bound is None:
+                        new_gap = expected
+                        break
+                    if xmin < bound:
+                        break
+                    # Proven permanent (aborted ids). The entry stays: xmin only grows, so the
+                    # proof holds for every other reader of this recorder too.
+                expected = nid + 1
+                if not topics or topic in topics:
+                    notifications.append(
+                        Notification(id=nid, originator_id=originator_id, originator_version=version, topic=topic,
+                                     state=bytes(state))
+                    )
+            if len(self._gaps) > _MAX_TRACKED_GAPS:  # forget the oldest; a re-sighting only costs a poll
+                for gap in sorted(self._gaps)[: len(self._gaps) - _MAX_TRACKED_GAPS]:
+                    del self._gaps[gap]
+        if new_gap is not None:
+            bound = self._fresh_xid()
+            with self._gaps_lock:
+                self._gaps.setdefault(new_gap, bound)
+        return notifications
+
+    def _fresh_xid(self) -> int:
+        with self.datastore.pool.connection() as conn, conn.cursor(row_factory=tuple_row) as cur:
+            with conn.transaction(force_rollback=True):
+                cur.execute(self._q.assign_xid)
+                return int(cur.fetchone()[0])  # type: ignore[index]
+
+    def max_notification_id(self) -> int | None:
+        with self.datastore.pool.connection() as conn:
+            row = conn.cursor(row_factory=tuple_row).execute(self._q.max_notification_id).fetchone()
+        return row[0] if row else None
+
+
+def _idempotency_params(row: IdempotencyRecord) -> tuple[Any, ...]:
+    return (row.tenant, row.key, row.fingerprint, row.command_type, row.aggregate_id, row.outcome)
+
+
+class _Statements:
+    """Every SQL statement of the event store, qualified with one schema."""
+
+    def __init__(self, schema: str):
+        def q(text: str) -> Composed:
+            return SQL(text).format(
+                schema=Identifier(schema),
+                events=Identifier(schema, EVENTS_TABLE),
+                idem=Identifier(schema, IDEMPOTENCY_TABLE),
+                snaps=Identifier(schema, SNAPSHOTS_TABLE),
+                reject=Identifier(schema, "reject_event_change"),
+                channel=Identifier(f"{schema}_events"),
+            )
+
+        self._q = q
+        self.assign_xid = q("SELECT pg_current_xact_id()::text")
+        self.insert_events = q(
+            "INSERT INTO {events} (originator_id, originator_version, topic, state) "
+            "SELECT * FROM unnest(%s::uuid[], %s::int8[], %s::text[], %s::bytea[]) RETURNING notification_id"
+        )
+        self.insert_idempotency = q(
+            "INSERT INTO {idem} (tenant, key, fingerprint, command_type, aggregate_id, outcome) "
+            "VALUES (%s, %s, %s, %s, %s, %s)"
+        )
+        self.select_idempotency = q(
+            "SELECT fingerprint, command_type, aggregate_id, outcome FROM {idem} WHERE tenant = %s AND key = %s"
+        )
+        self.notify = q("NOTIFY {channel}")
+        self.latest_snapshot = q(
+            "SELECT version, aggregate_type, state FROM {snaps} WHERE aggregate_id = %s ORDER BY version DESC LIMIT 1"
+        )
+        self.stream_after = q(
+            "SELECT originator_version, topic, state FROM {events} "
+            "WHERE originator_id = %s AND originator_version > %s ORDER BY originator_version"
+        )
+        self.stream_head = q("SELECT max(originator_version) FROM {events} WHERE originator_id = %s")
+        self.insert_snapshot = q(
+            "INSERT INTO {snaps} (aggregate_id, version, aggregate_type, state) VALUES (%s, %s, %s, %s) "
+            "ON CONFLICT DO NOTHING"
+        )
+        self.snapshot_xmin = q("SELECT pg_snapshot_xmin(pg_current_snapshot())::text")
+        self.select_log = q(
+            "SELECT notification_id, originator_id, originator_version, topic, state FROM {events} "
+            "WHERE notification_id >= %s AND notification_id <= %s ORDER BY notification_id LIMIT %s"
+        )
+        self.max_notification_id = q("SELECT max(notification_id) FROM {events}")
+
+    def create_statements(self) -> list[Composed]:
+        q = self._q
+        return [
+            q(
+                "CREATE TABLE IF NOT EXISTS {events} ("
+                " notification_id bigint GENERATED ALWAYS AS IDENTITY (CACHE 1),"
+                " originator_id uuid NOT NULL,"
+                " originator_version bigint NOT NULL CHECK (originator_version > 0),"
+                " topic text NOT NULL,"
+                " state bytea NOT NULL,"
+                " txid xid8 NOT NULL DEFAULT pg_current_xact_id(),"
+                " PRIMARY KEY (originator_id, originator_version))"
+            ),
+            q("CREATE UNIQUE INDEX IF NOT EXISTS events_notification_id_idx ON {events} (notification_id)"),
+            q(
+                "CREATE OR REPLACE FUNCTION {reject}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                "RAISE EXCEPTION 'events are append-only: % on %.% rejected', TG_OP, TG_TABLE_SCHEMA, TG_TABLE_NAME "
+                "USING ERRCODE = 'restrict_violation'; END $$"
+            ),
+            q(
+                "CREATE OR REPLACE TRIGGER events_append_only BEFORE UPDATE OR DELETE ON {events} "
+                "FOR EACH ROW EXECUTE FUNCTION {reject}()"
+            ),
+            q(
+                "CREATE OR REPLACE TRIGGER events_no_truncate BEFORE TRUNCATE ON {events} "
+                "FOR EACH STATEMENT EXECUTE FUNCTION {reject}()"
+            ),
+            q(
+                "CREATE TABLE IF NOT EXISTS {idem} ("
+                " tenant text NOT NULL,"
+                " key text NOT NULL,"
+                " fingerprint bytea NOT NULL,"
+                " command_type text NOT NULL,"
+                " aggregate_id uuid NOT NULL,"
+                " outcome bytea NOT NULL,"
+                " recorded_at timestamptz NOT NULL DEFAULT now(),"
+                " PRIMARY KEY (tenant, key))"
+            ),
+            q(
+                "CREATE TABLE IF NOT EXISTS {snaps} ("
+                " aggregate_id uuid NOT NULL,"
+                " version bigint NOT NULL,"
+                " aggregate_type text NOT NULL,"
+                " state bytea NOT NULL,"
+                " taken_at timestamptz NOT NULL DEFAULT now(),"
+                " PRIMARY KEY (aggregate_id, version))"
+            ),
+        ]

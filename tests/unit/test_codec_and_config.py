@@ -1,0 +1,72 @@
+"""Stored encoding round-trips exact types; configuration errors name the variable, never the secret."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from decimal import Decimal
+from uuid import uuid4
+
+import orjson
+import pytest
+
+from commitline.application.errors import ConfigurationError
+from commitline.application.retry import RetryPolicy
+from commitline.domain.payment import PaymentCreated
+from commitline.infrastructure.codec import decode_event, encode_event
+from commitline.infrastructure.config import VARIABLES, load_settings
+
+
+def test_event_roundtrip_is_exact_and_stored_json_is_plain() -> None:
+    event = PaymentCreated(
+        event_id=uuid4(), aggregate_id=uuid4(), version=1,
+        occurred_at=datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=timezone.utc),
+        amount=Decimal("0.10"), currency="EUR", account="acc",
+    )
+    stored = encode_event(event, "t1")
+    assert orjson.loads(stored.state)["data"] == {"amount": "0.10", "currency": "EUR", "account": "acc"}
+    back = decode_event(stored.topic, stored.originator_id, stored.originator_version, stored.state)
+    assert back.event == event and back.tenant == "t1" and back.aggregate_type == "PaymentTransaction"
+    assert isinstance(back.event.amount, Decimal) and str(back.event.amount) == "0.10"
+    assert back.event.occurred_at == event.occurred_at
+
+
+def test_upcasting_old_payloads(monkeypatch: pytest.MonkeyPatch) -> None:
+    event = PaymentCreated(event_id=uuid4(), aggregate_id=uuid4(), version=1,
+                           occurred_at=datetime.now(timezone.utc), amount=Decimal("1"), currency="EUR", account="a")
+    stored = encode_event(event, "t")  # written as version 1
+    monkeypatch.setattr(PaymentCreated, "class_version", 2, raising=False)
+    monkeypatch.setattr(PaymentCreated, "upcast_v1_v2",
+                        staticmethod(lambda d: {**d, "account": d["account"].upper()}), raising=False)
+    assert decode_event(stored.topic, stored.originator_id, 1, stored.state).event.account == "A"
+
+
+def test_configuration_defaults_and_errors() -> None:
+    settings = load_settings({})
+    assert settings.database_url is None and settings.snapshot_interval == 100
+    with pytest.raises(ConfigurationError) as caught:
+        load_settings({"COMMITLINE_POOL_SIZE": "lots"})
+    assert caught.value.variable == "COMMITLINE_POOL_SIZE" and "lots" in str(caught.value)
+    with pytest.raises(ConfigurationError) as bad_url:
+        load_settings({"COMMITLINE_DATABASE_URL": "postgresql://u:hunter2@h:notaport/db x=y=z"})
+    assert "hunter2" not in str(bad_url.value) and bad_url.value.variable == "COMMITLINE_DATABASE_URL"
+
+
+def test_secret_never_in_repr() -> None:
+    settings = load_settings({"COMMITLINE_DATABASE_URL": "postgresql://u:hunter2@h:5432/db"})
+    assert "hunter2" not in repr(settings) and "hunter2" not in str(settings.model_dump())
+    assert settings.connection_parts()["password"] == "hunter2"
+
+
+def test_every_variable_is_documented_in_the_readme() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    assert [v.name for v in VARIABLES if v.name not in readme] == []
+
+
+def test_retry_policy_is_bounded_and_jittered() -> None:
+    delays = list(RetryPolicy(max_attempts=6, base_delay=0.01, max_delay=0.05).delays())
+    assert len(delays) == 5
+    assert all(0 <= d <= min(0.05, 0.01 * 2**i) for i, d in enumerate(delays))
+    with pytest.raises(ValueError):
+        RetryPolicy(max_attempts=0)

@@ -1,0 +1,84 @@
+"""Command validation: strict types, unknown fields and types rejected with typed errors."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from uuid import UUID, uuid4
+
+import pytest
+
+from commitline.application.commands import CreatePayment, parse_command
+from commitline.application.errors import InvalidCommand, UnknownCommandType
+from commitline.application.processor import fingerprint
+
+PAYMENT = {"type": "create_payment", "amount": "12.50", "currency": "EUR", "account": "acc-1"}
+
+
+def test_valid_command_from_mapping_json_and_model_agree() -> None:
+    from_mapping = parse_command(PAYMENT)
+    assert isinstance(from_mapping, CreatePayment) and from_mapping.amount == Decimal("12.50")
+    import orjson
+
+    assert parse_command(orjson.dumps(PAYMENT)) == from_mapping
+    assert parse_command(from_mapping) is from_mapping
+    assert fingerprint(from_mapping) == fingerprint(parse_command(dict(PAYMENT)))
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"amount": 12.5}, "amount"),
+        ({"amount": "-1"}, "amount"),
+        ({"amount": "0"}, "amount"),
+        ({"amount": "abc"}, "amount"),
+        ({"amount": "1.001"}, "amount"),
+        ({"currency": "XXQ"}, "currency"),
+        ({"currency": 978}, "currency"),
+        ({"account": ""}, "account"),
+        ({"surprise": 1}, "surprise"),
+        ({"payment_id": "not-a-uuid"}, "payment_id"),
+    ],
+)
+def test_bad_payment_fields_are_named(changes: dict, field: str) -> None:
+    with pytest.raises(InvalidCommand) as caught:
+        parse_command({**PAYMENT, **changes})
+    assert caught.value.command_type == "create_payment"
+    assert [e["loc"][0] for e in caught.value.errors] == [field]
+
+
+@pytest.mark.parametrize("quantity", ["5", 5.0, True, 0, -1])
+def test_quantities_are_strict_positive_integers(quantity: object) -> None:
+    with pytest.raises(InvalidCommand):
+        parse_command({"type": "reserve_stock", "item_id": str(uuid4()), "reservation_id": "r", "quantity": quantity})
+
+
+def test_missing_field_and_unknown_type() -> None:
+    with pytest.raises(InvalidCommand) as caught:
+        parse_command({"type": "submit_payment"})
+    assert caught.value.errors[0]["loc"] == ["payment_id"]
+    with pytest.raises(UnknownCommandType) as unknown:
+        parse_command({"type": "refund_everything"})
+    assert "submit_payment" in unknown.value.known
+    with pytest.raises(UnknownCommandType):
+        parse_command({"amount": "1"})
+
+
+def test_malformed_json_is_an_invalid_command() -> None:
+    with pytest.raises(InvalidCommand, match="not valid JSON"):
+        parse_command("{nope")
+    with pytest.raises(InvalidCommand, match="JSON object"):
+        parse_command("[1, 2]")
+
+
+def test_ids_parse_from_strings() -> None:
+    pid = uuid4()
+    cmd = parse_command({"type": "submit_payment", "payment_id": str(pid), "expected_version": 1})
+    assert cmd.payment_id == pid and isinstance(cmd.payment_id, UUID)
+
+
+def test_errors_serialise_with_machine_readable_fields() -> None:
+    with pytest.raises(InvalidCommand) as caught:
+        parse_command({**PAYMENT, "amount": "-3"})
+    data = caught.value.to_dict()
+    assert data["code"] == "invalid_command" and data["error"] == "InvalidCommand"
+    assert data["details"]["errors"][0]["loc"] == ["amount"]
