@@ -64,6 +64,9 @@ def bootstrap(settings: Settings | None = None) -> Commitline:
     logging.getLogger().setLevel(settings.log_level)
     parts, embedded = connection_parts(settings)
     try:
+        # One direct connection first: an unreachable server fails in milliseconds here,
+        # where the pool would keep retrying until its timeout.
+        psycopg.connect(**parts, connect_timeout=10).close()
         datastore = PostgresDatastore(
             parts["dbname"], parts["host"], parts["port"], parts["user"], parts["password"],
             pool_size=settings.pool_size,
@@ -74,7 +77,7 @@ def bootstrap(settings: Settings | None = None) -> Commitline:
         datastore.pool.open(wait=True, timeout=15)
         recorder = EventRecorder(datastore)
         recorder.create_table()
-    except (psycopg.Error, Exception) as e:
+    except Exception as e:
         if embedded is not None:
             embedded.stop()
         raise StoreUnavailable(_describe(e, parts)) from None

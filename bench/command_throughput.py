@@ -1,0 +1,243 @@
+"""Command processing under concurrency: correctness under contention, and commands/s.
+
+``contention``
+    50 threads released together by a barrier each dispatch ``complete_payment`` with
+    ``expected_version=2`` (distinct idempotency keys) on one submitted payment. Exactly one
+    must win; the other 49 must get ``ConcurrencyConflict`` and write nothing. The baseline is
+    that invariant itself (successes=1 conflicts=49 other_errors=0), not another library.
+
+``throughput``
+    Commands/s with 1, 4, 16 and 32 concurrent writers on distinct aggregates, beside the
+    stock ``eventsourcing`` 9.x ``Application`` (PostgreSQL persistence, i.e. its
+    ``PostgresApplicationRecorder``, which locks the events table on every append) measured in
+    the same run, against the same server, with the same pool (8 + 40 overflow) and duration.
+
+    - commitline: one ``InventoryItem`` per writer, created beforehand; each writer loops
+      ``dispatch({"type": "receive_stock", "item_id": ..., "quantity": 1}, idempotency_key=<unique>)``:
+      validate, look the key up, load (snapshot + replay), decide, append the event and the
+      idempotency record in one transaction, NOTIFY (snapshot every 100 events, the default).
+    - stock: one ``Item`` (an ``eventsourcing.domain.Aggregate`` with an ``@event`` method
+      ``receive(quantity)``) per writer; each writer loops
+      ``item = app.repository.get(id); item.receive(1); app.save(item)``. Its persistence comes
+      from the application environment (``PERSISTENCE_MODULE=eventsourcing.postgres``,
+      ``POSTGRES_*``, ``CREATE_TABLE=y``), and it snapshots every 100 events too
+      (``snapshotting_intervals``) so both sides replay at most 99 events per load: without
+      snapshots its loads would grow with the run and the comparison would flatter us.
+      It has no idempotency record (commitline does strictly more work per command).
+
+    Each measurement uses fresh aggregates and a freshly opened app, runs a warm-up (pool
+    growth, prepared statements) and then counts the commands completed within the fixed
+    window. Measurements alternate stock/ours, then ours/stock (ABBA against drift) and the
+    best of the rounds is reported. Also printed: commitline's command latency p50/p99 (and
+    the stock one) in the reported round.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+from eventsourcing.application import Application
+from eventsourcing.domain import Aggregate, event
+
+from bench.harness import POOL_MAX_OVERFLOW, POOL_SIZE, BenchContext, commitline_app, fresh_schema, run_together
+from commitline.application.errors import ConcurrencyConflict
+
+WRITER_COUNTS = (1, 4, 16, 32)
+SNAPSHOT_INTERVAL = 100  # commitline's default COMMITLINE_SNAPSHOT_INTERVAL; the stock app gets the same
+
+# --------------------------------------------------------------------------- contention
+
+
+def contention(ctx: BenchContext) -> Iterator[str]:
+    threads = 50
+    with fresh_schema(ctx.dsn) as schema, commitline_app(ctx.dsn, schema) as app:
+        created = app.dispatch(
+            {"type": "create_payment", "amount": "99.99", "currency": "USD", "account": "acc-bench"},
+            idempotency_key="bench-create",
+        )
+        payment_id = str(created.aggregate_id)
+        submitted = app.dispatch(
+            {"type": "submit_payment", "payment_id": payment_id, "expected_version": created.version},
+            idempotency_key="bench-submit",
+        )
+        assert submitted.version == 2, submitted.version
+
+        outcomes = run_together(threads, lambda i: app.dispatch(
+            {"type": "complete_payment", "payment_id": payment_id, "expected_version": 2},
+            idempotency_key=f"bench-complete-{i}",
+        ))
+    kinds = Counter(
+        "conflicts" if isinstance(o, ConcurrencyConflict) else "other_errors" if isinstance(o, BaseException)
+        else "successes"
+        for o in outcomes
+    )
+    yield f"contention: successes={kinds['successes']} conflicts={kinds['conflicts']} other_errors={kinds['other_errors']}"
+    others = [o for o in outcomes if isinstance(o, BaseException) and not isinstance(o, ConcurrencyConflict)]
+    if others:
+        yield f"contention: first other error: {type(others[0]).__name__}: {others[0]}"
+
+
+# --------------------------------------------------------------------------- throughput
+
+
+class Item(Aggregate):
+    """The stock baseline's aggregate: the same shape as receive_stock (a counter that grows)."""
+
+    @event("Created")
+    def __init__(self) -> None:
+        self.quantity = 0
+
+    @event("Received")
+    def receive(self, quantity: int) -> None:
+        self.quantity += quantity
+
+
+class StockApp(Application[UUID]):
+    name = "BenchStock"  # its tables: <schema>.benchstock_events, <schema>.benchstock_snapshots
+    snapshotting_intervals = {Item: SNAPSHOT_INTERVAL}  # noqa: RUF012 (eventsourcing's own API)
+
+
+def stock_environment(ctx: BenchContext, schema: str) -> dict[str, str]:
+    """The stock application's environment (eventsourcing 9.5 names; see BasePostgresFactory)."""
+    parts = ctx.parts()
+    return {
+        "PERSISTENCE_MODULE": "eventsourcing.postgres",
+        "POSTGRES_DBNAME": parts["dbname"],
+        "POSTGRES_HOST": parts["host"],
+        "POSTGRES_PORT": str(parts["port"]),
+        "POSTGRES_USER": parts["user"],
+        "POSTGRES_PASSWORD": parts["password"],
+        "POSTGRES_SCHEMA": schema,
+        "POSTGRES_POOL_SIZE": str(POOL_SIZE),
+        "POSTGRES_MAX_OVERFLOW": str(POOL_MAX_OVERFLOW),
+        "CREATE_TABLE": "y",
+    }
+
+
+@dataclass
+class Measurement:
+    rate: float  # commands/s in the measured window
+    latencies: list[float] = field(default_factory=list)  # seconds, commands completed in the window
+    errors: int = 0
+    first_error: BaseException | None = None
+
+    def percentile(self, q: float) -> float:
+        if not self.latencies:
+            return float("nan")
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def drive(writers: int, command: Callable[[int, int], Any], warmup: float, duration: float) -> Measurement:
+    """Each writer i loops command(i, seq) until the window ends; count what completes inside it."""
+    window: dict[str, float] = {}
+
+    def set_window() -> None:
+        now = time.perf_counter()
+        window["start"] = now + warmup
+        window["end"] = now + warmup + duration
+
+    def loop(i: int) -> tuple[list[float], int, BaseException | None]:
+        start, end = window["start"], window["end"]
+        latencies: list[float] = []
+        errors, first_error = 0, None
+        for seq in itertools.count():
+            t0 = time.perf_counter()
+            if t0 >= end:
+                break
+            try:
+                command(i, seq)
+            except Exception as e:
+                errors += 1
+                first_error = first_error or e
+                continue
+            t1 = time.perf_counter()
+            if start <= t1 <= end:
+                latencies.append(t1 - t0)
+        return latencies, errors, first_error
+
+    outcomes = run_together(writers, loop, action=set_window, timeout=warmup + duration + 120)
+    result = Measurement(0.0)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+        latencies, errors, first_error = outcome
+        result.latencies.extend(latencies)
+        result.errors += errors
+        result.first_error = result.first_error or first_error
+    result.rate = len(result.latencies) / duration
+    return result
+
+
+def measure_commitline(ctx: BenchContext, schema: str, writers: int, warmup: float, duration: float) -> Measurement:
+    run = uuid.uuid4().hex[:8]
+    with commitline_app(ctx.dsn, schema, snapshot_interval=SNAPSHOT_INTERVAL) as app:
+        items = []
+        for i in range(writers):
+            created = app.dispatch({"type": "receive_stock", "item_id": str(uuid.uuid4()), "quantity": 1},
+                                   idempotency_key=f"{run}-create-{i}")
+            items.append(str(created.aggregate_id))
+
+        def command(i: int, seq: int) -> None:
+            app.dispatch({"type": "receive_stock", "item_id": items[i], "quantity": 1},
+                         idempotency_key=f"{run}-{i}-{seq}")
+
+        return drive(writers, command, warmup, duration)
+
+
+def measure_stock(ctx: BenchContext, schema: str, writers: int, warmup: float, duration: float) -> Measurement:
+    app = StockApp(env=stock_environment(ctx, schema))
+    try:
+        ids = []
+        for _ in range(writers):
+            item = Item()
+            app.save(item)
+            ids.append(item.id)
+
+        def command(i: int, seq: int) -> None:
+            item = app.repository.get(ids[i])
+            item.receive(1)
+            app.save(item)
+
+        return drive(writers, command, warmup, duration)
+    finally:
+        app.close()
+
+
+def throughput(ctx: BenchContext) -> Iterator[str]:
+    warmup, duration, rounds = (0.3, 1.0, 1) if ctx.quick else (1.0, 3.0, 2)
+    systems: dict[str, Callable[..., Measurement]] = {"stock": measure_stock, "commitline": measure_commitline}
+    with fresh_schema(ctx.dsn) as schema:
+        for writers in WRITER_COUNTS:
+            best: dict[str, Measurement] = {}
+            for r in range(rounds):
+                order = ("stock", "commitline") if r % 2 == 0 else ("commitline", "stock")
+                for name in order:
+                    m = systems[name](ctx, schema, writers, warmup, duration)
+                    if name not in best or m.rate > best[name].rate:
+                        best[name] = m
+            ours, stock = best["commitline"], best["stock"]
+            ratio = ours.rate / stock.rate if stock.rate else float("inf")
+            yield (f"commands/s writers={writers}: commitline={ours.rate:.0f} "
+                   f"stock_eventsourcing={stock.rate:.0f} ratio={ratio:.2f}")
+            yield (f"latency writers={writers}: commitline p50={ours.percentile(0.5) * 1000:.1f}ms "
+                   f"p99={ours.percentile(0.99) * 1000:.1f}ms; stock_eventsourcing "
+                   f"p50={stock.percentile(0.5) * 1000:.1f}ms p99={stock.percentile(0.99) * 1000:.1f}ms")
+            for name, m in best.items():
+                if m.errors:
+                    yield (f"errors writers={writers}: {name} {m.errors} failed commands, first: "
+                           f"{type(m.first_error).__name__}: {m.first_error}")
+
+
+BENCHMARKS = (("contention", contention), ("throughput", throughput))
+
+if os.environ.get("COMMITLINE_BENCH_WRITERS"):  # e.g. "1,32" to measure only those counts
+    WRITER_COUNTS = tuple(int(n) for n in os.environ["COMMITLINE_BENCH_WRITERS"].split(","))

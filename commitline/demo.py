@@ -1,0 +1,159 @@
+"""The scripted demonstration behind ``make demo``: a short workload on the configured (or
+embedded) store, showing each guarantee happen, then a summary."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+from uuid import UUID, uuid4
+
+from rich.console import Console
+from rich.table import Table
+
+from commitline.application.errors import CommitlineError
+from commitline.domain.inventory import InventoryItem
+from commitline.domain.payment import PaymentTransaction
+from commitline.infrastructure.bootstrap import Commitline, bootstrap
+
+console = Console(highlight=False)
+
+
+def concurrently(n: int, work: Callable[[int], Any]) -> Counter[str]:
+    """Run work(i) in n threads released at the same moment; count outcomes by kind."""
+    barrier, outcomes = threading.Barrier(n), Counter[str]()
+    lock = threading.Lock()
+
+    def body(i: int) -> None:
+        barrier.wait()
+        try:
+            work(i)
+            kind = "succeeded"
+        except CommitlineError as e:
+            kind = type(e).__name__
+        with lock:
+            outcomes[kind] += 1
+
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return outcomes
+
+
+def refused(action: Callable[[], Any]) -> CommitlineError:
+    try:
+        action()
+    except CommitlineError as e:
+        return e
+    raise AssertionError("the demo expected this command to be refused")
+
+
+def payments(app: Commitline, run: str) -> list[tuple[str, str]]:
+    console.rule("[bold]Payments: CREATED -> PENDING -> COMPLETED | FAILED, FAILED -> PENDING")
+    rows = []
+    ids = []
+    for n, (amount, currency) in enumerate([("120.00", "EUR"), ("75.50", "USD"), ("9800", "JPY")], start=1):
+        created = app.dispatch({"type": "create_payment", "amount": amount, "currency": currency,
+                                "account": f"acct-{n}"}, idempotency_key=f"{run}-create-{n}")
+        ids.append(str(created.aggregate_id))
+        app.dispatch({"type": "submit_payment", "payment_id": ids[-1]}, idempotency_key=f"{run}-submit-{n}")
+        console.print(f"payment {n}: {amount} {currency} created and submitted (id {ids[-1]})")
+    app.dispatch({"type": "complete_payment", "payment_id": ids[0]}, idempotency_key=f"{run}-complete-1")
+    app.dispatch({"type": "fail_payment", "payment_id": ids[1], "reason": "card declined"},
+                 idempotency_key=f"{run}-fail-2")
+    console.print("payment 1 completed; payment 2 failed: card declined")
+
+    error = refused(lambda: app.dispatch({"type": "complete_payment", "payment_id": ids[1]},
+                                         idempotency_key=f"{run}-complete-2"))
+    console.print(f"[red]refused[/red] {type(error).__name__}: {error}")
+    rows.append(("illegal transition FAILED -> COMPLETED", f"{type(error).__name__}, nothing written"))
+
+    retry = {"type": "submit_payment", "payment_id": ids[1]}
+    first = app.dispatch(retry, idempotency_key=f"{run}-retry-2")
+    again = app.dispatch(retry, idempotency_key=f"{run}-retry-2")
+    console.print(f"payment 2 retried (version {first.version}); the same request sent again came back "
+                  f"replayed={again.replayed} with version {again.version}: no second event")
+    app.dispatch({"type": "complete_payment", "payment_id": ids[1]}, idempotency_key=f"{run}-complete-2b")
+    rows.append(("duplicate request, same key", f"replayed={again.replayed}, same outcome, 1 event"))
+
+    reused = refused(lambda: app.dispatch({**retry, "payment_id": ids[2]}, idempotency_key=f"{run}-retry-2"))
+    rows.append(("same key, different payload", type(reused).__name__))
+
+    bad = refused(lambda: app.dispatch({"type": "create_payment", "amount": "-5", "currency": "EUR",
+                                        "account": "acct"}, idempotency_key=f"{run}-bad"))
+    console.print(f"[red]refused[/red] {bad}")
+    rows.append(("negative amount", type(bad).__name__))
+
+    contention = concurrently(50, lambda i: app.dispatch(
+        {"type": "fail_payment", "payment_id": ids[2], "reason": "timeout", "expected_version": 2},
+        idempotency_key=f"{run}-race-{i}"))
+    console.print(f"50 concurrent transitions of payment 3 at version 2: {dict(contention)}")
+    rows.append(("50 concurrent transitions, one version", ", ".join(f"{k}={v}" for k, v in contention.items())))
+
+    states = Counter(app.store.load(PaymentTransaction, UUID(i)).state.value for i in ids)
+    rows.append(("payment states", ", ".join(f"{k}={v}" for k, v in sorted(states.items()))))
+    return rows
+
+
+def inventory(app: Commitline, run: str) -> list[tuple[str, str]]:
+    console.rule("[bold]Inventory: 40 concurrent reservations against 25 units")
+    item_id = uuid4()
+    app.dispatch({"type": "receive_stock", "item_id": str(item_id), "quantity": 25}, idempotency_key=f"{run}-stock")
+    outcomes = concurrently(40, lambda i: app.dispatch(
+        {"type": "reserve_stock", "item_id": str(item_id), "reservation_id": f"order-{i}", "quantity": 1},
+        idempotency_key=f"{run}-reserve-{i}"))
+    item = app.store.load(InventoryItem, item_id)
+    console.print(f"outcomes: {dict(outcomes)}; on hand {item.on_hand}, reserved {item.reserved}, "
+                  f"available {item.available}")
+    return [("40 reservations vs 25 in stock", ", ".join(f"{k}={v}" for k, v in outcomes.items())),
+            ("stock after", f"available={item.available} (never negative)")]
+
+
+def survey(app: Commitline, run: str) -> list[tuple[str, str]]:
+    console.rule("[bold]Survey task: 10,000 users in one command, re-issue, concurrent answers")
+    task = app.dispatch({"type": "create_survey_task", "title": "Checkout satisfaction"},
+                        idempotency_key=f"{run}-task")
+    task_id = str(task.aggregate_id)
+    started = time.perf_counter()
+    app.dispatch({"type": "issue_survey_task", "task_id": task_id, "user_ids": [f"user-{n}" for n in range(10_000)]},
+                 idempotency_key=f"{run}-issue-1")
+    issued_in = time.perf_counter() - started
+    app.dispatch({"type": "issue_survey_task", "task_id": task_id,
+                  "user_ids": [f"user-{n}" for n in range(10_000, 12_000)]}, idempotency_key=f"{run}-issue-2")
+    started = time.perf_counter()
+    answers = concurrently(500, lambda i: app.dispatch(
+        {"type": "answer_survey_task", "task_id": task_id, "user_id": f"user-{i * 7}"},
+        idempotency_key=f"{run}-answer-{i}"))
+    answered_in = time.perf_counter() - started
+    twice = refused(lambda: app.dispatch({"type": "answer_survey_task", "task_id": task_id, "user_id": "user-0"},
+                                         idempotency_key=f"{run}-answer-again"))
+    console.print(f"issued to 10,000 users in {issued_in * 1000:.0f} ms, re-issued to 2,000 more; "
+                  f"500 concurrent answers in {answered_in:.2f} s: {dict(answers)}")
+    console.print(f"[red]refused[/red] a second answer from user-0: {twice}")
+    return [("issue to 10,000 users", f"1 command, {issued_in * 1000:.0f} ms"),
+            ("500 concurrent answers", ", ".join(f"{k}={v}" for k, v in answers.items())),
+            ("a user answering twice", type(twice).__name__)]
+
+
+def run_demo() -> int:
+    run = uuid4().hex[:8]
+    console.print(f"[bold]commitline demo[/bold] (run {run})")
+    started = time.perf_counter()
+    with bootstrap() as app:
+        where = "embedded PostgreSQL " + app.embedded_postgres.dsn if app.embedded_postgres else "configured PostgreSQL"
+        console.print(f"event store: {where}, schema {app.settings.schema_name}")
+        rows = payments(app, run) + inventory(app, run) + survey(app, run)
+        table = Table(title="What happened")
+        table.add_column("scenario")
+        table.add_column("outcome")
+        for scenario, outcome in rows:
+            table.add_row(scenario, outcome)
+        console.print(table)
+        head = app.recorder.max_notification_id()
+        console.print(f"events in the store: notification log head at {head}; "
+                      f"demo took {time.perf_counter() - started:.1f} s")
+    return 0

@@ -1,0 +1,1 @@
+"""Read models built by followers of the notification log, never by the command path."""
