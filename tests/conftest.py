@@ -48,3 +48,21 @@ def schema(pg_dsn: str) -> Iterator[str]:
 def app(pg_dsn: str, schema: str) -> Iterator[Commitline]:
     with bootstrap(settings_for(pg_dsn, schema)) as commitline:
         yield commitline
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    """A real Kafka-protocol broker over TCP: KAFKA_BOOTSTRAP_SERVERS, else an embedded Tansu."""
+    configured = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if configured:
+        yield configured
+        return
+    from commitline.infrastructure.embedded_kafka import EmbeddedKafka
+
+    broker = EmbeddedKafka()
+    try:
+        broker.start()
+    except Exception as e:
+        pytest.fail(f"embedded Kafka-protocol broker (Tansu) could not start: {e}", False)
+    yield broker.bootstrap_servers
+    broker.stop()

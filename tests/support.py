@@ -5,6 +5,10 @@ from __future__ import annotations
 import psycopg
 
 from commitline.infrastructure.config import Settings
+from commitline.infrastructure.kafka_reader import ConsumedRecord, read_topics
+from commitline.infrastructure.publisher_thread import PublisherThread
+
+__all__ = ["ConsumedRecord", "PublisherThread", "count_rows", "kafka_settings", "read_topics", "settings_for"]
 
 
 def settings_for(dsn: str, schema: str, **overrides: object) -> Settings:
@@ -13,6 +17,15 @@ def settings_for(dsn: str, schema: str, **overrides: object) -> Settings:
     }
     values.update(overrides)
     return Settings(**values)  # type: ignore[arg-type]
+
+
+def kafka_settings(dsn: str, schema: str, bootstrap_servers: str, **overrides: object) -> Settings:
+    values: dict[str, object] = {
+        "kafka_bootstrap_servers": bootstrap_servers, "kafka_idempotence": False, "kafka_topic_prefix": f"{schema}.",
+        "kafka_partitions": 4, "publish_poll_interval_ms": 200, "retry_max_attempts": 30,
+    }
+    values.update(overrides)
+    return settings_for(dsn, schema, **values)
 
 
 def count_rows(dsn: str, schema: str) -> dict[str, int]:

@@ -13,8 +13,10 @@ from commitline.application.errors import StoreUnavailable
 from commitline.application.processor import CommandProcessor
 from commitline.application.retry import RetryPolicy
 from commitline.infrastructure.config import Settings, load_settings
+from commitline.infrastructure.embedded_kafka import EmbeddedKafka
 from commitline.infrastructure.embedded_postgres import EmbeddedPostgres
 from commitline.infrastructure.event_store import PostgresEventStore
+from commitline.infrastructure.lease import create_positions_table
 from commitline.infrastructure.recorder import EventRecorder
 
 log = logging.getLogger(__name__)
@@ -29,17 +31,34 @@ class Commitline:
     recorder: EventRecorder
     store: PostgresEventStore
     processor: CommandProcessor
+    conninfo: dict[str, Any] = field(repr=False)
     embedded_postgres: EmbeddedPostgres | None = None
+    embedded_kafka: EmbeddedKafka | None = None
     _closed: bool = field(default=False, repr=False)
 
     def dispatch(self, command: Any, *, idempotency_key: str | None, tenant: str = "default"):
         return self.processor.dispatch(command, idempotency_key=idempotency_key, tenant=tenant)
+
+    def with_kafka(self) -> Settings:
+        """Settings with a Kafka to publish to: the configured one, or an embedded Tansu broker."""
+        if self.settings.kafka_bootstrap_servers is not None:
+            return self.settings
+        if self.embedded_kafka is None:
+            self.embedded_kafka = EmbeddedKafka()
+            self.embedded_kafka.start()
+            log.info("started embedded Kafka-protocol broker (Tansu) at %s", self.embedded_kafka.bootstrap_servers)
+        # Tansu rejects InitProducerId, so the embedded broker runs without producer idempotence.
+        return self.settings.model_copy(
+            update={"kafka_bootstrap_servers": self.embedded_kafka.bootstrap_servers, "kafka_idempotence": False}
+        )
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         self.datastore.close()
+        if self.embedded_kafka is not None:
+            self.embedded_kafka.stop()
         if self.embedded_postgres is not None:
             self.embedded_postgres.stop()
 
@@ -77,6 +96,8 @@ def bootstrap(settings: Settings | None = None) -> Commitline:
         datastore.pool.open(wait=True, timeout=15)
         recorder = EventRecorder(datastore)
         recorder.create_table()
+        with datastore.get_connection() as conn:
+            create_positions_table(conn, settings.schema_name)
     except Exception as e:
         if embedded is not None:
             embedded.stop()
@@ -85,7 +106,7 @@ def bootstrap(settings: Settings | None = None) -> Commitline:
     retry = RetryPolicy(
         settings.retry_max_attempts, settings.retry_base_delay_ms / 1000, settings.retry_max_delay_ms / 1000
     )
-    return Commitline(settings, datastore, recorder, store, CommandProcessor(store, retry), embedded)
+    return Commitline(settings, datastore, recorder, store, CommandProcessor(store, retry), parts, embedded)
 
 
 def _describe(error: Exception, parts: dict[str, Any]) -> str:

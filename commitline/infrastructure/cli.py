@@ -7,7 +7,9 @@ Exit codes: 0 success; 1 a command was invalid or refused (typed error as JSON o
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import signal
 import sys
 from collections.abc import Iterator
 from typing import Any, TextIO
@@ -73,6 +75,55 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
         return EXIT_REFUSED if failures else EXIT_OK
 
 
+def cmd_publish(args: argparse.Namespace) -> int:
+    from commitline.infrastructure.bootstrap import bootstrap
+    from commitline.infrastructure.publisher import KafkaPublisher
+
+    async def publish() -> None:
+        with bootstrap() as app:
+            settings = app.with_kafka()
+            if app.embedded_kafka is not None:
+                logging.getLogger(__name__).warning(
+                    "no KAFKA_BOOTSTRAP_SERVERS: publishing to an embedded in-memory broker at %s (for demos)",
+                    settings.kafka_bootstrap_servers)
+            publisher = KafkaPublisher(app.recorder, app.conninfo, settings)
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+            if args.drain:
+                publisher.on_caught_up = stop.set
+            await publisher.run(stop)
+            m = publisher.metrics
+            logging.getLogger(__name__).info(
+                "publisher stopped cleanly: %d events in %d batches, position %d", m.events_published, m.batches,
+                m.position)
+
+    asyncio.run(publish())
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from commitline.infrastructure.bootstrap import bootstrap
+    from commitline.infrastructure.status import follower_statuses, status_table
+
+    with bootstrap() as app:
+        head, statuses = follower_statuses(app.recorder)
+    if args.json:
+        _print_json({"head": head, "followers": [s.as_dict() for s in statuses]}, sys.stdout)
+        return EXIT_OK
+    table = status_table(head, statuses)
+    console = Console()
+    if not console.is_terminal:  # piped: never truncate a column
+        console = Console(width=200)
+    console.print(table)
+    if not statuses:
+        console.print("no follower has run yet")
+    return EXIT_OK
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from commitline.demo import run_demo
 
@@ -99,6 +150,20 @@ def build_parser() -> argparse.ArgumentParser:
     dispatch.add_argument("--idempotency-key", "-k", help="retrying with the same key never applies it twice")
     dispatch.add_argument("--tenant", "-t", default="default", help="tenant the key belongs to (default: default)")
     dispatch.set_defaults(run=cmd_dispatch)
+
+    publish = sub.add_parser(
+        "publish",
+        help="publish every stored event to Kafka in commit order until SIGINT/SIGTERM",
+        description="Follow the notification log and publish each event (topic per aggregate type, key = aggregate "
+        "id, acks=all). Only one instance publishes at a time (PostgreSQL advisory lock); others wait and take "
+        "over when it dies. The position is saved only after the broker acknowledged everything up to it.",
+    )
+    publish.add_argument("--drain", action="store_true", help="exit once everything stored so far is published")
+    publish.set_defaults(run=cmd_publish)
+
+    status = sub.add_parser("status", help="show each follower's position, the log head and the lag")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.set_defaults(run=cmd_status)
 
     demo = sub.add_parser("demo", help="run the scripted demonstration workload and print a summary")
     demo.set_defaults(run=cmd_demo)

@@ -21,7 +21,7 @@ def commitline(args: list[str], pg_dsn: str, schema: str, stdin: str | None = No
 def test_help_lists_every_command(pg_dsn: str, schema: str) -> None:
     out = commitline(["--help"], pg_dsn, schema)
     assert out.returncode == 0
-    for name in ("dispatch", "demo"):
+    for name in ("dispatch", "publish", "status", "demo"):
         assert name in out.stdout
 
 
@@ -78,3 +78,25 @@ def test_bad_configuration_exits_3_without_echoing_secrets(pg_dsn: str, schema: 
     out = subprocess.run([sys.executable, "-m", "commitline.infrastructure.cli", "dispatch", "-k", "k", "{}"],
                          capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 3 and "COMMITLINE_SNAPSHOT_INTERVAL" in out.stderr
+
+
+def test_status_shows_followers_with_lag(pg_dsn: str, schema: str, kafka_bootstrap: str) -> None:
+    for n in range(3):
+        commitline(["dispatch", "-k", f"s{n}", '{"type": "receive_stock", "item_id": "%s", "quantity": 1}' % uuid4()],
+                   pg_dsn, schema)
+    empty = orjson.loads(commitline(["status", "--json"], pg_dsn, schema).stdout)
+    assert empty == {"head": 3, "followers": []}
+    env = {**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn, "COMMITLINE_SCHEMA": schema,
+           "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap, "COMMITLINE_KAFKA_IDEMPOTENCE": "false",
+           "COMMITLINE_KAFKA_TOPIC_PREFIX": f"{schema}."}
+    drained = subprocess.run([sys.executable, "-m", "commitline.infrastructure.cli", "publish", "--drain"], env=env,
+                             capture_output=True, text=True, timeout=120)
+    assert drained.returncode == 0, drained.stderr[-2000:]
+    commitline(["dispatch", "-k", "s9", '{"type": "receive_stock", "item_id": "%s", "quantity": 1}' % uuid4()],
+               pg_dsn, schema)
+    status = orjson.loads(commitline(["status", "--json"], pg_dsn, schema).stdout)
+    (publisher,) = status["followers"]
+    assert (publisher["name"], publisher["status"], publisher["position"]) == ("kafka-publisher", "stopped", 3)
+    assert (status["head"], publisher["lag_events"]) == (4, 1) and publisher["lag_seconds"] >= 0
+    table = commitline(["status"], pg_dsn, schema)
+    assert table.returncode == 0 and "kafka-publisher" in table.stdout

@@ -1,0 +1,65 @@
+"""Reading commitline's topics back from Kafka from the beginning (demo, tests, forensics)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from commitline.domain import AGGREGATES
+from commitline.infrastructure.envelope import topic_for
+
+
+@dataclass(frozen=True)
+class ConsumedRecord:
+    topic: str
+    partition: int
+    offset: int
+    key: str
+    envelope: dict[str, Any]
+    headers: dict[str, str]
+
+
+def read_topics(bootstrap_servers: str, topic_prefix: str, expect_at_least: int, timeout: float = 60,
+                quiet_for: float = 1.0) -> list[ConsumedRecord]:
+    """Every record of the prefix's topics, sorted by (topic, partition, offset): read until at least
+    ``expect_at_least`` arrived and nothing new came for ``quiet_for`` seconds, or ``timeout`` passed."""
+
+    async def read() -> list[ConsumedRecord]:
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False,
+                                    auto_offset_reset="earliest")
+        await consumer.start()
+        try:
+            existing = await consumer.topics()  # metadata for all topics; creates none
+            partitions = [
+                TopicPartition(topic, p)
+                for topic in (topic_for(topic_prefix, a.__name__) for a in AGGREGATES) if topic in existing
+                for p in sorted(consumer.partitions_for_topic(topic) or ())
+            ]
+            if not partitions:
+                return []
+            consumer.assign(partitions)
+            await consumer.seek_to_beginning(*partitions)
+            records: list[ConsumedRecord] = []
+            deadline = time.monotonic() + timeout
+            quiet_since = time.monotonic()
+            while time.monotonic() < deadline:
+                fetched = [m for msgs in (await consumer.getmany(timeout_ms=200)).values() for m in msgs]
+                if fetched:
+                    quiet_since = time.monotonic()
+                records.extend(
+                    ConsumedRecord(m.topic, m.partition, m.offset, m.key.decode(), orjson.loads(m.value),
+                                   {k: v.decode() for k, v in m.headers})
+                    for m in fetched
+                )
+                if len(records) >= expect_at_least and time.monotonic() - quiet_since > quiet_for:
+                    break
+            return sorted(records, key=lambda r: (r.topic, r.partition, r.offset))
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(read())

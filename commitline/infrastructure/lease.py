@@ -1,0 +1,146 @@
+"""Exclusive ownership of a follower's work, and its saved position.
+
+A follower (the Kafka publisher, a projection) works only while it holds its lease: a
+PostgreSQL session-level advisory lock on a dedicated connection. If the owner dies or
+its connection drops, PostgreSQL releases the lock and a waiting instance takes over.
+
+Positions live in ``follower_positions`` and are written *on the lease connection*, so a
+write made after the session was lost fails instead of moving the position: the lease
+fences its own position. SKIP LOCKED is never used for ordered work (seed 004).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.rows import tuple_row
+from psycopg.sql import SQL, Identifier
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+POSITIONS_TABLE = "follower_positions"
+
+
+class LeaseLost(RuntimeError):
+    """The lease connection failed: another instance may own the work now. Stop and re-acquire."""
+
+
+def instance_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def create_positions_table(conn: psycopg.Connection[Any], schema: str) -> None:
+    conn.execute(SQL(
+        "CREATE TABLE IF NOT EXISTS {} ("
+        " name text PRIMARY KEY,"
+        " position bigint NOT NULL DEFAULT 0,"
+        " owner text,"
+        " status text NOT NULL DEFAULT 'idle',"
+        " error jsonb,"
+        " updated_at timestamptz NOT NULL DEFAULT now())"
+    ).format(Identifier(schema, POSITIONS_TABLE)))
+
+
+@dataclass(frozen=True)
+class FollowerRow:
+    name: str
+    position: int
+    owner: str | None
+    status: str
+    error: dict[str, Any] | None
+    updated_at: datetime
+
+
+def read_followers(conn: psycopg.Connection[Any], schema: str) -> list[FollowerRow]:
+    rows = conn.cursor(row_factory=tuple_row).execute(SQL(
+        "SELECT name, position, owner, status, error, updated_at FROM {} ORDER BY name"
+    ).format(Identifier(schema, POSITIONS_TABLE))).fetchall()
+    return [FollowerRow(*row) for row in rows]
+
+
+class Lease:
+    def __init__(self, conninfo: dict[str, Any], schema: str, name: str, owner: str | None = None):
+        self.conninfo = conninfo
+        self.schema = schema
+        self.name = name
+        self.owner = owner or instance_id()
+        self._conn: psycopg.Connection[Any] | None = None
+        self._table = Identifier(schema, POSITIONS_TABLE)
+
+    @property
+    def held(self) -> bool:
+        return self._conn is not None
+
+    def try_acquire(self) -> bool:
+        """Take the lease if nobody holds it; never waits."""
+        if self._conn is None:
+            self._conn = psycopg.connect(
+                **self.conninfo, autocommit=True, connect_timeout=10,
+                keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
+                application_name=f"commitline {self.name}"[:63],
+            )
+        got = self._conn.cursor(row_factory=tuple_row).execute(
+            "SELECT pg_try_advisory_lock(hashtext('commitline'), hashtext(%s))", (f"{self.schema}/{self.name}",)
+        ).fetchone()[0]
+        if not got:
+            return False
+        self._conn.execute(
+            SQL("INSERT INTO {} (name, owner, status) VALUES (%s, %s, 'running') "
+                "ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, status = 'running', "
+                "updated_at = now()").format(self._table),
+            (self.name, self.owner),
+        )
+        log.info("%s: lease taken by %s", self.name, self.owner)
+        return True
+
+    def position(self) -> int:
+        return self.run(lambda conn: conn.cursor(row_factory=tuple_row).execute(
+            SQL("SELECT position FROM {} WHERE name = %s").format(self._table), (self.name,)).fetchone()[0])
+
+    def save_position(self, position: int) -> None:
+        self.run(lambda conn: conn.execute(
+            SQL("UPDATE {} SET position = %s, error = NULL, status = 'running', updated_at = now() "
+                "WHERE name = %s").format(self._table), (position, self.name)))
+
+    def set_status(self, status: str, error: dict[str, Any] | None = None) -> None:
+        self.run(lambda conn: conn.execute(
+            SQL("UPDATE {} SET status = %s, error = %s, updated_at = now() WHERE name = %s").format(self._table),
+            (status, json.dumps(error) if error is not None else None, self.name)))
+
+    def run(self, work: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """Run ``work`` on the lease connection; any connection failure means the lease is lost."""
+        if self._conn is None:
+            raise LeaseLost(f"{self.name}: lease not held")
+        try:
+            return work(self._conn)
+        except psycopg.OperationalError as e:
+            self._drop()
+            raise LeaseLost(f"{self.name}: lease connection lost: {type(e).__name__}") from None
+
+    def release(self, status: str = "stopped") -> None:
+        if self._conn is None:
+            return
+        try:
+            self.set_status(status)
+            self._conn.execute(
+                "SELECT pg_advisory_unlock(hashtext('commitline'), hashtext(%s))", (f"{self.schema}/{self.name}",))
+        except (LeaseLost, psycopg.Error):
+            pass
+        self._drop()
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except psycopg.Error:
+                pass

@@ -1,0 +1,51 @@
+"""Waking followers when events are appended: PostgreSQL LISTEN, with polling as the fallback.
+
+Writers send NOTIFY after each commit. A follower waits for one, or for the poll interval
+to pass, whichever comes first; if the listening connection breaks it reconnects on the
+next wait, and until then the poll interval alone paces it. A lost wake-up only delays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import psycopg
+from psycopg.sql import SQL, Identifier
+
+log = logging.getLogger(__name__)
+
+
+class LogWakeup:
+    def __init__(self, conninfo: dict[str, Any], channel: str):
+        self.conninfo = conninfo
+        self.channel = channel
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+
+    async def wait(self, timeout: float) -> bool:
+        """True if a NOTIFY arrived within ``timeout`` seconds, False if the interval passed."""
+        try:
+            conn = await self._listening()
+            async for _ in conn.notifies(timeout=timeout, stop_after=1):
+                return True
+            return False
+        except (psycopg.Error, OSError) as e:
+            log.warning("LISTEN %s failed (%s); polling until it reconnects", self.channel, type(e).__name__)
+            await self.close()
+            await asyncio.sleep(timeout)
+            return False
+
+    async def _listening(self) -> psycopg.AsyncConnection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = await psycopg.AsyncConnection.connect(**self.conninfo, autocommit=True, connect_timeout=10)
+            await self._conn.execute(SQL("LISTEN {}").format(Identifier(self.channel)))
+        return self._conn
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                await conn.close()
+            except psycopg.Error:
+                pass

@@ -1,0 +1,294 @@
+"""The Kafka publisher against a real broker over TCP: every assertion is on what a consumer reads back."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter, defaultdict
+from uuid import uuid4
+
+import psycopg
+import pytest
+
+from commitline.infrastructure.bootstrap import Commitline, bootstrap
+from commitline.infrastructure.embedded_kafka import EmbeddedKafka
+from commitline.infrastructure.publisher import KafkaPublisher
+from tests.integration.test_concurrency import run_at_once
+from tests.support import ConsumedRecord, PublisherThread, kafka_settings, read_topics
+
+
+def stored_events(dsn: str, schema: str) -> dict[str, tuple[str, int]]:
+    """event id -> (aggregate id, version), straight from the store."""
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(f"SELECT originator_id, originator_version, state FROM {schema}.events").fetchall()
+    import orjson
+
+    return {orjson.loads(bytes(s))["id"]: (str(a), v) for a, v, s in rows}
+
+
+def check_stream(records: list[ConsumedRecord], expected: dict[str, tuple[str, int]]) -> int:
+    """Assert completeness and per-aggregate order; return the number of duplicates."""
+    first_seen: dict[str, ConsumedRecord] = {}
+    duplicates = 0
+    partitions_of: dict[str, set[tuple[str, int]]] = defaultdict(set)
+    last_version: dict[str, int] = {}
+    for r in records:  # sorted by topic, partition, offset: the order a consumer reads
+        env = r.envelope
+        assert r.key == env["aggregate_id"] and r.headers["event_id"] == env["event_id"]
+        partitions_of[env["aggregate_id"]].add((r.topic, r.partition))
+        if env["event_id"] in first_seen:
+            duplicates += 1
+            continue
+        first_seen[env["event_id"]] = r
+        previous = last_version.get(env["aggregate_id"], 0)
+        assert env["version"] == previous + 1, (
+            f"aggregate {env['aggregate_id']}: version {env['version']} read after {previous}")
+        last_version[env["aggregate_id"]] = env["version"]
+    assert set(first_seen) == set(expected), (
+        f"missing {len(set(expected) - set(first_seen))}, unexpected {len(set(first_seen) - set(expected))}")
+    assert all(len(p) == 1 for p in partitions_of.values()), "an aggregate's records must share one partition"
+    for event_id, r in first_seen.items():
+        assert (r.envelope["aggregate_id"], r.envelope["version"]) == expected[event_id]
+    return duplicates
+
+
+def writer_workload(app: Commitline, writers: int, commands_each: int, tag: str) -> None:
+    shared = [uuid4() for _ in range(3)]  # contended streams: their conflicts leave gaps in the log
+
+    def write(i: int) -> None:
+        own = uuid4()
+        for n in range(commands_each):
+            item = shared[n % 3] if n % 10 == 0 else own
+            app.dispatch({"type": "receive_stock", "item_id": str(item), "quantity": 1},
+                         idempotency_key=f"{tag}-{i}-{n}")
+
+    outcomes = run_at_once(writers, write)
+    assert not [o for o in outcomes if isinstance(o, Exception)]
+
+
+def test_every_event_exactly_once_in_order_under_concurrent_writers(pg_dsn: str, schema: str,
+                                                                     kafka_bootstrap: str) -> None:
+    settings = kafka_settings(pg_dsn, schema, kafka_bootstrap, publish_batch_size=500)
+    with bootstrap(settings) as app, PublisherThread(
+        lambda: KafkaPublisher(app.recorder, app.conninfo, settings)
+    ) as background:
+        writer_workload(app, writers=20, commands_each=250, tag="w")
+        head = app.recorder.max_notification_id()
+        background.wait_until_published(head)
+        expected = stored_events(pg_dsn, schema)
+        assert len(expected) == 5000
+        records = read_topics(kafka_bootstrap, settings.kafka_topic_prefix, len(expected))
+        duplicates = check_stream(records, expected)
+        assert duplicates == 0, "a healthy run publishes each event once"
+        envelope = records[0].envelope
+        assert set(envelope) == {"event_id", "type", "aggregate_type", "aggregate_id", "version", "notification_id",
+                                 "recorded_at", "tenant", "payload"}
+        assert envelope["payload"] == {"quantity": envelope["payload"]["quantity"]}
+
+
+def publisher_process(pg_dsn: str, schema: str, bootstrap_servers: str, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn, "COMMITLINE_SCHEMA": schema,
+           "KAFKA_BOOTSTRAP_SERVERS": bootstrap_servers, "COMMITLINE_KAFKA_IDEMPOTENCE": "false",
+           "COMMITLINE_KAFKA_TOPIC_PREFIX": f"{schema}.", "COMMITLINE_KAFKA_PARTITIONS": "4",
+           "COMMITLINE_PUBLISH_BATCH_SIZE": "50", "COMMITLINE_PUBLISH_POLL_INTERVAL_MS": "200"}
+    return subprocess.Popen([sys.executable, "-m", "commitline.infrastructure.cli", "publish", *extra], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def drain(pg_dsn: str, schema: str, bootstrap_servers: str) -> None:
+    proc = publisher_process(pg_dsn, schema, bootstrap_servers, "--drain")
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr.decode()[-3000:]
+
+
+def keep_writing(app: Commitline, stop: threading.Event, tag: str) -> threading.Thread:
+    def write() -> None:
+        items = [uuid4() for _ in range(20)]
+        n = 0
+        while not stop.is_set():
+            app.dispatch({"type": "receive_stock", "item_id": str(items[n % 20]), "quantity": 1},
+                         idempotency_key=f"{tag}-{n}")
+            n += 1
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    return thread
+
+
+def test_publisher_killed_repeatedly_loses_and_reorders_nothing(
+    pg_dsn: str, schema: str, kafka_bootstrap: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = kafka_settings(pg_dsn, schema, kafka_bootstrap)
+    with bootstrap(settings) as app:
+        stop = threading.Event()
+        writer = keep_writing(app, stop, "crash")
+        kills = 0
+        try:
+            for _ in range(6):
+                proc = publisher_process(pg_dsn, schema, kafka_bootstrap)
+                time.sleep(random.uniform(0.8, 2.0))
+                assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(10)
+                kills += 1
+        finally:
+            stop.set()
+            writer.join(30)
+        drain(pg_dsn, schema, kafka_bootstrap)
+        expected = stored_events(pg_dsn, schema)
+        records = read_topics(kafka_bootstrap, settings.kafka_topic_prefix, len(expected))
+        duplicates = check_stream(records, expected)
+    with capsys.disabled():
+        print(f"\n[crash test] {kills} SIGKILLs, {len(expected)} events, {duplicates} duplicates re-sent, 0 missing")
+    assert kills >= 5
+
+
+def test_broker_outage_delays_but_loses_nothing(pg_dsn: str, schema: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="commitline.infrastructure.publisher")
+    broker = EmbeddedKafka()
+    broker.start()
+    settings = kafka_settings(pg_dsn, schema, broker.bootstrap_servers, publish_max_backoff_ms=1000)
+    try:
+        with bootstrap(settings) as app, PublisherThread(
+            lambda: KafkaPublisher(app.recorder, app.conninfo, settings)
+        ) as background:
+            writer_workload(app, writers=4, commands_each=50, tag="before")
+            head_before = app.recorder.max_notification_id()
+            background.wait_until_published(head_before)
+            before = read_topics(broker.bootstrap_servers, settings.kafka_topic_prefix, 200)
+
+            broker.kill()  # in-memory broker: what it held is gone, and what it had acked was consumed above
+            outage_started = time.monotonic()
+            writer_workload(app, writers=4, commands_each=50, tag="during")  # commands keep succeeding
+            while background.publisher.metrics.retries < 2 and time.monotonic() - outage_started < 60:
+                time.sleep(0.2)
+            assert background.publisher.metrics.retries >= 2, "the publisher must notice and keep retrying"
+            assert background.publisher.metrics.position == head_before, "nothing unacknowledged was saved"
+            broker.start()  # same port, several seconds later
+
+            background.wait_until_published(app.recorder.max_notification_id(), timeout=90)
+            after = read_topics(broker.bootstrap_servers, settings.kafka_topic_prefix, 200)
+            expected = stored_events(pg_dsn, schema)
+            assert len(expected) == 400
+            before_ids = {r.envelope["event_id"] for r in before}
+            assert before_ids == {e for e in expected if e in before_ids} and len(before_ids) == 200
+            check_stream(before + after, expected)
+        messages = [r.getMessage() for r in caplog.records if r.name == "commitline.infrastructure.publisher"]
+        assert sum("kafka unavailable" in m for m in messages) == 1, "an outage is logged once, not per retry"
+        assert sum("kafka available again" in m for m in messages) == 1
+    finally:
+        broker.stop()
+
+
+def owner_of(pg_dsn: str, schema: str) -> str | None:
+    with psycopg.connect(pg_dsn) as conn:
+        row = conn.execute(f"SELECT owner FROM {schema}.follower_positions WHERE name = 'kafka-publisher'").fetchone()
+    return row[0] if row else None
+
+
+def wait_for_owner(pg_dsn: str, schema: str, procs: dict[int, subprocess.Popen], not_pid: int | None,
+                   timeout: float = 15) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        owner = owner_of(pg_dsn, schema)
+        if owner is not None:
+            pid = int(owner.rsplit(":", 1)[1])
+            if pid in procs and pid != not_pid and procs[pid].poll() is None:
+                return pid
+        time.sleep(0.1)
+    raise AssertionError("no publisher instance took over")
+
+
+def test_failover_between_three_instances_never_interleaves(pg_dsn: str, schema: str, kafka_bootstrap: str) -> None:
+    settings = kafka_settings(pg_dsn, schema, kafka_bootstrap)
+    with bootstrap(settings) as app:
+        stop = threading.Event()
+        writer = keep_writing(app, stop, "failover")
+        procs = {p.pid: p for p in (publisher_process(pg_dsn, schema, kafka_bootstrap) for _ in range(3))}
+        try:
+            first = wait_for_owner(pg_dsn, schema, procs, None)
+            time.sleep(1.5)
+            procs[first].send_signal(signal.SIGKILL)
+            procs[first].wait(10)
+            killed_at = time.monotonic()
+            second = wait_for_owner(pg_dsn, schema, procs, first)
+            takeover = time.monotonic() - killed_at
+            time.sleep(1.5)
+        finally:
+            stop.set()
+            writer.join(30)
+        head = app.recorder.max_notification_id()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with psycopg.connect(pg_dsn) as conn:
+                position = conn.execute(
+                    f"SELECT position FROM {schema}.follower_positions WHERE name = 'kafka-publisher'").fetchone()[0]
+            if position >= head:
+                break
+            time.sleep(0.2)
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs.values():
+            proc.wait(30)
+        survivors = [p for pid, p in procs.items() if pid != first]
+        assert all(p.returncode == 0 for p in survivors), [p.stderr.read().decode()[-2000:] for p in survivors]
+
+        expected = stored_events(pg_dsn, schema)
+        records = read_topics(kafka_bootstrap, settings.kafka_topic_prefix, len(expected))
+        check_stream(records, expected)
+        publishers = Counter(r.headers["publisher"].rsplit(":", 1)[1] for r in records)
+        assert set(publishers) <= {str(first), str(second)}, "only the owners ever published"
+        assert str(first) in publishers and str(second) in publishers
+        for (topic, partition), sequence in _publisher_sequences(records).items():
+            blocks = [p for i, p in enumerate(sequence) if i == 0 or p != sequence[i - 1]]
+            assert len(blocks) == len(set(blocks)), f"{topic}[{partition}] interleaves publishers: {blocks}"
+        assert takeover < 5, f"takeover took {takeover:.1f} s"
+
+
+def _publisher_sequences(records: list[ConsumedRecord]) -> dict[tuple[str, int], list[str]]:
+    sequences: dict[tuple[str, int], list[str]] = defaultdict(list)
+    for r in records:
+        sequences[(r.topic, r.partition)].append(r.headers["publisher"])
+    return sequences
+
+
+def test_a_late_commit_is_published(pg_dsn: str, schema: str, kafka_bootstrap: str) -> None:
+    settings = kafka_settings(pg_dsn, schema, kafka_bootstrap)
+    with bootstrap(settings) as app, PublisherThread(
+        lambda: KafkaPublisher(app.recorder, app.conninfo, settings)
+    ) as background:
+        late_item = uuid4()
+        app.dispatch({"type": "receive_stock", "item_id": str(late_item), "quantity": 1}, idempotency_key="late-0")
+        release = threading.Event()
+        inserted = threading.Event()
+
+        def hold_commit() -> None:
+            app.recorder.before_commit = lambda: (inserted.set(), release.wait(30))
+            try:
+                app.dispatch({"type": "receive_stock", "item_id": str(late_item), "quantity": 1},
+                             idempotency_key="late-1")
+            finally:
+                app.recorder.before_commit = None
+
+        late = threading.Thread(target=hold_commit)
+        late.start()
+        assert inserted.wait(10)
+        app.recorder.before_commit = None
+        others = [app.dispatch({"type": "receive_stock", "item_id": str(uuid4()), "quantity": 1},
+                               idempotency_key=f"later-{i}") for i in range(5)]
+        time.sleep(1.0)  # the later commits are readable; the publisher must not pass the open one
+        assert background.publisher.metrics.position <= 1
+        release.set()
+        late.join(30)
+        background.wait_until_published(app.recorder.max_notification_id())
+        expected = stored_events(pg_dsn, schema)
+        assert len(expected) == 7 and len(others) == 5
+        records = read_topics(kafka_bootstrap, settings.kafka_topic_prefix, 7)
+        assert check_stream(records, expected) == 0
