@@ -21,7 +21,7 @@ from commitline.infrastructure.bootstrap import Commitline, bootstrap
 from commitline.infrastructure.config import Settings
 from commitline.infrastructure.kafka_reader import read_topics
 from commitline.infrastructure.publisher import KafkaPublisher
-from commitline.infrastructure.publisher_thread import PublisherThread
+from commitline.infrastructure.follower_thread import FollowerThread
 from commitline.infrastructure.status import follower_statuses, status_table
 
 console = Console(highlight=False)
@@ -147,12 +147,12 @@ def survey(app: Commitline, run: str) -> list[tuple[str, str]]:
             ("a user answering twice", type(twice).__name__)]
 
 
-def kafka_readback(app: Commitline, settings: Settings, publisher: PublisherThread) -> list[tuple[str, str]]:
+def kafka_readback(app: Commitline, settings: Settings, publisher: FollowerThread) -> list[tuple[str, str]]:
     console.rule("[bold]Kafka: every event published in commit order, read back by a consumer")
     head = app.recorder.max_notification_id() or 0
-    publisher.wait_until_published(head)
-    assert publisher.publisher is not None
-    published = publisher.publisher.metrics.events_published
+    publisher.wait_until_at(head)
+    assert publisher.follower is not None
+    published = publisher.follower.metrics.events_published
     assert settings.kafka_bootstrap_servers is not None
     records = read_topics(settings.kafka_bootstrap_servers, settings.kafka_topic_prefix, published, quiet_for=0.5)
     per_topic = Counter(r.topic for r in records)
@@ -170,7 +170,7 @@ def kafka_readback(app: Commitline, settings: Settings, publisher: PublisherThre
     head_, statuses = follower_statuses(app.recorder)
     console.print(status_table(head_, statuses))
     return [("published to Kafka", f"{published} events by this publisher, {len(records)} records read back, "
-                                   f"position {publisher.publisher.metrics.position} = log head {head}")]
+                                   f"position {publisher.follower.metrics.position} = log head {head}")]
 
 
 def run_demo() -> int:
@@ -183,7 +183,7 @@ def run_demo() -> int:
         broker = "embedded Tansu broker" if app.embedded_kafka else "configured Kafka"
         console.print(f"event store: {where}, schema {app.settings.schema_name}; "
                       f"publishing to {broker} at {settings.kafka_bootstrap_servers}")
-        with PublisherThread(lambda: KafkaPublisher(app.recorder, app.conninfo, settings)) as publisher:
+        with FollowerThread(lambda: KafkaPublisher(app.recorder, app.conninfo, settings)) as publisher:
             rows = payments(app, run) + inventory(app, run) + survey(app, run)
             rows += kafka_readback(app, settings, publisher)
         table = Table(title="What happened")

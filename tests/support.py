@@ -6,9 +6,9 @@ import psycopg
 
 from commitline.infrastructure.config import Settings
 from commitline.infrastructure.kafka_reader import ConsumedRecord, read_topics
-from commitline.infrastructure.publisher_thread import PublisherThread
+from commitline.infrastructure.follower_thread import FollowerThread
 
-__all__ = ["ConsumedRecord", "PublisherThread", "count_rows", "kafka_settings", "read_topics", "settings_for"]
+__all__ = ["ConsumedRecord", "FollowerThread", "count_rows", "kafka_settings", "read_topics", "settings_for"]
 
 
 def settings_for(dsn: str, schema: str, **overrides: object) -> Settings:

@@ -16,7 +16,7 @@ from commitline.infrastructure.config import Settings, load_settings
 from commitline.infrastructure.embedded_kafka import EmbeddedKafka
 from commitline.infrastructure.embedded_postgres import EmbeddedPostgres
 from commitline.infrastructure.event_store import PostgresEventStore
-from commitline.infrastructure.lease import create_positions_table
+from commitline.infrastructure.lease import create_follower_tables
 from commitline.infrastructure.recorder import EventRecorder
 
 log = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ def bootstrap(settings: Settings | None = None) -> Commitline:
         recorder = EventRecorder(datastore)
         recorder.create_table()
         with datastore.get_connection() as conn:
-            create_positions_table(conn, settings.schema_name)
+            create_follower_tables(conn, settings.schema_name)
     except Exception as e:
         if embedded is not None:
             embedded.stop()

@@ -60,6 +60,8 @@ VARIABLES: tuple[Variable, ...] = (
              "longest wait for new events when no NOTIFY wake-up arrives"),
     Variable("COMMITLINE_PUBLISH_MAX_BACKOFF_MS", "publish_max_backoff_ms", "10000",
              "longest pause between attempts while the broker is failing"),
+    Variable("COMMITLINE_PROJECT_BATCH_SIZE", "project_batch_size", "5000",
+             "events applied per projection transaction (live and rebuild)"),
     Variable("COMMITLINE_METRICS_INTERVAL_S", "metrics_interval_s", "30", "how often followers log their metrics"),
 )
 
@@ -89,6 +91,7 @@ class Settings(BaseModel):
     publish_batch_size: int = Field(2000, ge=1, le=100_000)
     publish_poll_interval_ms: float = Field(1000, gt=0)
     publish_max_backoff_ms: float = Field(10_000, gt=0)
+    project_batch_size: int = Field(5000, ge=1, le=100_000)
     metrics_interval_s: float = Field(30, gt=0)
 
     @field_validator("database_url")

@@ -11,7 +11,6 @@ fences its own position. SKIP LOCKED is never used for ordered work (seed 004).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -23,11 +22,13 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Identifier
+from psycopg.types.json import Jsonb
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 POSITIONS_TABLE = "follower_positions"
+INTERVENTIONS_TABLE = "follower_interventions"
 
 
 class LeaseLost(RuntimeError):
@@ -38,7 +39,7 @@ def instance_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def create_positions_table(conn: psycopg.Connection[Any], schema: str) -> None:
+def create_follower_tables(conn: psycopg.Connection[Any], schema: str) -> None:
     conn.execute(SQL(
         "CREATE TABLE IF NOT EXISTS {} ("
         " name text PRIMARY KEY,"
@@ -48,6 +49,15 @@ def create_positions_table(conn: psycopg.Connection[Any], schema: str) -> None:
         " error jsonb,"
         " updated_at timestamptz NOT NULL DEFAULT now())"
     ).format(Identifier(schema, POSITIONS_TABLE)))
+    conn.execute(SQL(
+        "CREATE TABLE IF NOT EXISTS {} ("
+        " id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+        " name text NOT NULL,"
+        " action text NOT NULL,"
+        " position bigint NOT NULL,"
+        " detail jsonb NOT NULL,"
+        " at timestamptz NOT NULL DEFAULT now())"
+    ).format(Identifier(schema, INTERVENTIONS_TABLE)))
 
 
 @dataclass(frozen=True)
@@ -75,32 +85,64 @@ class Lease:
         self.owner = owner or instance_id()
         self._conn: psycopg.Connection[Any] | None = None
         self._table = Identifier(schema, POSITIONS_TABLE)
+        self._lock_key = f"{schema}/{name}"
+        self._held = False
 
     @property
     def held(self) -> bool:
-        return self._conn is not None
+        return self._held
 
     def try_acquire(self) -> bool:
         """Take the lease if nobody holds it; never waits."""
+        self._connect()
+        assert self._conn is not None
+        got = self._conn.cursor(row_factory=tuple_row).execute(
+            "SELECT pg_try_advisory_lock(hashtext('commitline'), hashtext(%s))", (self._lock_key,)
+        ).fetchone()[0]
+        if not got:
+            return False
+        self._claim()
+        return True
+
+    def _connect(self) -> None:
         if self._conn is None:
             self._conn = psycopg.connect(
                 **self.conninfo, autocommit=True, connect_timeout=10,
                 keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
                 application_name=f"commitline {self.name}"[:63],
             )
-        got = self._conn.cursor(row_factory=tuple_row).execute(
-            "SELECT pg_try_advisory_lock(hashtext('commitline'), hashtext(%s))", (f"{self.schema}/{self.name}",)
-        ).fetchone()[0]
-        if not got:
-            return False
+
+    def _claim(self) -> None:
+        assert self._conn is not None
         self._conn.execute(
-            SQL("INSERT INTO {} (name, owner, status) VALUES (%s, %s, 'running') "
-                "ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, status = 'running', "
-                "updated_at = now()").format(self._table),
+            # A follower stopped at a poison event stays stopped until an operator decides.
+            SQL("INSERT INTO {} AS t (name, owner, status) VALUES (%s, %s, 'running') "
+                "ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, updated_at = now(), "
+                "status = CASE WHEN t.status = 'failed' THEN 'failed' ELSE 'running' END").format(self._table),
             (self.name, self.owner),
         )
+        self._held = True
         log.info("%s: lease taken by %s", self.name, self.owner)
+
+    def acquire(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the lease; a live projector yields to such a waiter."""
+        self._connect()
+        assert self._conn is not None
+        try:
+            with self._conn.transaction():
+                self._conn.execute(SQL("SET LOCAL lock_timeout = {}").format(int(timeout * 1000)))
+                self._conn.execute("SELECT pg_advisory_lock(hashtext('commitline'), hashtext(%s))", (self._lock_key,))
+        except psycopg.errors.LockNotAvailable:
+            return False
+        self._claim()
         return True
+
+    def has_waiters(self) -> bool:
+        """True when another session is blocked waiting for this lease (a rebuild about to swap)."""
+        return self.run(lambda conn: conn.cursor(row_factory=tuple_row).execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks held JOIN pg_locks waiting USING "
+            "(locktype, database, classid, objid, objsubid) WHERE held.locktype = 'advisory' "
+            "AND held.pid = pg_backend_pid() AND held.granted AND NOT waiting.granted)").fetchone()[0])
 
     def position(self) -> int:
         return self.run(lambda conn: conn.cursor(row_factory=tuple_row).execute(
@@ -114,11 +156,11 @@ class Lease:
     def set_status(self, status: str, error: dict[str, Any] | None = None) -> None:
         self.run(lambda conn: conn.execute(
             SQL("UPDATE {} SET status = %s, error = %s, updated_at = now() WHERE name = %s").format(self._table),
-            (status, json.dumps(error) if error is not None else None, self.name)))
+            (status, Jsonb(error) if error is not None else None, self.name)))
 
     def run(self, work: Callable[[psycopg.Connection[Any]], T]) -> T:
         """Run ``work`` on the lease connection; any connection failure means the lease is lost."""
-        if self._conn is None:
+        if self._conn is None or not self._held:
             raise LeaseLost(f"{self.name}: lease not held")
         try:
             return work(self._conn)
@@ -131,13 +173,13 @@ class Lease:
             return
         try:
             self.set_status(status)
-            self._conn.execute(
-                "SELECT pg_advisory_unlock(hashtext('commitline'), hashtext(%s))", (f"{self.schema}/{self.name}",))
+            self._conn.execute("SELECT pg_advisory_unlock(hashtext('commitline'), hashtext(%s))", (self._lock_key,))
         except (LeaseLost, psycopg.Error):
             pass
         self._drop()
 
     def _drop(self) -> None:
+        self._held = False
         conn, self._conn = self._conn, None
         if conn is not None:
             try:

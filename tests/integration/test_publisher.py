@@ -20,7 +20,7 @@ from commitline.infrastructure.bootstrap import Commitline, bootstrap
 from commitline.infrastructure.embedded_kafka import EmbeddedKafka
 from commitline.infrastructure.publisher import KafkaPublisher
 from tests.integration.test_concurrency import run_at_once
-from tests.support import ConsumedRecord, PublisherThread, kafka_settings, read_topics
+from tests.support import ConsumedRecord, FollowerThread, kafka_settings, read_topics
 
 
 def stored_events(dsn: str, schema: str) -> dict[str, tuple[str, int]]:
@@ -75,12 +75,12 @@ def writer_workload(app: Commitline, writers: int, commands_each: int, tag: str)
 def test_every_event_exactly_once_in_order_under_concurrent_writers(pg_dsn: str, schema: str,
                                                                      kafka_bootstrap: str) -> None:
     settings = kafka_settings(pg_dsn, schema, kafka_bootstrap, publish_batch_size=500)
-    with bootstrap(settings) as app, PublisherThread(
+    with bootstrap(settings) as app, FollowerThread(
         lambda: KafkaPublisher(app.recorder, app.conninfo, settings)
     ) as background:
         writer_workload(app, writers=20, commands_each=250, tag="w")
         head = app.recorder.max_notification_id()
-        background.wait_until_published(head)
+        background.wait_until_at(head)
         expected = stored_events(pg_dsn, schema)
         assert len(expected) == 5000
         records = read_topics(kafka_bootstrap, settings.kafka_topic_prefix, len(expected))
@@ -155,24 +155,24 @@ def test_broker_outage_delays_but_loses_nothing(pg_dsn: str, schema: str, caplog
     broker.start()
     settings = kafka_settings(pg_dsn, schema, broker.bootstrap_servers, publish_max_backoff_ms=1000)
     try:
-        with bootstrap(settings) as app, PublisherThread(
+        with bootstrap(settings) as app, FollowerThread(
             lambda: KafkaPublisher(app.recorder, app.conninfo, settings)
         ) as background:
             writer_workload(app, writers=4, commands_each=50, tag="before")
             head_before = app.recorder.max_notification_id()
-            background.wait_until_published(head_before)
+            background.wait_until_at(head_before)
             before = read_topics(broker.bootstrap_servers, settings.kafka_topic_prefix, 200)
 
             broker.kill()  # in-memory broker: what it held is gone, and what it had acked was consumed above
             outage_started = time.monotonic()
             writer_workload(app, writers=4, commands_each=50, tag="during")  # commands keep succeeding
-            while background.publisher.metrics.retries < 2 and time.monotonic() - outage_started < 60:
+            while background.follower.metrics.retries < 2 and time.monotonic() - outage_started < 60:
                 time.sleep(0.2)
-            assert background.publisher.metrics.retries >= 2, "the publisher must notice and keep retrying"
-            assert background.publisher.metrics.position == head_before, "nothing unacknowledged was saved"
+            assert background.follower.metrics.retries >= 2, "the publisher must notice and keep retrying"
+            assert background.follower.metrics.position == head_before, "nothing unacknowledged was saved"
             broker.start()  # same port, several seconds later
 
-            background.wait_until_published(app.recorder.max_notification_id(), timeout=90)
+            background.wait_until_at(app.recorder.max_notification_id(), timeout=90)
             after = read_topics(broker.bootstrap_servers, settings.kafka_topic_prefix, 200)
             expected = stored_events(pg_dsn, schema)
             assert len(expected) == 400
@@ -261,7 +261,7 @@ def _publisher_sequences(records: list[ConsumedRecord]) -> dict[tuple[str, int],
 
 def test_a_late_commit_is_published(pg_dsn: str, schema: str, kafka_bootstrap: str) -> None:
     settings = kafka_settings(pg_dsn, schema, kafka_bootstrap)
-    with bootstrap(settings) as app, PublisherThread(
+    with bootstrap(settings) as app, FollowerThread(
         lambda: KafkaPublisher(app.recorder, app.conninfo, settings)
     ) as background:
         late_item = uuid4()
@@ -284,10 +284,10 @@ def test_a_late_commit_is_published(pg_dsn: str, schema: str, kafka_bootstrap: s
         others = [app.dispatch({"type": "receive_stock", "item_id": str(uuid4()), "quantity": 1},
                                idempotency_key=f"later-{i}") for i in range(5)]
         time.sleep(1.0)  # the later commits are readable; the publisher must not pass the open one
-        assert background.publisher.metrics.position <= 1
+        assert background.follower.metrics.position <= 1
         release.set()
         late.join(30)
-        background.wait_until_published(app.recorder.max_notification_id())
+        background.wait_until_at(app.recorder.max_notification_id())
         expected = stored_events(pg_dsn, schema)
         assert len(expected) == 7 and len(others) == 5
         records = read_topics(kafka_bootstrap, settings.kafka_topic_prefix, 7)

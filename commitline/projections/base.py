@@ -1,0 +1,120 @@
+"""The projection base: a read model is its tables and its event handlers, nothing else.
+
+Handlers never touch the database. They record changes in a ``Changes`` batch held in
+memory: counter deltas (summed) and row values (last write wins). The projector flushes
+one batch of events as one upsert per table plus the new position, in one transaction.
+Rows a handler must read (a payment's previous state) are fetched for the whole batch
+in one query per table before the handlers run (``prefetch``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from commitline.domain import Event
+from commitline.infrastructure.codec import RecordedEvent
+
+Key = tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Table:
+    """A read-model table. ``columns`` maps name -> SQL type; ``counters`` are added to, the rest set."""
+
+    name: str
+    columns: dict[str, str]
+    key: tuple[str, ...]
+    counters: tuple[str, ...] = ()
+
+    @property
+    def values(self) -> tuple[str, ...]:
+        return tuple(c for c in self.columns if c not in self.key and c not in self.counters)
+
+
+@dataclass
+class Changes:
+    """One batch's pending changes, per table and key."""
+
+    tables: dict[str, Table]
+    rows: dict[str, dict[Key, dict[str, Any]]] = field(default_factory=dict)
+    loaded: dict[str, dict[Key, dict[str, Any] | None]] = field(default_factory=dict)
+
+    def add(self, table: str, key: Key, **deltas: Any) -> None:
+        spec = self.tables[table]
+        row = self._row(table, key)
+        for column, delta in deltas.items():
+            assert column in spec.counters, f"{table}.{column} is not a counter"
+            row[column] = row.get(column, 0) + delta
+
+    def put(self, table: str, key: Key, **values: Any) -> None:
+        spec = self.tables[table]
+        assert set(values) <= set(spec.values), f"{table}: {set(values) - set(spec.values)} are not value columns"
+        self._row(table, key).update(values)
+
+    def get(self, table: str, key: Key) -> dict[str, Any] | None:
+        """The row as it will be after this batch: what is stored, overlaid with pending puts."""
+        stored = self.loaded.get(table, {}).get(key)
+        pending = self.rows.get(table, {}).get(key)
+        if stored is None and pending is None:
+            return None
+        return {**(stored or {}), **(pending or {})}
+
+    def _row(self, table: str, key: Key) -> dict[str, Any]:
+        return self.rows.setdefault(table, {}).setdefault(key, {})
+
+    def __bool__(self) -> bool:
+        return any(self.rows.values())
+
+
+Handler = Callable[[Any, Changes, RecordedEvent], None]
+
+
+def on(*event_types: type[Event]) -> Callable[[Handler], Handler]:
+    """Mark a projection method as the handler of these event types."""
+
+    def mark(handler: Handler) -> Handler:
+        handler.__handles__ = event_types  # type: ignore[attr-defined]
+        return handler
+
+    return mark
+
+
+class Projection:
+    name: ClassVar[str]
+    tables: ClassVar[tuple[Table, ...]]
+    #: table -> function giving the key of the stored row an event's handler reads (None: none needed)
+    prefetch: ClassVar[dict[str, Callable[[RecordedEvent], Key | None]]] = {}
+    _handlers: ClassVar[dict[type[Event], Handler]]
+
+    def __init_subclass__(cls) -> None:
+        super().__init_subclass__()
+        cls._handlers = {
+            event_type: member
+            for member in vars(cls).values()
+            for event_type in getattr(member, "__handles__", ())
+        }
+
+    @classmethod
+    def handles(cls, recorded: RecordedEvent) -> bool:
+        return type(recorded.event) in cls._handlers
+
+    def table_specs(self) -> dict[str, Table]:
+        return {t.name: t for t in self.tables}
+
+    def new_changes(self) -> Changes:
+        return Changes(self.table_specs())
+
+    def apply(self, changes: Changes, recorded: RecordedEvent) -> None:
+        handler = self._handlers.get(type(recorded.event))
+        if handler is not None:
+            handler(self, changes, recorded)
+
+    def keys_to_prefetch(self, events: Iterable[RecordedEvent]) -> dict[str, set[Key]]:
+        wanted: dict[str, set[Key]] = {}
+        for table, key_of in self.prefetch.items():
+            keys = {k for k in (key_of(e) for e in events) if k is not None}
+            if keys:
+                wanted[table] = keys
+        return wanted

@@ -1,0 +1,94 @@
+"""SQL for read-model tables: create them, read the rows a batch needs, write a batch.
+
+A batch is written as one ``INSERT ... SELECT FROM unnest(...) ON CONFLICT DO UPDATE``
+per table: counters add (``t.c + excluded.c``), values overwrite when given
+(``COALESCE(excluded.v, t.v)``). Only the projector of a projection writes its tables,
+so these upserts never wait on one another.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.sql import SQL, Composed, Identifier
+
+from commitline.projections.base import Changes, Key, Projection, Table
+
+REBUILD_SUFFIX = "__next"
+
+
+def table_ident(schema: str, table: Table, suffix: str = "") -> Identifier:
+    return Identifier(schema, table.name + suffix)
+
+
+def create_tables(conn: psycopg.Connection[Any], schema: str, projection: Projection, suffix: str = "") -> None:
+    for table in projection.tables:
+        columns = SQL(", ").join(
+            SQL("{} {}{}").format(Identifier(name), SQL(sql_type), SQL(" NOT NULL DEFAULT 0" if name in table.counters
+                                                                         else " NOT NULL" if name in table.key else ""))
+            for name, sql_type in table.columns.items()
+        )
+        conn.execute(SQL("CREATE TABLE IF NOT EXISTS {} ({}, PRIMARY KEY ({}))").format(
+            table_ident(schema, table, suffix), columns, SQL(", ").join(map(Identifier, table.key))))
+
+
+def drop_tables(conn: psycopg.Connection[Any], schema: str, projection: Projection, suffix: str) -> None:
+    for table in projection.tables:
+        conn.execute(SQL("DROP TABLE IF EXISTS {}").format(table_ident(schema, table, suffix)))
+
+
+def swap_in(conn: psycopg.Connection[Any], schema: str, projection: Projection) -> None:
+    """Replace the live tables by the rebuilt ones; call inside the transaction that moves the position."""
+    live = [table_ident(schema, t) for t in projection.tables]
+    conn.execute(SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(SQL(", ").join(live)))
+    for table in projection.tables:
+        conn.execute(SQL("DROP TABLE {}").format(table_ident(schema, table)))
+        conn.execute(SQL("ALTER TABLE {} RENAME TO {}").format(table_ident(schema, table, REBUILD_SUFFIX),
+                                                              Identifier(table.name)))
+
+
+def load_rows(conn: psycopg.Connection[Any], schema: str, table: Table, keys: set[Key], suffix: str = ""
+              ) -> dict[Key, dict[str, Any]]:
+    key_columns = SQL(", ").join(map(Identifier, table.key))
+    arrays = SQL(", ").join(SQL("%s::{}[]").format(SQL(table.columns[k])) for k in table.key)
+    ordered = list(keys)
+    params = [[k[i] for k in ordered] for i in range(len(table.key))]
+    rows = conn.cursor(row_factory=dict_row).execute(
+        SQL("SELECT * FROM {} WHERE ({}) IN (SELECT * FROM unnest({}))").format(
+            table_ident(schema, table, suffix), key_columns, arrays), params).fetchall()
+    return {tuple(row[k] for k in table.key): row for row in rows}
+
+
+def write_changes(conn: psycopg.Connection[Any], schema: str, changes: Changes, suffix: str = "") -> None:
+    for name, rows in changes.rows.items():
+        if rows:
+            table = changes.tables[name]
+            statement, params = _upsert(schema, table, rows, suffix)
+            conn.execute(statement, params)
+
+
+def _upsert(schema: str, table: Table, rows: dict[Key, dict[str, Any]], suffix: str) -> tuple[Composed, list[Any]]:
+    columns = list(table.columns)
+    keys = list(rows)
+    params: list[Any] = []
+    for column in columns:
+        if column in table.key:
+            index = table.key.index(column)
+            params.append([k[index] for k in keys])
+        elif column in table.counters:
+            params.append([rows[k].get(column, 0) for k in keys])
+        else:
+            params.append([rows[k].get(column) for k in keys])
+    target = table_ident(schema, table, suffix)
+    updates = [SQL("{c} = t.{c} + excluded.{c}").format(c=Identifier(c)) for c in table.counters]
+    updates += [SQL("{c} = COALESCE(excluded.{c}, t.{c})").format(c=Identifier(c)) for c in table.values]
+    statement = SQL("INSERT INTO {} AS t ({}) SELECT * FROM unnest({}) ON CONFLICT ({}) DO {}").format(
+        target,
+        SQL(", ").join(map(Identifier, columns)),
+        SQL(", ").join(SQL("%s::{}[]").format(SQL(table.columns[c])) for c in columns),
+        SQL(", ").join(map(Identifier, table.key)),
+        SQL("UPDATE SET ") + SQL(", ").join(updates) if updates else SQL("NOTHING"),
+    )
+    return statement, params
