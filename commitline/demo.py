@@ -23,6 +23,8 @@ from commitline.infrastructure.kafka_reader import read_topics
 from commitline.infrastructure.publisher import KafkaPublisher
 from commitline.infrastructure.follower_thread import FollowerThread
 from commitline.infrastructure.status import follower_statuses, status_table
+from commitline.projections import PROJECTIONS, ReadModels
+from commitline.projections.projector import Projector
 
 console = Console(highlight=False)
 if not console.is_terminal:  # piped or captured: wide enough that tables keep their columns
@@ -121,7 +123,7 @@ def inventory(app: Commitline, run: str) -> list[tuple[str, str]]:
             ("stock after", f"available={item.available} (never negative)")]
 
 
-def survey(app: Commitline, run: str) -> list[tuple[str, str]]:
+def survey(app: Commitline, run: str) -> tuple[list[tuple[str, str]], str]:
     console.rule("[bold]Survey task: 10,000 users in one command, re-issue, concurrent answers")
     task = app.dispatch({"type": "create_survey_task", "title": "Checkout satisfaction"},
                         idempotency_key=f"{run}-task")
@@ -144,7 +146,7 @@ def survey(app: Commitline, run: str) -> list[tuple[str, str]]:
     console.print(f"[red]refused[/red] a second answer from user-0: {twice}")
     return [("issue to 10,000 users", f"1 command, {issued_in * 1000:.0f} ms"),
             ("500 concurrent answers", ", ".join(f"{k}={v}" for k, v in answers.items())),
-            ("a user answering twice", type(twice).__name__)]
+            ("a user answering twice", type(twice).__name__)], task_id
 
 
 def kafka_readback(app: Commitline, settings: Settings, publisher: FollowerThread) -> list[tuple[str, str]]:
@@ -173,6 +175,23 @@ def kafka_readback(app: Commitline, settings: Settings, publisher: FollowerThrea
                                    f"position {publisher.follower.metrics.position} = log head {head}")]
 
 
+def read_models(app: Commitline, projectors: list[FollowerThread], task_id: str) -> list[tuple[str, str]]:
+    console.rule("[bold]Read models: built by single-writer projectors from the log, never by commands")
+    head = app.recorder.max_notification_id() or 0
+    for projector in projectors:
+        projector.wait_until_at(head)
+    models = ReadModels(app.datastore)
+    counts = models.task_counts(UUID(task_id))
+    console.print(f"survey task {task_id}: {counts}")
+    table = Table(title="payments by state and currency (all demo runs in this store)")
+    for column in ("state", "currency", "payments", "amount"):
+        table.add_column(column)
+    for total in models.payment_totals():
+        table.add_row(total.state, total.currency, str(total.payments), str(total.amount))
+    console.print(table)
+    return [("survey task counters", ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))]
+
+
 def run_demo() -> int:
     run = uuid4().hex[:8]
     console.print(f"[bold]commitline demo[/bold] (run {run})")
@@ -183,9 +202,17 @@ def run_demo() -> int:
         broker = "embedded Tansu broker" if app.embedded_kafka else "configured Kafka"
         console.print(f"event store: {where}, schema {app.settings.schema_name}; "
                       f"publishing to {broker} at {settings.kafka_bootstrap_servers}")
-        with FollowerThread(lambda: KafkaPublisher(app.recorder, app.conninfo, settings)) as publisher:
-            rows = payments(app, run) + inventory(app, run) + survey(app, run)
-            rows += kafka_readback(app, settings, publisher)
+        projectors = [FollowerThread(lambda p=p: Projector(p(), app.recorder, app.conninfo, poll_interval=0.2)).start()
+                      for p in PROJECTIONS.values()]
+        try:
+            with FollowerThread(lambda: KafkaPublisher(app.recorder, app.conninfo, settings)) as publisher:
+                survey_rows, task_id = survey(app, run)
+                rows = payments(app, run) + inventory(app, run) + survey_rows
+                rows += kafka_readback(app, settings, publisher)
+            rows += read_models(app, projectors, task_id)
+        finally:
+            for projector in projectors:
+                projector.stop()
         table = Table(title="What happened")
         table.add_column("scenario")
         table.add_column("outcome")
