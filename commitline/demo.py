@@ -14,9 +14,12 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
+from commitline.application.audit import Auditor
 from commitline.application.errors import CommitlineError
+from commitline.domain import AGGREGATE_TYPES
 from commitline.domain.inventory import InventoryItem
 from commitline.domain.payment import PaymentTransaction
+from commitline.infrastructure.audit_source import PostgresAuditSource
 from commitline.infrastructure.bootstrap import Commitline, bootstrap
 from commitline.infrastructure.config import Settings
 from commitline.infrastructure.kafka_reader import read_topics
@@ -62,7 +65,7 @@ def refused(action: Callable[[], Any]) -> CommitlineError:
     raise AssertionError("the demo expected this command to be refused")
 
 
-def payments(app: Commitline, run: str) -> list[tuple[str, str]]:
+def payments(app: Commitline, run: str) -> tuple[list[tuple[str, str]], list[str]]:
     console.rule("[bold]Payments: CREATED -> PENDING -> COMPLETED | FAILED, FAILED -> PENDING")
     rows = []
     ids = []
@@ -106,7 +109,7 @@ def payments(app: Commitline, run: str) -> list[tuple[str, str]]:
 
     states = Counter(app.store.load(PaymentTransaction, UUID(i)).state.value for i in ids)
     rows.append(("payment states", ", ".join(f"{k}={v}" for k, v in sorted(states.items()))))
-    return rows
+    return rows, ids
 
 
 def inventory(app: Commitline, run: str) -> list[tuple[str, str]]:
@@ -192,6 +195,24 @@ def read_models(app: Commitline, projectors: list[FollowerThread], task_id: str)
     return [("survey task counters", ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))]
 
 
+def audit(app: Commitline, payment_id: str) -> None:
+    console.rule("[bold]Audit: the payment's history replayed, and the hash chains verified")
+    auditor = Auditor(PostgresAuditSource(app.recorder), AGGREGATE_TYPES)
+    history = auditor.history(UUID(payment_id))
+    table = Table(title=f"{history.aggregate_type} {payment_id}")
+    for column in ("version", "recorded at", "type", "payload", "transition"):
+        table.add_column(column)
+    for e in history.entries:
+        table.add_row(str(e.version), e.recorded_at.strftime("%H:%M:%S.%f"), e.type, orjson.dumps(e.payload).decode(),
+                      e.transition or "")
+    console.print(table)
+    report = auditor.verify()
+    verdict = "OK" if report.ok else f"{len(report.broken)} streams BROKEN"
+    console.print(f"audit verify --all: {verdict}, {report.streams} streams, {report.events} events "
+                  f"in {report.seconds:.2f} s")
+
+
+
 def run_demo() -> int:
     run = uuid4().hex[:8]
     console.print(f"[bold]commitline demo[/bold] (run {run})")
@@ -207,7 +228,8 @@ def run_demo() -> int:
         try:
             with FollowerThread(lambda: KafkaPublisher(app.recorder, app.conninfo, settings)) as publisher:
                 survey_rows, task_id = survey(app, run)
-                rows = payments(app, run) + inventory(app, run) + survey_rows
+                payment_rows, payment_ids = payments(app, run)
+                rows = payment_rows + inventory(app, run) + survey_rows
                 rows += kafka_readback(app, settings, publisher)
             rows += read_models(app, projectors, task_id)
         finally:
@@ -219,5 +241,6 @@ def run_demo() -> int:
         for scenario, outcome in rows:
             table.add_row(scenario, outcome)
         console.print(table)
+        audit(app, payment_ids[1])
         console.print(f"demo took {time.perf_counter() - started:.1f} s")
     return 0

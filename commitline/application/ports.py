@@ -29,6 +29,7 @@ class IdempotencyRecord:
     fingerprint: bytes
     command_type: str
     aggregate_id: UUID
+    stream_version: int
     outcome: bytes
 
 

@@ -92,7 +92,7 @@ class CommandProcessor:
                 raise
             events = changed.collect_events()
             result = self._result(cmd, tenant, changed, events)
-            record = IdempotencyRecord(tenant, key, digest, cmd.type, aggregate_id, result.outcome_bytes())
+            record = IdempotencyRecord(tenant, key, digest, cmd.type, aggregate_id, changed.version, result.outcome_bytes())
             try:
                 self.store.append(changed, events, tenant=tenant, idempotency=record)
                 return result

@@ -67,6 +67,10 @@ class Aggregate:
     def exists(self) -> bool:
         return self.version > 0
 
+    def fsm_states(self) -> dict[str, str]:
+        """The current state of each finite-state machine in this aggregate, by machine name."""
+        return {}
+
     def apply(self, event: Event) -> None:
         if event.version != self.version + 1:
             raise ValueError(

@@ -95,6 +95,9 @@ class InventoryItem(Aggregate):
         reservation = self._reservation_moving_to(reservation_id, R.FULFILLED)
         self._emit(ReservationFulfilled, reservation_id=reservation_id, quantity=reservation.quantity)
 
+    def fsm_states(self) -> dict[str, str]:
+        return {f"reservation {rid}": r.state.value for rid, r in self.reservations.items()}
+
     def _reservation_moving_to(self, reservation_id: str, target: ReservationState) -> Reservation:
         reservation = self.reservations.get(reservation_id)
         if reservation is None:

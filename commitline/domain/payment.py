@@ -81,6 +81,9 @@ class PaymentTransaction(Aggregate):
         self._move_to(PaymentState.FAILED)
         self._emit(PaymentFailed, reason=reason)
 
+    def fsm_states(self) -> dict[str, str]:
+        return {"payment": self.state.value} if self.state else {}
+
     def _move_to(self, target: PaymentState) -> None:
         if self.state is None:
             raise IllegalTransition("PaymentTransaction", "NEW", target.value, ())

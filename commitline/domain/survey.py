@@ -97,6 +97,9 @@ class SurveyTask(Aggregate):
             raise UsersAlreadyIssued(str(self.id), already)
         self._emit(SurveyTaskIssued, round=self.rounds + 1, user_ids=tuple(user_ids))
 
+    def fsm_states(self) -> dict[str, str]:
+        return {"task": self.state.value} if self.state else {}
+
     def close(self) -> None:
         assert self.state is not None
         TASK_TRANSITIONS.check(self.state, TaskState.CLOSED)
@@ -124,6 +127,9 @@ class SurveyAssignment(Aggregate):
 
     EVENTS = (SurveyTaskAnswered,)
     TRANSITIONS = ASSIGNMENT_TRANSITIONS
+
+    def fsm_states(self) -> dict[str, str]:
+        return {"answer": self.status.value}
 
     def answer(self, task: SurveyTask, user_id: str) -> None:
         if self.id != assignment_id(task.id, user_id):

@@ -12,7 +12,9 @@ import logging
 import signal
 import sys
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any, TextIO
+from uuid import UUID
 
 import orjson
 
@@ -195,12 +197,12 @@ def cmd_projections_list(args: argparse.Namespace) -> int:
 
 def cmd_projections_rebuild(args: argparse.Namespace) -> int:
     from commitline.infrastructure.bootstrap import bootstrap
-    from commitline.infrastructure.progress import rebuild_progress
+    from commitline.infrastructure.progress import progress_reporter
     from commitline.projections import PROJECTIONS
     from commitline.projections.rebuild import RebuildError, rebuild
 
     (name,) = _projection_names([args.name])
-    with bootstrap() as app, rebuild_progress(name) as progress:
+    with bootstrap() as app, progress_reporter(f"rebuild {name}") as progress:
         try:
             result = rebuild(PROJECTIONS[name](), app.recorder, app.conninfo,
                              batch_size=app.settings.project_batch_size, progress=progress)
@@ -234,6 +236,104 @@ def cmd_projections_intervene(args: argparse.Namespace) -> int:
             return EXIT_REFUSED
     print(message)
     return EXIT_OK
+
+
+def _auditor(app):  # type: ignore[no-untyped-def]
+    from commitline.application.audit import Auditor
+    from commitline.domain import AGGREGATE_TYPES
+    from commitline.infrastructure.audit_source import PostgresAuditSource
+
+    return Auditor(PostgresAuditSource(app.recorder), AGGREGATE_TYPES)
+
+
+def _json_value(value: Any) -> str:
+    return orjson.dumps(value, default=str).decode()
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from commitline.infrastructure.bootstrap import bootstrap
+
+    with bootstrap() as app:
+        auditor = _auditor(app)
+        try:
+            if args.audit_command == "verify":
+                return _verify(auditor, args)
+            if args.audit_command == "history":
+                history = auditor.history(args.aggregate_id, compact=not args.json)
+                if args.json:
+                    _print_json(asdict(history), sys.stdout)
+                    return EXIT_OK
+                table = Table(title=f"{history.aggregate_type} {history.aggregate_id} (tenant {history.tenant})")
+                for column in ("version", "recorded at", "type", "payload", "transition", "state after"):
+                    table.add_column(column)
+                for e in history.entries:
+                    table.add_row(str(e.version), e.recorded_at.isoformat(), e.type, _json_value(e.payload),
+                                  e.transition or "", _json_value(e.state_after))
+                console = Console()
+                if not console.is_terminal:
+                    console = Console(width=200)
+                console.print(table)
+                return EXIT_OK
+            if args.audit_command == "state":
+                state = (auditor.state_at_version(args.aggregate_id, args.at_version) if args.at_version is not None
+                         else auditor.state_as_of(args.aggregate_id, args.as_of))
+                _print_json(asdict(state), sys.stdout)
+                return EXIT_OK
+            diff = auditor.diff(args.aggregate_id, args.from_version, args.to_version)
+            _print_json({"aggregate_id": diff.aggregate_id, "aggregate_type": diff.aggregate_type,
+                         "from_version": diff.from_version, "to_version": diff.to_version,
+                         "changed": {k: {"from": a, "to": b} for k, (a, b) in diff.changed.items()},
+                         "events": [asdict(e) for e in diff.events]}, sys.stdout)
+            return EXIT_OK
+        except CommitlineError as e:
+            _print_json(_error(e), sys.stderr)
+            return EXIT_USAGE
+
+
+def _verify(auditor, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+    from commitline.infrastructure.progress import progress_reporter
+
+    if args.aggregate is None and not args.all:
+        print("audit verify: name --aggregate ID or --all", file=sys.stderr)
+        return EXIT_USAGE
+    with progress_reporter("verify") as progress:
+        report = auditor.verify(args.aggregate, progress=progress if args.aggregate is None else None)
+    rate = report.events / report.seconds if report.seconds else 0
+    summary = {"ok": report.ok, "streams": report.streams, "events": report.events,
+               "seconds": round(report.seconds, 3), "broken": [
+                   {"aggregate_id": str(v.aggregate_id), "problem": v.problem, "version": v.version,
+                    "detail": v.detail} for v in report.broken]}
+    if args.json:
+        _print_json(summary, sys.stdout)
+    else:
+        for v in report.broken:
+            print(f"BROKEN {v.aggregate_id}: {v.problem} at version {v.version}: {v.detail}")
+        verdict = "OK" if report.ok else f"{len(report.broken)} stream(s) BROKEN"
+        print(f"{verdict}: {report.streams} streams, {report.events} events verified in {report.seconds:.1f} s "
+              f"({rate:,.0f} events/s)")
+    return EXIT_OK if report.ok else EXIT_REFUSED
+
+
+def _aggregate_id(text: str) -> UUID:
+    try:
+        return UUID(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an aggregate id (a UUID)") from None
+
+
+def _timestamp(text: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO 8601 time, e.g. 2026-11-21T05:42:00+00:00") from None
+    if moment.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"{text!r} has no UTC offset; add one, e.g. +00:00")
+    return moment
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -302,6 +402,30 @@ def build_parser() -> argparse.ArgumentParser:
     pretry = psub.add_parser("retry", help="let a projection stopped at a poison event try it again")
     pretry.add_argument("name", metavar="NAME")
     pretry.set_defaults(run=cmd_projections_intervene, action="retry")
+
+    audit = sub.add_parser("audit", help="forensics: history, state at a version or time, diff, verify the chain")
+    asub = audit.add_subparsers(dest="audit_command", required=True, metavar="ACTION")
+    averify = asub.add_parser("verify", help="re-derive the hash chains; exit 1 when anything is broken",
+                              description="Reports per stream OK or the first event whose content or link does not "
+                              "match. Removing a stream's last events leaves a valid chain; that is detected with "
+                              "the idempotency records, which keep the version each command produced.")
+    averify.add_argument("--aggregate", type=_aggregate_id, metavar="ID", help="verify one stream")
+    averify.add_argument("--all", action="store_true", help="verify every stream (with progress)")
+    averify.add_argument("--json", action="store_true", help="machine-readable report")
+    ahistory = asub.add_parser("history", help="every event of an aggregate with its transition and the state after")
+    ahistory.add_argument("aggregate_id", type=_aggregate_id, metavar="ID")
+    ahistory.add_argument("--json", action="store_true", help="machine-readable, with full states")
+    astate = asub.add_parser("state", help="the aggregate's state at a version or as of a time (replayed)")
+    astate.add_argument("aggregate_id", type=_aggregate_id, metavar="ID")
+    when = astate.add_mutually_exclusive_group(required=True)
+    when.add_argument("--at-version", type=int, metavar="N")
+    when.add_argument("--as-of", type=_timestamp, metavar="TIMESTAMP", help="ISO 8601 with offset")
+    adiff = asub.add_parser("diff", help="what changed between two versions")
+    adiff.add_argument("aggregate_id", type=_aggregate_id, metavar="ID")
+    adiff.add_argument("--from", dest="from_version", type=int, required=True, metavar="N")
+    adiff.add_argument("--to", dest="to_version", type=int, required=True, metavar="M")
+    for parser_ in (averify, ahistory, astate, adiff):
+        parser_.set_defaults(run=cmd_audit)
 
     demo = sub.add_parser("demo", help="run the scripted demonstration workload and print a summary")
     demo.set_defaults(run=cmd_demo)

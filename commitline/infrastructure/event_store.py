@@ -1,9 +1,15 @@
 """The application's ``EventStore`` on PostgreSQL: loading aggregates (snapshot + replay),
-appending their events, idempotency records, and taking snapshots of long streams."""
+appending their events, idempotency records, and taking snapshots of long streams.
+
+It remembers the chain hash of each recently loaded or written stream head, so appending
+the next events continues the hash chain without another read in the common case.
+"""
 
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TypeVar
 from uuid import UUID
@@ -11,6 +17,7 @@ from uuid import UUID
 from commitline.application.errors import WrongAggregateType
 from commitline.application.ports import IdempotencyRecord
 from commitline.domain import Aggregate, Event
+from commitline.application.chain import chain
 from commitline.infrastructure.codec import decode_event, decode_snapshot, encode_event, encode_snapshot
 from commitline.infrastructure.recorder import EventRecorder, Snapshot
 
@@ -19,12 +26,16 @@ log = logging.getLogger(__name__)
 
 
 class PostgresEventStore:
-    def __init__(self, recorder: EventRecorder, snapshot_interval: int = 100):
+    def __init__(self, recorder: EventRecorder, snapshot_interval: int = 100, remembered_heads: int = 100_000):
         self.recorder = recorder
         self.snapshot_interval = snapshot_interval
+        self._heads: OrderedDict[UUID, tuple[int, bytes]] = OrderedDict()
+        self._heads_limit = remembered_heads
+        self._heads_lock = threading.Lock()
 
     def load(self, cls: type[A], aggregate_id: UUID, *, use_snapshot: bool = True) -> A:
-        snapshot, stored = self.recorder.load_stream(aggregate_id, after_snapshot=use_snapshot and self.snapshot_interval > 0)
+        snapshot, stored, head_hash = self.recorder.load_stream(
+            aggregate_id, after_snapshot=use_snapshot and self.snapshot_interval > 0)
         start: A | None = None
         if snapshot is not None:
             if snapshot.aggregate_type != cls.__name__:
@@ -33,13 +44,19 @@ class PostgresEventStore:
         recorded = [decode_event(s.topic, s.originator_id, s.originator_version, s.state) for s in stored]
         if recorded and recorded[0].aggregate_type != cls.__name__:
             raise WrongAggregateType(aggregate_id, cls.__name__, recorded[0].aggregate_type)
-        return cls.replay(aggregate_id, [r.event for r in recorded], start)
+        aggregate = cls.replay(aggregate_id, [r.event for r in recorded], start)
+        self._remember(aggregate_id, aggregate.version, head_hash)
+        return aggregate
 
     def append(
         self, aggregate: Aggregate, events: Sequence[Event], *, tenant: str, idempotency: IdempotencyRecord | None
     ) -> None:
-        self.recorder.append([encode_event(e, tenant) for e in events], idempotency)
-        if self._snapshot_due(aggregate.version - len(events), aggregate.version):
+        stored = [encode_event(e, tenant) for e in events]
+        before = stored[0].originator_version - 1
+        links = chain(self._head_hash(aggregate.id, before), stored)
+        self.recorder.append(stored, idempotency, links=links)
+        self._remember(aggregate.id, aggregate.version, links[-1][1])
+        if self._snapshot_due(before, aggregate.version):
             self._take_snapshot(aggregate)
 
     def find_outcome(self, tenant: str, key: str) -> IdempotencyRecord | None:
@@ -48,6 +65,20 @@ class PostgresEventStore:
     def stream_version(self, aggregate_id: UUID) -> int:
         return self.recorder.stream_version(aggregate_id)
 
+    def _head_hash(self, aggregate_id: UUID, version: int) -> bytes:
+        with self._heads_lock:
+            known = self._heads.get(aggregate_id)
+        if known is not None and known[0] == version:
+            return known[1]
+        return self.recorder.event_hash(aggregate_id, version)
+
+    def _remember(self, aggregate_id: UUID, version: int, head_hash: bytes) -> None:
+        with self._heads_lock:
+            self._heads[aggregate_id] = (version, head_hash)
+            self._heads.move_to_end(aggregate_id)
+            while len(self._heads) > self._heads_limit:
+                self._heads.popitem(last=False)
+
     def _snapshot_due(self, before: int, after: int) -> bool:
         n = self.snapshot_interval
         return n > 0 and after // n > before // n
@@ -55,8 +86,8 @@ class PostgresEventStore:
     def _take_snapshot(self, aggregate: Aggregate) -> None:
         # Best effort, after the commit: a missing snapshot only costs a longer replay.
         try:
-            self.recorder.save_snapshot(
-                Snapshot(aggregate.id, aggregate.version, type(aggregate).__name__, encode_snapshot(aggregate))
-            )
+            self.recorder.save_snapshot(Snapshot(
+                aggregate.id, aggregate.version, type(aggregate).__name__, encode_snapshot(aggregate),
+                self._head_hash(aggregate.id, aggregate.version)))
         except Exception:
             log.warning("snapshot of %s at version %d not saved", aggregate.id, aggregate.version, exc_info=True)

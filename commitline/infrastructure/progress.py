@@ -11,36 +11,36 @@ from contextlib import contextmanager
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 PLAIN_EVERY_SECONDS = 2.0
+Update = Callable[..., None]
 
 
 @contextmanager
-def rebuild_progress(name: str) -> Iterator[Callable[[int, int, int], None]]:
-    """Yields ``update(position, head, applied)``."""
+def progress_reporter(label: str) -> Iterator[Update]:
+    """Yields ``update(done, total, counted=None)``; the rate is ``counted`` (default ``done``) per second."""
     started = time.perf_counter()
     if sys.stderr.isatty():
-        with Progress(TextColumn(f"rebuild {name}"), BarColumn(), MofNCompleteColumn(),
-                      TextColumn("{task.fields[rate]:>10,.0f} events/s"), TimeRemainingColumn(),
-                      transient=False) as bar:
-            task = bar.add_task(name, total=None, rate=0.0)
+        with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("{task.fields[rate]:>10,.0f} events/s"), TimeRemainingColumn()) as bar:
+            task = bar.add_task(label, total=None, rate=0.0)
 
-            def update(position: int, head: int, applied: int) -> None:
+            def update(done: int, total: int, counted: int | None = None) -> None:
                 elapsed = max(time.perf_counter() - started, 1e-9)
-                bar.update(task, completed=position, total=head, rate=applied / elapsed)
+                bar.update(task, completed=done, total=total, rate=(done if counted is None else counted) / elapsed)
 
             yield update
         return
 
     last = [0.0]
 
-    def update_plain(position: int, head: int, applied: int) -> None:
+    def update_plain(done: int, total: int, counted: int | None = None) -> None:
         now = time.perf_counter()
-        if now - last[0] < PLAIN_EVERY_SECONDS and position < head:
+        if now - last[0] < PLAIN_EVERY_SECONDS and done < total:
             return
         last[0] = now
         elapsed = max(now - started, 1e-9)
-        rate = applied / elapsed
-        eta = (head - position) / (position / elapsed) if position else float("nan")
-        print(f"rebuild {name}: position {position}/{head} ({100 * position / max(head, 1):.0f}%), "
-              f"{rate:,.0f} events/s, ETA {eta:.0f} s", file=sys.stderr, flush=True)
+        rate = (done if counted is None else counted) / elapsed
+        eta = f"{(total - done) / (done / elapsed):.0f} s" if done else "?"
+        print(f"{label}: {done}/{total} ({100 * done / max(total, 1):.0f}%), {rate:,.0f} events/s, ETA {eta}",
+              file=sys.stderr, flush=True)
 
     yield update_plain

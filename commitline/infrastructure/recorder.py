@@ -49,6 +49,7 @@ from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Composed, Identifier
 
 from commitline.application.ports import IdempotencyRecord, KeyAlreadyRecorded, StreamMoved
+from commitline.application.chain import GENESIS, chain
 
 EVENTS_TABLE = "events"
 IDEMPOTENCY_TABLE = "idempotency_keys"
@@ -62,6 +63,7 @@ class Snapshot:
     version: int
     aggregate_type: str
     state: bytes
+    event_hash: bytes  # the chain hash of the event at ``version``
 
 
 class EventRecorder(PostgresApplicationRecorder):
@@ -90,13 +92,21 @@ class EventRecorder(PostgresApplicationRecorder):
 
     # -- writes -------------------------------------------------------------------
 
-    def append(self, stored_events: Sequence[StoredEvent], idempotency: IdempotencyRecord | None = None) -> list[int]:
-        """Insert events (and the idempotency record) in one transaction; return notification ids."""
+    def append(self, stored_events: Sequence[StoredEvent], idempotency: IdempotencyRecord | None = None,
+               links: Sequence[tuple[bytes, bytes]] | None = None) -> list[int]:
+        """Insert one stream's events (and the idempotency record) in one transaction; return their
+        notification ids. ``links`` are the events' (prev_hash, event_hash) pairs (``chain.chain``);
+        when not given they are computed from the stored hash of the event before the first."""
+        if links is None:
+            first = stored_events[0]
+            links = chain(self.event_hash(first.originator_id, first.originator_version - 1), stored_events)
         params = (
             [e.originator_id for e in stored_events],
             [e.originator_version for e in stored_events],
             [e.topic for e in stored_events],
             [e.state for e in stored_events],
+            [p for p, _ in links],
+            [h for _, h in links],
         )
         try:
             with self.datastore.pool.connection() as conn:
@@ -118,18 +128,29 @@ class EventRecorder(PostgresApplicationRecorder):
 
     # -- per-stream reads ---------------------------------------------------------
 
-    def load_stream(self, aggregate_id: UUID, after_snapshot: bool) -> tuple[Snapshot | None, list[StoredEvent]]:
-        """The latest snapshot (if wanted) and the events after it, in one round trip."""
-        with self.datastore.pool.connection() as conn, conn.cursor(row_factory=tuple_row) as cur:
-            snapshot = None
-            if after_snapshot:
-                cur.execute(self._q.latest_snapshot, (aggregate_id,), prepare=True)
-                row = cur.fetchone()
-                if row is not None:
-                    snapshot = Snapshot(aggregate_id, row[0], row[1], bytes(row[2]))
-            cur.execute(self._q.stream_after, (aggregate_id, snapshot.version if snapshot else 0), prepare=True)
-            events = [StoredEvent(aggregate_id, v, t, bytes(s)) for v, t, s in cur.fetchall()]
-        return snapshot, events
+    def load_stream(self, aggregate_id: UUID, after_snapshot: bool) -> tuple[Snapshot | None, list[StoredEvent], bytes]:
+        """The latest snapshot (if wanted), the events after it, and the stream's head hash: one
+        statement, so the snapshot and the events come from the same database snapshot."""
+        query = self._q.stream_after_snapshot if after_snapshot else self._q.stream_from_start
+        with self.datastore.pool.connection() as conn:
+            rows = conn.cursor(row_factory=tuple_row).execute(query, {"id": aggregate_id}, prepare=True).fetchall()
+        snapshot = None
+        if rows and rows[0][0]:
+            _, version, aggregate_type, state, event_hash = rows.pop(0)
+            snapshot = Snapshot(aggregate_id, version, aggregate_type, bytes(state), bytes(event_hash))
+        events = [StoredEvent(aggregate_id, v, t, bytes(s)) for _, v, t, s, _ in rows]
+        head_hash = bytes(rows[-1][4]) if rows else snapshot.event_hash if snapshot else GENESIS
+        return snapshot, events, head_hash
+
+    def event_hash(self, aggregate_id: UUID, version: int) -> bytes:
+        """The stored hash of one event; GENESIS for version 0 and for an event that does not exist
+        (then the insert of the next version conflicts anyway)."""
+        if version <= 0:
+            return GENESIS
+        with self.datastore.pool.connection() as conn:
+            row = conn.cursor(row_factory=tuple_row).execute(
+                self._q.select_hash, (aggregate_id, version), prepare=True).fetchone()
+        return bytes(row[0]) if row else GENESIS
 
     def stream_version(self, aggregate_id: UUID) -> int:
         with self.datastore.pool.connection() as conn:
@@ -140,15 +161,16 @@ class EventRecorder(PostgresApplicationRecorder):
         with self.datastore.pool.connection() as conn:
             conn.execute(
                 self._q.insert_snapshot,
-                (snapshot.aggregate_id, snapshot.version, snapshot.aggregate_type, snapshot.state),
+                (snapshot.aggregate_id, snapshot.version, snapshot.aggregate_type, snapshot.state, snapshot.event_hash),
             )
 
     def find_idempotency(self, tenant: str, key: str) -> IdempotencyRecord | None:
         with self.datastore.pool.connection() as conn:
-            row = conn.cursor(row_factory=tuple_row).execute(self._q.select_idempotency, (tenant, key), prepare=True).fetchone()
+            row = conn.cursor(row_factory=tuple_row).execute(
+                self._q.select_idempotency, (tenant, key), prepare=True).fetchone()
         if row is None:
             return None
-        return IdempotencyRecord(tenant, key, bytes(row[0]), row[1], row[2], bytes(row[3]))
+        return IdempotencyRecord(tenant, key, bytes(row[0]), row[1], row[2], row[3], bytes(row[4]))
 
     # -- the notification log -----------------------------------------------------
 
@@ -212,7 +234,7 @@ class EventRecorder(PostgresApplicationRecorder):
 
 
 def _idempotency_params(row: IdempotencyRecord) -> tuple[Any, ...]:
-    return (row.tenant, row.key, row.fingerprint, row.command_type, row.aggregate_id, row.outcome)
+    return (row.tenant, row.key, row.fingerprint, row.command_type, row.aggregate_id, row.stream_version, row.outcome)
 
 
 class _Statements:
@@ -232,28 +254,35 @@ class _Statements:
         self._q = q
         self.assign_xid = q("SELECT pg_current_xact_id()::text")
         self.insert_events = q(
-            "INSERT INTO {events} (originator_id, originator_version, topic, state) "
-            "SELECT * FROM unnest(%s::uuid[], %s::int8[], %s::text[], %s::bytea[]) RETURNING notification_id"
+            "INSERT INTO {events} (originator_id, originator_version, topic, state, prev_hash, event_hash) "
+            "SELECT * FROM unnest(%s::uuid[], %s::int8[], %s::text[], %s::bytea[], %s::bytea[], %s::bytea[]) "
+            "RETURNING notification_id"
         )
         self.insert_idempotency = q(
-            "INSERT INTO {idem} (tenant, key, fingerprint, command_type, aggregate_id, outcome) "
-            "VALUES (%s, %s, %s, %s, %s, %s)"
+            "INSERT INTO {idem} (tenant, key, fingerprint, command_type, aggregate_id, stream_version, outcome) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s)"
         )
+        self.select_hash = q("SELECT event_hash FROM {events} WHERE originator_id = %s AND originator_version = %s")
         self.select_idempotency = q(
-            "SELECT fingerprint, command_type, aggregate_id, outcome FROM {idem} WHERE tenant = %s AND key = %s"
+            "SELECT fingerprint, command_type, aggregate_id, stream_version, outcome FROM {idem} "
+            "WHERE tenant = %s AND key = %s"
         )
         self.notify = q("NOTIFY {channel}")
-        self.latest_snapshot = q(
-            "SELECT version, aggregate_type, state FROM {snaps} WHERE aggregate_id = %s ORDER BY version DESC LIMIT 1"
+        self.stream_after_snapshot = q(
+            "WITH s AS (SELECT version, aggregate_type, state, event_hash FROM {snaps} WHERE aggregate_id = %(id)s "
+            "ORDER BY version DESC LIMIT 1) "
+            "SELECT true, version, aggregate_type, state, event_hash FROM s UNION ALL "
+            "SELECT false, originator_version, topic, state, event_hash FROM {events} WHERE originator_id = %(id)s "
+            "AND originator_version > coalesce((SELECT version FROM s), 0) ORDER BY 1 DESC, 2"
         )
-        self.stream_after = q(
-            "SELECT originator_version, topic, state FROM {events} "
-            "WHERE originator_id = %s AND originator_version > %s ORDER BY originator_version"
+        self.stream_from_start = q(
+            "SELECT false, originator_version, topic, state, event_hash FROM {events} WHERE originator_id = %(id)s "
+            "ORDER BY originator_version"
         )
         self.stream_head = q("SELECT max(originator_version) FROM {events} WHERE originator_id = %s")
         self.insert_snapshot = q(
-            "INSERT INTO {snaps} (aggregate_id, version, aggregate_type, state) VALUES (%s, %s, %s, %s) "
-            "ON CONFLICT DO NOTHING"
+            "INSERT INTO {snaps} (aggregate_id, version, aggregate_type, state, event_hash) "
+            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"
         )
         self.snapshot_xmin = q("SELECT pg_snapshot_xmin(pg_current_snapshot())::text")
         self.select_log = q(
@@ -273,6 +302,8 @@ class _Statements:
                 " topic text NOT NULL,"
                 " state bytea NOT NULL,"
                 " txid xid8 NOT NULL DEFAULT pg_current_xact_id(),"
+                " prev_hash bytea NOT NULL,"
+                " event_hash bytea NOT NULL,"
                 " PRIMARY KEY (originator_id, originator_version))"
             ),
             q("CREATE UNIQUE INDEX IF NOT EXISTS events_notification_id_idx ON {events} (notification_id)"),
@@ -296,6 +327,7 @@ class _Statements:
                 " fingerprint bytea NOT NULL,"
                 " command_type text NOT NULL,"
                 " aggregate_id uuid NOT NULL,"
+                " stream_version bigint NOT NULL,"
                 " outcome bytea NOT NULL,"
                 " recorded_at timestamptz NOT NULL DEFAULT now(),"
                 " PRIMARY KEY (tenant, key))"
@@ -306,6 +338,7 @@ class _Statements:
                 " version bigint NOT NULL,"
                 " aggregate_type text NOT NULL,"
                 " state bytea NOT NULL,"
+                " event_hash bytea NOT NULL,"
                 " taken_at timestamptz NOT NULL DEFAULT now(),"
                 " PRIMARY KEY (aggregate_id, version))"
             ),

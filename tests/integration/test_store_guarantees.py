@@ -88,14 +88,14 @@ def test_long_streams_load_from_a_snapshot(pg_dsn: str, schema: str) -> None:
         for i in range(0, len(events), 500):
             app.recorder.append([encode_event(e, "default") for e in events[i:i + 500]])
         app.store._take_snapshot(item)  # noqa: SLF001
-        snapshot, tail = app.recorder.load_stream(item_id, after_snapshot=True)
+        snapshot, tail, _ = app.recorder.load_stream(item_id, after_snapshot=True)
         assert snapshot is not None and snapshot.version == 10_000 and tail == []
         loaded = app.store.load(InventoryItem, item_id)
         assert loaded == app.store.load(InventoryItem, item_id, use_snapshot=False)
         assert loaded.on_hand == 10_000 and loaded.version == 10_000
 
         app.dispatch({"type": "receive_stock", "item_id": str(item_id), "quantity": 5}, idempotency_key="after")
-        snapshot, tail = app.recorder.load_stream(item_id, after_snapshot=True)
+        snapshot, tail, _ = app.recorder.load_stream(item_id, after_snapshot=True)
         assert snapshot is not None and snapshot.version == 10_000 and len(tail) == 1
         assert app.store.load(InventoryItem, item_id).on_hand == 10_005
 
@@ -108,7 +108,7 @@ def test_dispatch_takes_snapshots_at_the_interval(pg_dsn: str, schema: str) -> N
         with psycopg.connect(pg_dsn) as conn:
             versions = [r[0] for r in conn.execute(f"SELECT version FROM {schema}.snapshots ORDER BY version")]
         assert versions == [10, 20]
-        snapshot, tail = app.recorder.load_stream(item_id, after_snapshot=True)
+        snapshot, tail, _ = app.recorder.load_stream(item_id, after_snapshot=True)
         assert snapshot.version == 20 and [e.originator_version for e in tail] == [21, 22, 23, 24, 25]
 
 
@@ -117,8 +117,9 @@ def _hold_open_insert(pg_dsn: str, schema: str, started: threading.Event, releas
     with psycopg.connect(pg_dsn) as conn:
         conn.execute("SELECT pg_current_xact_id()")
         conn.execute(
-            f"INSERT INTO {schema}.events (originator_id, originator_version, topic, state) VALUES (%s, 1, %s, %s)",
-            (uuid4(), "StockReceived", b"{}"),
+            f"INSERT INTO {schema}.events (originator_id, originator_version, topic, state, prev_hash, event_hash) "
+            "VALUES (%s, 1, %s, %s, %s, %s)",
+            (uuid4(), "StockReceived", b"{}", bytes(32), bytes(32)),
         )
         started.set()
         release.wait(30)

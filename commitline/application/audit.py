@@ -1,0 +1,277 @@
+"""Forensics: an aggregate's history, its state at any version or time, diffs, and verification
+of the tamper-evident hash chain. Returns typed objects; the CLI only renders them.
+
+State at a version or time is always rebuilt by replaying events from the first one, never
+from a snapshot, so a snapshot can never leak into a historical answer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+from uuid import UUID
+
+from pydantic import TypeAdapter
+
+from commitline.application.chain import GENESIS, content, link
+from commitline.application.errors import AggregateNotFound, CommitlineError
+from commitline.domain import Aggregate, Event
+
+
+class AuditQueryError(CommitlineError):
+    code = "audit_query_error"
+
+    def __init__(self, message: str, **details: Any):
+        self._details = details
+        super().__init__(message)
+
+    def details(self) -> dict[str, Any]:
+        return {k: str(v) for k, v in self._details.items()}
+
+
+class VersionBeyondHead(AuditQueryError):
+    code = "version_beyond_head"
+
+
+class BeforeCreation(AuditQueryError):
+    code = "before_creation"
+
+
+@dataclass(frozen=True)
+class ChainRecord:
+    """One stored event as the verifier sees it."""
+
+    aggregate_id: UUID
+    version: int
+    topic: str
+    state: bytes
+    prev_hash: bytes
+    event_hash: bytes
+
+
+@dataclass(frozen=True)
+class StoredHistoryEvent:
+    event: Event
+    aggregate_type: str
+    tenant: str
+
+
+class AuditSource(Protocol):
+    def stream(self, aggregate_id: UUID) -> list[StoredHistoryEvent]: ...
+
+    def chain_records(self, aggregate_id: UUID | None) -> Iterator[ChainRecord]:
+        """One stream's records, or all of them, ordered by (aggregate id, version)."""
+
+    def witnessed_versions(self, aggregate_id: UUID | None) -> Mapping[UUID, int]:
+        """Per stream, the highest version any command's idempotency record says it reached."""
+
+    def event_count(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    version: int
+    recorded_at: datetime
+    type: str
+    event_id: UUID
+    payload: dict[str, Any]
+    transition: str | None
+    state_after: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class AggregateHistory:
+    aggregate_id: UUID
+    aggregate_type: str
+    tenant: str
+    entries: tuple[HistoryEntry, ...]
+
+
+@dataclass(frozen=True)
+class StateAt:
+    aggregate_id: UUID
+    aggregate_type: str
+    version: int
+    recorded_at: datetime
+    state: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class StateDiff:
+    aggregate_id: UUID
+    aggregate_type: str
+    from_version: int
+    to_version: int
+    changed: dict[str, tuple[Any, Any]]
+    events: tuple[HistoryEntry, ...]
+
+
+@dataclass(frozen=True)
+class StreamVerdict:
+    aggregate_id: UUID
+    events: int
+    problem: str | None = None  # "content", "link" or "truncated"
+    version: int | None = None  # the first event that does not verify
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+
+@dataclass(frozen=True)
+class VerificationReport:
+    streams: int
+    events: int
+    seconds: float
+    broken: tuple[StreamVerdict, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        return not self.broken
+
+
+Progress = Callable[[int, int], None]  # (events verified, total)
+
+LARGE_COLLECTION = 50
+
+
+def state_of(aggregate: Aggregate, *, compact: bool = False) -> dict[str, Any]:
+    state = TypeAdapter(type(aggregate)).dump_python(aggregate, mode="json")
+    if compact:
+        state = {k: f"<{len(v)} items>" if isinstance(v, (list, dict)) and len(v) > LARGE_COLLECTION else v
+                 for k, v in state.items()}
+    return state
+
+
+def transition(before: Mapping[str, str], after: Mapping[str, str]) -> str | None:
+    moves = [f"{machine}: {before.get(machine, '(new)')} -> {state}" for machine, state in after.items()
+             if before.get(machine) != state]
+    return "; ".join(moves) or None
+
+
+class Auditor:
+    def __init__(self, source: AuditSource, aggregate_types: Mapping[str, type[Aggregate]]):
+        self.source = source
+        self.aggregate_types = aggregate_types
+
+    def _events(self, aggregate_id: UUID) -> tuple[type[Aggregate], list[StoredHistoryEvent]]:
+        stored = self.source.stream(aggregate_id)
+        if not stored:
+            raise AggregateNotFound("aggregate", aggregate_id)
+        return self.aggregate_types[stored[0].aggregate_type], stored
+
+    def history(self, aggregate_id: UUID, *, compact: bool = True) -> AggregateHistory:
+        cls, stored = self._events(aggregate_id)
+        return AggregateHistory(aggregate_id, cls.__name__, stored[0].tenant,
+                                tuple(self._entries(cls, aggregate_id, stored, compact)))
+
+    def _entries(self, cls: type[Aggregate], aggregate_id: UUID, stored: Sequence[StoredHistoryEvent],
+                 compact: bool, start: Aggregate | None = None) -> Iterator[HistoryEntry]:
+        aggregate = start or cls.blank(aggregate_id)
+        for s in stored:
+            before = aggregate.fsm_states()
+            aggregate.apply(s.event)
+            yield HistoryEntry(s.event.version, s.event.occurred_at, s.event.type_name(), s.event.event_id,
+                               TypeAdapter(dict).dump_python(s.event.payload(), mode="json"),
+                               transition(before, aggregate.fsm_states()), state_of(aggregate, compact=compact))
+
+    def state_at_version(self, aggregate_id: UUID, version: int) -> StateAt:
+        cls, stored = self._events(aggregate_id)
+        if version < 1 or version > len(stored):
+            raise VersionBeyondHead(f"{aggregate_id} has versions 1 to {len(stored)}; there is no version {version}",
+                                    aggregate_id=aggregate_id, version=version, head=len(stored))
+        return self._state(cls, aggregate_id, stored[:version])
+
+    def state_as_of(self, aggregate_id: UUID, moment: datetime) -> StateAt:
+        if moment.tzinfo is None:
+            raise AuditQueryError("the time must carry a UTC offset, e.g. 2026-11-21T05:42:00+00:00", time=moment)
+        cls, stored = self._events(aggregate_id)
+        prefix = [s for s in stored if s.event.occurred_at <= moment]
+        if not prefix:
+            raise BeforeCreation(f"{aggregate_id} did not exist yet at {moment.isoformat()}; "
+                                 f"it was created at {stored[0].event.occurred_at.isoformat()}",
+                                 aggregate_id=aggregate_id, time=moment.isoformat())
+        return self._state(cls, aggregate_id, prefix)
+
+    def _state(self, cls: type[Aggregate], aggregate_id: UUID, stored: Sequence[StoredHistoryEvent]) -> StateAt:
+        aggregate = cls.replay(aggregate_id, [s.event for s in stored])
+        return StateAt(aggregate_id, cls.__name__, aggregate.version, stored[-1].event.occurred_at, state_of(aggregate))
+
+    def diff(self, aggregate_id: UUID, from_version: int, to_version: int) -> StateDiff:
+        if from_version > to_version:
+            raise AuditQueryError(f"--from {from_version} is after --to {to_version}")
+        cls, stored = self._events(aggregate_id)
+        if to_version > len(stored) or from_version < 0:
+            raise VersionBeyondHead(f"{aggregate_id} has versions 1 to {len(stored)}",
+                                    aggregate_id=aggregate_id, version=to_version, head=len(stored))
+        before = cls.replay(aggregate_id, [s.event for s in stored[:from_version]])
+        old = state_of(before)
+        entries = tuple(self._entries(cls, aggregate_id, stored[from_version:to_version], True, start=before))
+        new = state_of(before)  # ``before`` was advanced in place to ``to_version``
+        changed = {k: (old.get(k), new.get(k)) for k in new if old.get(k) != new.get(k)}
+        return StateDiff(aggregate_id, cls.__name__, from_version, to_version, changed, entries)
+
+    def verify(self, aggregate_id: UUID | None = None, progress: Progress | None = None) -> VerificationReport:
+        started = time.perf_counter()
+        total = self.source.event_count() if aggregate_id is None else 0
+        witnesses = self.source.witnessed_versions(aggregate_id)
+        broken: list[StreamVerdict] = []
+        streams = events = 0
+        for verdict in verify_streams(self.source.chain_records(aggregate_id), witnesses):
+            streams += 1
+            events += verdict.events
+            if not verdict.ok:
+                broken.append(verdict)
+            if progress is not None:
+                progress(events, total)
+        if aggregate_id is not None and streams == 0:
+            raise AggregateNotFound("aggregate", aggregate_id)
+        return VerificationReport(streams, events, time.perf_counter() - started, tuple(broken))
+
+
+def verify_streams(records: Iterable[ChainRecord], witnesses: Mapping[UUID, int]) -> Iterator[StreamVerdict]:
+    """Re-derive every stream's chain from ``records`` (ordered by aggregate id, version)."""
+    current: UUID | None = None
+    count = last_version = 0
+    expected_prev, expected_version = GENESIS, 1
+    verdict: StreamVerdict | None = None
+
+    def finish() -> StreamVerdict:
+        assert current is not None
+        if verdict is not None:
+            return StreamVerdict(current, count, verdict.problem, verdict.version, verdict.detail)
+        witnessed = witnesses.get(current, 0)
+        if witnessed > last_version:
+            return StreamVerdict(current, count, "truncated", last_version + 1,
+                                 f"the stream ends at version {last_version}, but an idempotency record says a "
+                                 f"command took it to version {witnessed}: events were removed from its end")
+        return StreamVerdict(current, count)
+
+    for r in records:
+        if r.aggregate_id != current:
+            if current is not None:
+                yield finish()
+            current, count, last_version, verdict = r.aggregate_id, 0, 0, None
+            expected_prev, expected_version = GENESIS, 1
+        count += 1
+        last_version = r.version
+        if verdict is not None:
+            continue
+        if link(r.prev_hash, content(r.aggregate_id, r.version, r.topic, r.state)) != r.event_hash:
+            verdict = StreamVerdict(r.aggregate_id, 0, "content", r.version,
+                                    f"version {r.version} ({r.topic}) no longer matches its recorded hash: "
+                                    "its content was changed")
+        elif r.version != expected_version:
+            verdict = StreamVerdict(r.aggregate_id, 0, "link", r.version,
+                                    f"version {expected_version} is missing before version {r.version}")
+        elif r.prev_hash != expected_prev:
+            verdict = StreamVerdict(r.aggregate_id, 0, "link", r.version,
+                                    f"version {r.version} does not link to the event before it: "
+                                    "an event was inserted, removed or reordered")
+        expected_prev, expected_version = r.event_hash, r.version + 1
+    if current is not None:
+        yield finish()
