@@ -15,9 +15,11 @@ from rich.console import Console
 from rich.table import Table
 
 from commitline.application.audit import Auditor
+from commitline.application.fulfilment import FulfilmentSaga
 from commitline.application.errors import CommitlineError
 from commitline.domain import AGGREGATE_TYPES
 from commitline.domain.inventory import InventoryItem
+from commitline.domain.order import Order, OrderFulfilment, fulfilment_id, payment_id_for
 from commitline.domain.payment import PaymentTransaction
 from commitline.infrastructure.audit_source import PostgresAuditSource
 from commitline.infrastructure.bootstrap import Commitline, bootstrap
@@ -25,6 +27,8 @@ from commitline.infrastructure.config import Settings
 from commitline.infrastructure.kafka_reader import read_topics
 from commitline.infrastructure.publisher import KafkaPublisher
 from commitline.infrastructure.follower_thread import FollowerThread
+from commitline.infrastructure.fulfilment_runner import FulfilmentRunner
+from commitline.infrastructure.simulated_gateway import SimulatedGateway
 from commitline.infrastructure.status import follower_statuses, status_table
 from commitline.projections import PROJECTIONS, ReadModels
 from commitline.projections.projector import Projector
@@ -213,6 +217,49 @@ def audit(app: Commitline, payment_id: str) -> None:
 
 
 
+def orders(app: Commitline, run: str) -> list[tuple[str, str]]:
+    console.rule("[bold]Order saga: reserve -> authorize -> confirm + capture, compensated in reverse on failure")
+    gateway = SimulatedGateway(app.conninfo, app.settings.schema_name)
+    item = str(uuid4())
+    app.dispatch({"type": "receive_stock", "item_id": item, "quantity": 2}, idempotency_key=f"{run}-saga-stock")
+    cases = {"happy": "acct-1", "card declined": "acct-2|authorize-declines",
+             "capture fails at confirmation": "acct-3|capture-declines",
+             "gateway timeout, then the same key": "acct-4|authorize-times-out-once",
+             "out of stock": "acct-5"}
+    placed = {}
+    saga = FulfilmentSaga(app.processor, app.store, gateway, backoff=0.01)
+    with FollowerThread(lambda: FulfilmentRunner(saga, app.recorder, app.conninfo, poll_interval=0.1)) as runner:
+        for case, account in cases.items():
+            placed[case] = app.dispatch({"type": "place_order", "item_id": item, "quantity": 1, "amount": "30.00",
+                                         "currency": "EUR", "account": account},
+                                        idempotency_key=f"{run}-order-{case}").aggregate_id
+            runner.wait_until_at(app.recorder.max_notification_id())
+        runner.wait_until_at(app.recorder.max_notification_id())
+    table = Table(title="orders")
+    for column in ("case", "saga", "order", "payment", "captured at gateway", "why"):
+        table.add_column(column)
+    ledger = gateway.ledger_rows()
+    for case, order_id in placed.items():
+        fulfilment = app.store.load(OrderFulfilment, fulfilment_id(order_id))
+        order = app.store.load(Order, order_id)
+        payment = app.store.load(PaymentTransaction, payment_id_for(order_id))
+        captures = ledger.get(FulfilmentSaga.gateway_key(order_id), ("", 0))[1]
+        table.add_row(case, fulfilment.state.value, order.state.value, payment.state.value if payment.state else "-",
+                      str(captures), fulfilment.failure or "")
+    console.print(table)
+    compensated = placed["capture fails at confirmation"]
+    history = Auditor(PostgresAuditSource(app.recorder), AGGREGATE_TYPES).history(fulfilment_id(compensated))
+    console.print(f"commitline sagas show {compensated}:")
+    for e in history.entries:
+        detail = ", ".join(f"{k}={v}" for k, v in e.payload.items() if k != "order_id")
+        console.print(f"  {e.version}  {e.type:<24} {detail:<55} {e.transition or ''}")
+    item_state = app.store.load(InventoryItem, UUID(item))
+    return [("order sagas", ", ".join(f"{case}: {app.store.load(OrderFulfilment, fulfilment_id(o)).state.value}"
+                                      for case, o in placed.items())),
+            ("stock after the sagas", f"on hand {item_state.on_hand}, reserved {item_state.reserved} "
+                                      "(only confirmed orders hold stock)")]
+
+
 def run_demo() -> int:
     run = uuid4().hex[:8]
     console.print(f"[bold]commitline demo[/bold] (run {run})")
@@ -229,7 +276,7 @@ def run_demo() -> int:
             with FollowerThread(lambda: KafkaPublisher(app.recorder, app.conninfo, settings)) as publisher:
                 survey_rows, task_id = survey(app, run)
                 payment_rows, payment_ids = payments(app, run)
-                rows = payment_rows + inventory(app, run) + survey_rows
+                rows = payment_rows + inventory(app, run) + survey_rows + orders(app, run)
                 rows += kafka_readback(app, settings, publisher)
             rows += read_models(app, projectors, task_id)
         finally:

@@ -51,13 +51,11 @@ class VersionedCommand(Command):
     expected_version: Version | None = None
 
 
-class CreatePayment(Command):
-    type: Literal["create_payment"] = "create_payment"
-    creates: ClassVar[bool] = True
-    payment_id: Id | None = None
+class PricedCommand(Command):
+    """A command carrying money: an ISO 4217 currency and an amount that fits its minor unit."""
+
     currency: Annotated[str, Field(min_length=3, max_length=3)]
     amount: Amount
-    account: Text
 
     @field_validator("currency")
     @classmethod
@@ -71,6 +69,13 @@ class CreatePayment(Command):
         if currency is None:  # the currency error is reported on its own field
             return amount
         return _domain_check(check_amount, amount, currency)
+
+
+class CreatePayment(PricedCommand):
+    type: Literal["create_payment"] = "create_payment"
+    creates: ClassVar[bool] = True
+    payment_id: Id | None = None
+    account: Text
 
 
 class SubmitPayment(VersionedCommand):
@@ -138,12 +143,80 @@ class CloseSurveyTask(VersionedCommand):
     task_id: Id
 
 
+class PlaceOrder(PricedCommand):
+    type: Literal["place_order"] = "place_order"
+    creates: ClassVar[bool] = True
+    order_id: Id | None = None
+    item_id: Id
+    quantity: Quantity
+    account: Text
+
+
+class CancelOrder(VersionedCommand):
+    type: Literal["cancel_order"] = "cancel_order"
+    order_id: Id
+    reason: Text
+
+
+class ConfirmOrder(VersionedCommand):
+    type: Literal["confirm_order"] = "confirm_order"
+    order_id: Id
+
+
+class SagaCommand(Command):
+    """Recorded by the order-fulfilment process manager only: never accepted as JSON."""
+
+    order_id: Id
+
+
+class StartFulfilment(SagaCommand):
+    type: Literal["start_fulfilment"] = "start_fulfilment"
+
+
+class RecordFulfilmentStep(SagaCommand):
+    type: Literal["record_fulfilment_step"] = "record_fulfilment_step"
+    step: Text
+    detail: Annotated[str, Field(max_length=2000)]
+
+
+class RecordFulfilmentFailure(SagaCommand):
+    type: Literal["record_fulfilment_failure"] = "record_fulfilment_failure"
+    step: Text
+    reason: Annotated[str, Field(min_length=1, max_length=2000)]
+
+
+class RecordCompensation(SagaCommand):
+    type: Literal["record_compensation"] = "record_compensation"
+    step: Text
+    detail: Annotated[str, Field(max_length=2000)]
+
+
+class RecordFulfilmentCancelled(SagaCommand):
+    type: Literal["record_fulfilment_cancelled"] = "record_fulfilment_cancelled"
+    reason: Annotated[str, Field(min_length=1, max_length=2000)]
+
+
+class MarkFulfilmentStuck(SagaCommand):
+    type: Literal["mark_fulfilment_stuck"] = "mark_fulfilment_stuck"
+    step: Text
+    reason: Annotated[str, Field(min_length=1, max_length=2000)]
+    attempts: Annotated[int, Field(ge=1)]
+
+
+class RetryFulfilment(SagaCommand):
+    type: Literal["retry_fulfilment"] = "retry_fulfilment"
+
+
+SAGA_COMMANDS = (StartFulfilment, RecordFulfilmentStep, RecordFulfilmentFailure, RecordCompensation,
+                 RecordFulfilmentCancelled, MarkFulfilmentStuck, RetryFulfilment)
+
 COMMAND_TYPES: dict[str, type[Command]] = {
     cls.model_fields["type"].default: cls
     for cls in (
         CreatePayment, SubmitPayment, CompletePayment, FailPayment,
         ReceiveStock, ReserveStock, ReleaseReservation, FulfilReservation,
         CreateSurveyTask, IssueSurveyTask, AnswerSurveyTask, CloseSurveyTask,
+        PlaceOrder, CancelOrder, ConfirmOrder,
     )
 }
 

@@ -16,6 +16,7 @@ from uuid import UUID
 from commitline.application import commands as c
 from commitline.domain import Aggregate
 from commitline.domain.inventory import InventoryItem
+from commitline.domain.order import Order, OrderFulfilment, fulfilment_id
 from commitline.domain.payment import PaymentTransaction
 from commitline.domain.survey import SurveyAssignment, SurveyTask, assignment_id
 
@@ -135,5 +136,73 @@ def answer_survey_task(assignment: SurveyAssignment, cmd: c.AnswerSurveyTask, lo
     return assignment
 
 
-missing = set(c.COMMAND_TYPES.values()) - set(HANDLERS)
+def _order(cmd: Any) -> UUID | None:
+    return cmd.order_id
+
+
+def _saga(cmd: c.SagaCommand) -> UUID:
+    return fulfilment_id(cmd.order_id)
+
+
+@handles(c.PlaceOrder, Order, Stream.NEW, _order)
+def place_order(order: Order, cmd: c.PlaceOrder, _: Loader) -> Aggregate:
+    return Order.place(order.id, item_id=cmd.item_id, quantity=cmd.quantity, amount=cmd.amount,
+                       currency=cmd.currency, account=cmd.account)
+
+
+@handles(c.CancelOrder, Order, Stream.EXISTING, _order)
+def cancel_order(order: Order, cmd: c.CancelOrder, _: Loader) -> Aggregate:
+    order.cancel(cmd.reason)
+    return order
+
+
+@handles(c.ConfirmOrder, Order, Stream.EXISTING, _order)
+def confirm_order(order: Order, cmd: c.ConfirmOrder, _: Loader) -> Aggregate:
+    order.confirm()
+    return order
+
+
+@handles(c.StartFulfilment, OrderFulfilment, Stream.NEW, _saga)
+def start_fulfilment(saga: OrderFulfilment, cmd: c.StartFulfilment, load: Loader) -> Aggregate:
+    load(Order, cmd.order_id)  # the order must exist
+    return OrderFulfilment.start(cmd.order_id)
+
+
+@handles(c.RecordFulfilmentStep, OrderFulfilment, Stream.EXISTING, _saga)
+def record_fulfilment_step(saga: OrderFulfilment, cmd: c.RecordFulfilmentStep, _: Loader) -> Aggregate:
+    saga.step_completed(cmd.step, cmd.detail)
+    return saga
+
+
+@handles(c.RecordFulfilmentFailure, OrderFulfilment, Stream.EXISTING, _saga)
+def record_fulfilment_failure(saga: OrderFulfilment, cmd: c.RecordFulfilmentFailure, _: Loader) -> Aggregate:
+    saga.step_failed(cmd.step, cmd.reason)
+    return saga
+
+
+@handles(c.RecordCompensation, OrderFulfilment, Stream.EXISTING, _saga)
+def record_compensation(saga: OrderFulfilment, cmd: c.RecordCompensation, _: Loader) -> Aggregate:
+    saga.compensated_step(cmd.step, cmd.detail)
+    return saga
+
+
+@handles(c.RecordFulfilmentCancelled, OrderFulfilment, Stream.EXISTING, _saga)
+def record_fulfilment_cancelled(saga: OrderFulfilment, cmd: c.RecordFulfilmentCancelled, _: Loader) -> Aggregate:
+    saga.cancelled(cmd.reason)
+    return saga
+
+
+@handles(c.MarkFulfilmentStuck, OrderFulfilment, Stream.EXISTING, _saga)
+def mark_fulfilment_stuck(saga: OrderFulfilment, cmd: c.MarkFulfilmentStuck, _: Loader) -> Aggregate:
+    saga.stuck_at(cmd.step, cmd.reason, cmd.attempts)
+    return saga
+
+
+@handles(c.RetryFulfilment, OrderFulfilment, Stream.EXISTING, _saga)
+def retry_fulfilment(saga: OrderFulfilment, cmd: c.RetryFulfilment, _: Loader) -> Aggregate:
+    saga.retry()
+    return saga
+
+
+missing = (set(c.COMMAND_TYPES.values()) | set(c.SAGA_COMMANDS)) - set(HANDLERS)
 assert not missing, f"commands without a handler: {missing}"

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from commitline.domain.aggregate import Aggregate, Event
 from commitline.domain.inventory import InventoryItem
+from commitline.domain.order import Order, OrderFulfilment
 from commitline.domain.payment import PaymentTransaction
 from commitline.domain.survey import SurveyAssignment, SurveyTask
 
-AGGREGATES: tuple[type[Aggregate], ...] = (PaymentTransaction, InventoryItem, SurveyTask, SurveyAssignment)
+AGGREGATES: tuple[type[Aggregate], ...] = (
+    PaymentTransaction, InventoryItem, SurveyTask, SurveyAssignment, Order, OrderFulfilment,
+)
 
 EVENT_TYPES: dict[str, type[Event]] = {e.type_name(): e for a in AGGREGATES for e in a.EVENTS}
 AGGREGATE_OF_EVENT: dict[type[Event], type[Aggregate]] = {e: a for a in AGGREGATES for e in a.EVENTS}

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any, TextIO
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import orjson
 
@@ -109,12 +109,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from commitline.infrastructure.bootstrap import bootstrap
-    from commitline.infrastructure.status import follower_statuses, status_table
+    from commitline.infrastructure.status import follower_statuses, status_table, stuck_fulfilments
 
     with bootstrap() as app:
         head, statuses = follower_statuses(app.recorder)
+        stuck = stuck_fulfilments(app.datastore)
     if args.json:
-        _print_json({"head": head, "followers": [s.as_dict() for s in statuses]}, sys.stdout)
+        _print_json({"head": head, "followers": [s.as_dict() for s in statuses],
+                     "stuck_fulfilments": [str(r.order_id) for r in stuck]}, sys.stdout)
         return EXIT_OK
     table = status_table(head, statuses)
     console = Console()
@@ -123,6 +125,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     console.print(table)
     if not statuses:
         console.print("no follower has run yet")
+    if stuck:
+        console.print(f"[red]{len(stuck)} order fulfilment(s) STUCK, needing manual intervention[/red] "
+                      "(commitline sagas list --stuck)")
     return EXIT_OK
 
 
@@ -336,6 +341,79 @@ def _timestamp(text: str) -> datetime:
     return moment
 
 
+def cmd_sagas(args: argparse.Namespace) -> int:
+    from commitline.infrastructure.bootstrap import bootstrap
+
+    if args.sagas_command == "run":
+        return _run_sagas()
+    with bootstrap() as app:
+        if args.sagas_command == "list":
+            from commitline.projections import ReadModels
+
+            rows = ReadModels(app.datastore).fulfilments(stuck_only=args.stuck)
+            if args.json:
+                _print_json([r.__dict__ for r in rows], sys.stdout)
+            else:
+                for r in rows:
+                    print(f"{r.order_id}  {r.state:<12} {r.stuck or r.failure}")
+                print(f"{len(rows)} saga(s){' stuck' if args.stuck else ''}", file=sys.stderr)
+            return EXIT_OK
+        from commitline.domain.order import fulfilment_id
+
+        if args.sagas_command == "retry":
+            from commitline.application.commands import RetryFulfilment
+
+            try:
+                result = app.processor.dispatch(RetryFulfilment(order_id=args.order_id),
+                                                idempotency_key=f"operator-retry/{args.order_id}/{uuid4()}")
+            except CommitlineError as e:
+                _print_json(_error(e), sys.stderr)
+                return EXIT_REFUSED
+            print(f"fulfilment of {args.order_id} set back to COMPENSATING (version {result.version}); "
+                  "the running process manager picks it up")
+            return EXIT_OK
+        try:
+            history = _auditor(app).history(fulfilment_id(args.order_id))
+        except CommitlineError as e:
+            _print_json(_error(e), sys.stderr)
+            return EXIT_USAGE
+        if args.json:
+            _print_json([{"version": e.version, "at": e.recorded_at, "type": e.type, "payload": e.payload,
+                          "state": e.transition} for e in history.entries], sys.stdout)
+            return EXIT_OK
+        for e in history.entries:
+            outcome = ", ".join(f"{k}={v}" for k, v in e.payload.items() if k != "order_id")
+            print(f"{e.version:>3}  {e.recorded_at:%H:%M:%S.%f}  {e.type:<24} {outcome:<60} {e.transition or ''}")
+        return EXIT_OK
+
+
+def _run_sagas() -> int:
+    from commitline.application.fulfilment import FulfilmentSaga
+    from commitline.infrastructure.bootstrap import bootstrap
+    from commitline.infrastructure.fulfilment_runner import FulfilmentRunner
+    from commitline.infrastructure.simulated_gateway import SimulatedGateway
+    from commitline.projections import PROJECTIONS
+    from commitline.projections.projector import Projector
+
+    async def run() -> None:
+        with bootstrap() as app:
+            logging.getLogger(__name__).warning(
+                "payments go through the SIMULATED gateway (commitline ships no real one; implement "
+                "commitline.application.payment_gateway.PaymentGateway for production)")
+            gateway = SimulatedGateway(app.conninfo, app.settings.schema_name)
+            saga = FulfilmentSaga(app.processor, app.store, gateway)
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+            runner = FulfilmentRunner(saga, app.recorder, app.conninfo)
+            projector = Projector(PROJECTIONS["order_fulfilments"](), app.recorder, app.conninfo)
+            await asyncio.gather(runner.run(stop), projector.run(stop))
+
+    asyncio.run(run())
+    return EXIT_OK
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from commitline.demo import run_demo
 
@@ -426,6 +504,21 @@ def build_parser() -> argparse.ArgumentParser:
     adiff.add_argument("--to", dest="to_version", type=int, required=True, metavar="M")
     for parser_ in (averify, ahistory, astate, adiff):
         parser_.set_defaults(run=cmd_audit)
+
+    sagas = sub.add_parser("sagas", help="order fulfilment: run the process manager, show, list, retry")
+    ssub = sagas.add_subparsers(dest="sagas_command", required=True, metavar="ACTION")
+    ssub.add_parser("run", help="run the order-fulfilment process manager until SIGINT/SIGTERM",
+                    description="Advances every placed order: reserve stock -> authorize payment -> confirm and "
+                    "capture; compensates in reverse on failure. One instance at a time (advisory lock).")
+    sshow = ssub.add_parser("show", help="the steps a fulfilment took and their outcomes")
+    sshow.add_argument("order_id", type=_aggregate_id, metavar="ORDER_ID")
+    sshow.add_argument("--json", action="store_true")
+    slist = ssub.add_parser("list", help="fulfilments and their state (from the order_fulfilments read model)")
+    slist.add_argument("--stuck", action="store_true", help="only those needing manual intervention")
+    slist.add_argument("--json", action="store_true")
+    sretry = ssub.add_parser("retry", help="retry the compensations of a STUCK fulfilment after fixing the cause")
+    sretry.add_argument("order_id", type=_aggregate_id, metavar="ORDER_ID")
+    sagas.set_defaults(run=cmd_sagas)
 
     demo = sub.add_parser("demo", help="run the scripted demonstration workload and print a summary")
     demo.set_defaults(run=cmd_demo)

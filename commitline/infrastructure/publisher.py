@@ -31,7 +31,7 @@ from commitline.infrastructure.envelope import KafkaRecord, to_record, topic_for
 from commitline.infrastructure.kafka_producer import ensure_topics, new_producer, send_in_order
 from commitline.infrastructure.lease import Lease, LeaseLost, instance_id
 from commitline.infrastructure.recorder import EventRecorder
-from commitline.infrastructure.wakeup import LogWakeup
+from commitline.infrastructure.wakeup import LogWakeup, wait_or_stop
 
 log = logging.getLogger(__name__)
 PUBLISHER = "kafka-publisher"
@@ -77,7 +77,7 @@ class KafkaPublisher:
         try:
             while not stop.is_set():
                 if not await asyncio.to_thread(self.lease.try_acquire):
-                    await _wait(stop, 0.5)
+                    await wait_or_stop(stop, 0.5)
                     continue
                 try:
                     await self._publish_while_owner(stop)
@@ -153,7 +153,7 @@ class KafkaPublisher:
         else:
             log.debug("kafka still unavailable after %d attempts (%s)", attempt, type(error).__name__)
         await self._close_producer()
-        await _wait(stop, delay)
+        await wait_or_stop(stop, delay)
 
     def _on_recovery(self, attempts: int) -> None:
         down_for = time.monotonic() - (self._outage_started or time.monotonic())
@@ -170,14 +170,7 @@ class KafkaPublisher:
 
     async def _report_metrics(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            await _wait(stop, self.settings.metrics_interval_s)
+            await wait_or_stop(stop, self.settings.metrics_interval_s)
             head = await asyncio.to_thread(self.recorder.max_notification_id)
             self.metrics.lag_events = max(0, (head or 0) - self.metrics.position)
             log.info("publisher metrics %s", json.dumps({"owner": self.owner, **asdict(self.metrics)}))
-
-
-async def _wait(stop: asyncio.Event, seconds: float) -> None:
-    try:
-        await asyncio.wait_for(stop.wait(), timeout=seconds)
-    except asyncio.TimeoutError:
-        pass

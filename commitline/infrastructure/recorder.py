@@ -185,18 +185,19 @@ class EventRecorder(PostgresApplicationRecorder):
     ) -> Sequence[Notification]:
         """Notifications from ``start`` in id order, ending before any gap not yet proven permanent."""
         first = 1 if start is None else (start if inclusive_of_start else start + 1)
-        last = stop if stop is not None else 2**63 - 1
         with self.datastore.pool.connection() as conn:
-            with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
-                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-                cur.execute(self._q.snapshot_xmin)
-                xmin = int(cur.fetchone()[0])  # type: ignore[index]
-                cur.execute(self._q.select_log, (first, last, limit), prepare=True)
-                rows = cur.fetchall()
+            # One statement, one snapshot: the rows and the xmin they are judged by agree.
+            if stop is None:
+                rows = conn.cursor(row_factory=tuple_row).execute(
+                    self._q.select_log, (first, limit), prepare=True).fetchall()
+            else:
+                rows = conn.cursor(row_factory=tuple_row).execute(
+                    self._q.select_log_until, (first, stop, limit), prepare=True).fetchall()
         notifications: list[Notification] = []
         expected, new_gap = first, None
+        xmin = int(rows[0][0]) if rows else 0
         with self._gaps_lock:
-            for nid, originator_id, version, topic, state in rows:
+            for _, nid, originator_id, version, topic, state in rows:
                 if nid > expected:
                     bound = self._gaps.get(expected)
                     if bound is None:
@@ -284,11 +285,11 @@ class _Statements:
             "INSERT INTO {snaps} (aggregate_id, version, aggregate_type, state, event_hash) "
             "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"
         )
-        self.snapshot_xmin = q("SELECT pg_snapshot_xmin(pg_current_snapshot())::text")
-        self.select_log = q(
-            "SELECT notification_id, originator_id, originator_version, topic, state FROM {events} "
-            "WHERE notification_id >= %s AND notification_id <= %s ORDER BY notification_id LIMIT %s"
-        )
+        log_columns = ("SELECT pg_snapshot_xmin(pg_current_snapshot())::text, notification_id, originator_id, "
+                       "originator_version, topic, state FROM {events} ")
+        self.select_log = q(log_columns + "WHERE notification_id >= %s ORDER BY notification_id LIMIT %s")
+        self.select_log_until = q(
+            log_columns + "WHERE notification_id >= %s AND notification_id <= %s ORDER BY notification_id LIMIT %s")
         self.max_notification_id = q("SELECT max(notification_id) FROM {events}")
 
     def create_statements(self) -> list[Composed]:

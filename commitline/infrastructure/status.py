@@ -62,3 +62,13 @@ def status_table(head: int, statuses: list[FollowerStatus]) -> Table:
         table.add_row(s.name, s.status, s.owner or "", str(s.position), str(s.lag_events), f"{s.lag_seconds:.1f}",
                       s.updated_at.strftime("%Y-%m-%d %H:%M:%S"), error)
     return table
+
+
+def stuck_fulfilments(datastore: Any) -> list[Any]:
+    """Order fulfilments waiting for a person (empty when the read model was never built)."""
+    from commitline.projections.queries import ReadModels
+
+    with datastore.get_connection() as conn:
+        exists = conn.cursor(row_factory=tuple_row).execute(
+            "SELECT to_regclass(%s) IS NOT NULL", (f'"{datastore.schema}"."rm_order_fulfilments"',)).fetchone()[0]
+    return ReadModels(datastore).fulfilments(stuck_only=True) if exists else []

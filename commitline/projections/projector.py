@@ -19,7 +19,7 @@ from psycopg.sql import SQL, Identifier
 
 from commitline.infrastructure.lease import POSITIONS_TABLE, Lease, LeaseLost, instance_id
 from commitline.infrastructure.recorder import EventRecorder
-from commitline.infrastructure.wakeup import LogWakeup
+from commitline.infrastructure.wakeup import LogWakeup, wait_or_stop
 from commitline.projections.base import Projection
 from commitline.projections.batches import apply_batch
 from commitline.projections.storage import create_tables
@@ -51,7 +51,7 @@ class Projector:
         try:
             while not stop.is_set():
                 if not await asyncio.to_thread(self.lease.try_acquire):
-                    await _wait(stop, 0.5)
+                    await wait_or_stop(stop, 0.5)
                     continue
                 try:
                     await self._project_while_owner(stop)
@@ -69,10 +69,10 @@ class Projector:
             if await asyncio.to_thread(self.lease.has_waiters):
                 log.info("%s: yielding the lease to a rebuild", self.projection.name)
                 await asyncio.to_thread(self.lease.release, "yielded")
-                await _wait(stop, 1.0)
+                await wait_or_stop(stop, 1.0)
                 return
             if status == "failed":  # poison: wait for an operator's retry or skip
-                await _wait(stop, 1.0)
+                await wait_or_stop(stop, 1.0)
                 position, status = await asyncio.to_thread(self.lease.run, self._own_row)
                 continue
             batch = await asyncio.to_thread(self.recorder.select_notifications, position + 1, self.batch_size)
@@ -96,10 +96,3 @@ class Projector:
             SQL("SELECT position, status FROM {} WHERE name = %s").format(Identifier(self.schema, POSITIONS_TABLE)),
             (self.projection.name,)).fetchone()
         return int(row[0]), str(row[1])
-
-
-async def _wait(stop: asyncio.Event, seconds: float) -> None:
-    try:
-        await asyncio.wait_for(stop.wait(), timeout=seconds)
-    except asyncio.TimeoutError:
-        pass

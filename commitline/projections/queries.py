@@ -68,3 +68,18 @@ class ReadModels:
     def inventory_level(self, item_id: UUID) -> InventoryLevel | None:
         rows = self._rows("SELECT on_hand, reserved FROM {t} WHERE item_id = %s", "rm_inventory_levels", (item_id,))
         return InventoryLevel(int(rows[0][0]), int(rows[0][1])) if rows else None
+
+    def fulfilments(self, *, stuck_only: bool = False) -> list[FulfilmentRow]:
+        where = "WHERE state = 'STUCK'" if stuck_only else ""
+        rows = self._rows(f"SELECT order_id, tenant, state, coalesce(failure, ''), coalesce(stuck, '') FROM {{t}} "
+                          f"{where} ORDER BY order_id", "rm_order_fulfilments")
+        return [FulfilmentRow(*row) for row in rows]
+
+
+@dataclass(frozen=True)
+class FulfilmentRow:
+    order_id: UUID
+    tenant: str
+    state: str
+    failure: str
+    stuck: str

@@ -3,6 +3,16 @@ with a per-payment lookup, and inventory levels. Each is tables plus handlers.""
 
 from __future__ import annotations
 
+from commitline.domain.order import (
+    AFTER_STEP,
+    FulfilmentCancelled,
+    FulfilmentRetried,
+    FulfilmentStarted,
+    FulfilmentStepCompleted,
+    FulfilmentStepFailed,
+    FulfilmentStuck,
+    SagaState,
+)
 from commitline.domain.inventory import ReservationFulfilled, ReservationReleased, StockReceived, StockReserved
 from commitline.domain.payment import PaymentCompleted, PaymentCreated, PaymentFailed, PaymentSubmitted, PaymentState
 from commitline.domain.survey import AssignmentStatus, SurveyTaskAnswered, SurveyTaskCreated, SurveyTaskIssued
@@ -117,4 +127,44 @@ class InventoryLevels(Projection):
         self._add(changes, r, reserved=-r.event.quantity, on_hand=-r.event.quantity)
 
 
-PROJECTIONS: dict[str, type[Projection]] = {p.name: p for p in (TaskStatuses, PaymentStates, InventoryLevels)}
+class OrderFulfilments(Projection):
+    """Each order's fulfilment saga: where it stands, why it failed, whether it is stuck."""
+
+    name = "order_fulfilments"
+    tables = (
+        Table("rm_order_fulfilments", {"saga_id": "uuid", "order_id": "uuid", "tenant": "text", "state": "text",
+                                       "failure": "text", "stuck": "text"}, key=("saga_id",)),
+    )
+
+    def _put(self, changes: Changes, r: RecordedEvent, **values: object) -> None:
+        changes.put("rm_order_fulfilments", (r.event.aggregate_id,), **values)
+
+    @on(FulfilmentStarted)
+    def started(self, changes: Changes, r: RecordedEvent) -> None:
+        self._put(changes, r, order_id=r.event.order_id, tenant=r.tenant, state=SagaState.STARTED.value)
+
+    @on(FulfilmentStepCompleted)
+    def step_completed(self, changes: Changes, r: RecordedEvent) -> None:
+        self._put(changes, r, state=AFTER_STEP[r.event.step].value)
+
+    @on(FulfilmentStepFailed)
+    def step_failed(self, changes: Changes, r: RecordedEvent) -> None:
+        self._put(changes, r, state=SagaState.COMPENSATING.value, failure=f"{r.event.step}: {r.event.reason}")
+
+    @on(FulfilmentCancelled)
+    def cancelled(self, changes: Changes, r: RecordedEvent) -> None:
+        self._put(changes, r, state=SagaState.COMPENSATED.value)
+
+    @on(FulfilmentStuck)
+    def stuck(self, changes: Changes, r: RecordedEvent) -> None:
+        self._put(changes, r, state=SagaState.STUCK.value,
+                  stuck=f"{r.event.step}: {r.event.reason} (after {r.event.attempts} attempts)")
+
+    @on(FulfilmentRetried)
+    def retried(self, changes: Changes, r: RecordedEvent) -> None:
+        self._put(changes, r, state=SagaState.COMPENSATING.value, stuck="")
+
+
+PROJECTIONS: dict[str, type[Projection]] = {
+    p.name: p for p in (TaskStatuses, PaymentStates, InventoryLevels, OrderFulfilments)
+}

@@ -85,7 +85,7 @@ def test_status_shows_followers_with_lag(pg_dsn: str, schema: str, kafka_bootstr
         commitline(["dispatch", "-k", f"s{n}", '{"type": "receive_stock", "item_id": "%s", "quantity": 1}' % uuid4()],
                    pg_dsn, schema)
     empty = orjson.loads(commitline(["status", "--json"], pg_dsn, schema).stdout)
-    assert empty == {"head": 3, "followers": []}
+    assert empty == {"head": 3, "followers": [], "stuck_fulfilments": []}
     env = {**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn, "COMMITLINE_SCHEMA": schema,
            "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap, "COMMITLINE_KAFKA_IDEMPOTENCE": "false",
            "COMMITLINE_KAFKA_TOPIC_PREFIX": f"{schema}."}

@@ -1,0 +1,158 @@
+"""The order-fulfilment process manager: reserve stock -> authorize the payment -> confirm the
+order and capture; on a failure, undo what was done in reverse and cancel the order.
+
+``advance(order_id)`` moves one order's saga as far as it can go and is safe to call again at
+any moment, including after a crash half-way through: every action is a command or gateway
+call with an idempotency key derived from the order, so a repeat replays the first outcome
+(a payment is never charged twice), and every outcome is recorded as a saga event before the
+next step starts. A compensation that keeps failing marks the saga STUCK and raises a
+critical alert; nothing is dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from uuid import UUID
+
+from commitline.application import commands as c
+from commitline.application.errors import AggregateNotFound, DomainError, IllegalTransition, UnknownReservation
+from commitline.application.payment_gateway import GatewayDeclined, GatewayUnavailable, PaymentGateway
+from commitline.application.ports import EventStore
+from commitline.application.processor import CommandProcessor
+from commitline.domain.order import Order, OrderFulfilment, OrderState, SagaState, fulfilment_id, payment_id_for
+from commitline.domain.payment import PaymentState, PaymentTransaction
+
+log = logging.getLogger(__name__)
+Boundary = Callable[[str], None]
+
+
+class FulfilmentSaga:
+    def __init__(self, processor: CommandProcessor, store: EventStore, gateway: PaymentGateway, *,
+                 attempts: int = 3, backoff: float = 0.05, on_boundary: Boundary | None = None):
+        self.processor = processor
+        self.store = store
+        self.gateway = gateway
+        self.attempts = attempts
+        self.backoff = backoff
+        self.on_boundary = on_boundary or (lambda _: None)
+
+    def advance(self, order_id: UUID, tenant: str = "default") -> SagaState:
+        def do(command: c.Command, action: str) -> None:
+            self.processor.dispatch(command, idempotency_key=f"fulfilment/{order_id}/{action}", tenant=tenant)
+
+        saga = self.store.load(OrderFulfilment, fulfilment_id(order_id))
+        if not saga.exists:
+            do(c.StartFulfilment(order_id=order_id), "start")
+        while True:
+            saga = self.store.load(OrderFulfilment, fulfilment_id(order_id))
+            order = self.store.load(Order, order_id)
+            if saga.state in (SagaState.COMPLETED, SagaState.COMPENSATED, SagaState.STUCK):
+                return saga.state
+            if saga.state is SagaState.COMPENSATING:
+                self._compensate(saga, order, do)
+            elif saga.next_step == "reserve":
+                self._reserve(order, do)
+            elif saga.next_step == "charge":
+                self._charge(order, do)
+            else:
+                self._confirm(order, do)
+
+    # -- steps --------------------------------------------------------------------
+
+    def _reserve(self, order: Order, do: Callable[[c.Command, str], None]) -> None:
+        try:
+            do(c.ReserveStock(item_id=order.item_id, reservation_id=str(order.id), quantity=order.quantity), "reserve")
+        except (DomainError, AggregateNotFound) as e:  # a conflict or outage is not a refusal: advance again later
+            return do(c.RecordFulfilmentFailure(order_id=order.id, step="reserve", reason=str(e)), "reserve-failed")
+        self.on_boundary("reserve:reserved")
+        do(c.RecordFulfilmentStep(order_id=order.id, step="reserve", detail=f"{order.quantity} reserved"), "reserved")
+
+    def _charge(self, order: Order, do: Callable[[c.Command, str], None]) -> None:
+        payment_id = payment_id_for(order.id)
+        do(c.CreatePayment(payment_id=payment_id, amount=order.amount, currency=order.currency,
+                           account=order.account), "payment")
+        do(c.SubmitPayment(payment_id=payment_id), "payment-submit")
+        self.on_boundary("charge:submitted")
+        try:
+            reference = self._retrying(lambda: self.gateway.authorize(
+                self.gateway_key(order.id), order.amount, order.currency, order.account))
+        except GatewayDeclined as e:
+            do(c.FailPayment(payment_id=payment_id, reason=f"declined: {e}"), "payment-fail")
+            return do(c.RecordFulfilmentFailure(order_id=order.id, step="charge", reason=f"declined: {e}"),
+                      "charge-failed")
+        except GatewayUnavailable as e:  # the outcome may be unknown: the compensation voids under the same key
+            return do(c.RecordFulfilmentFailure(order_id=order.id, step="charge",
+                                                reason=f"gateway unavailable after {self.attempts} attempts: {e}"),
+                      "charge-failed")
+        self.on_boundary("charge:authorized")
+        do(c.RecordFulfilmentStep(order_id=order.id, step="charge", detail=reference), "charged")
+
+    def _confirm(self, order: Order, do: Callable[[c.Command, str], None]) -> None:
+        try:
+            do(c.ConfirmOrder(order_id=order.id), "confirm")
+        except IllegalTransition as e:
+            return do(c.RecordFulfilmentFailure(order_id=order.id, step="confirm", reason=str(e)), "confirm-failed")
+        self.on_boundary("confirm:confirmed")
+        try:
+            reference = self._retrying(lambda: self.gateway.capture(self.gateway_key(order.id)))
+        except (GatewayDeclined, GatewayUnavailable) as e:
+            return do(c.RecordFulfilmentFailure(order_id=order.id, step="confirm", reason=f"capture failed: {e}"),
+                      "confirm-failed")
+        self.on_boundary("confirm:captured")
+        do(c.CompletePayment(payment_id=payment_id_for(order.id)), "payment-complete")
+        do(c.RecordFulfilmentStep(order_id=order.id, step="confirm", detail=reference), "confirmed")
+
+    # -- compensation -------------------------------------------------------------
+
+    def _compensate(self, saga: OrderFulfilment, order: Order, do: Callable[[c.Command, str], None]) -> None:
+        for step in saga.to_compensate:
+            undo = {"reserve": self._release, "charge": self._void, "confirm": lambda o: "order to be cancelled"}[step]
+            try:
+                detail = self._retrying(lambda: undo(order), retry_on=Exception)
+            except Exception as e:
+                reason = f"{type(e).__name__}: {e}"
+                log.critical("fulfilment of order %s is STUCK undoing %s after %d attempts: %s; manual "
+                             "intervention needed", order.id, step, self.attempts, reason)
+                return do(c.MarkFulfilmentStuck(order_id=order.id, step=step, reason=reason, attempts=self.attempts),
+                          f"stuck-{step}-at-{saga.version}")
+            self.on_boundary(f"compensate:{step}")
+            do(c.RecordCompensation(order_id=order.id, step=step, detail=detail), f"undone-{step}")
+        if self.store.load(Order, order.id).state is not OrderState.CANCELLED:
+            try:
+                do(c.CancelOrder(order_id=order.id, reason=saga.failure or "fulfilment failed"), "cancel")
+            except IllegalTransition:
+                pass  # cancelled meanwhile by the customer
+        do(c.RecordFulfilmentCancelled(order_id=order.id, reason=saga.failure or "fulfilment failed"), "cancelled")
+
+    def _release(self, order: Order) -> str:
+        try:
+            self.processor.dispatch(c.ReleaseReservation(item_id=order.item_id, reservation_id=str(order.id)),
+                                    idempotency_key=f"fulfilment/{order.id}/release")
+        except (UnknownReservation, IllegalTransition):
+            return "nothing reserved"
+        return f"{order.quantity} released"
+
+    def _void(self, order: Order) -> str:
+        self.gateway.void(self.gateway_key(order.id))
+        payment = self.store.load(PaymentTransaction, payment_id_for(order.id))
+        if payment.state is PaymentState.PENDING:
+            self.processor.dispatch(c.FailPayment(payment_id=payment.id, reason="order cancelled: authorization voided"),
+                                    idempotency_key=f"fulfilment/{order.id}/payment-void")
+        return "authorization voided"
+
+    # -- helpers ------------------------------------------------------------------
+
+    @staticmethod
+    def gateway_key(order_id: UUID) -> str:
+        return f"order/{order_id}"
+
+    def _retrying(self, call: Callable[[], str], retry_on: type[Exception] = GatewayUnavailable) -> str:
+        """``call()``, repeated with back-off while it raises ``retry_on``, at most ``attempts`` times."""
+        for attempt in range(1, self.attempts):
+            try:
+                return call()
+            except retry_on:
+                time.sleep(self.backoff * 2 ** (attempt - 1))
+        return call()

@@ -1,0 +1,189 @@
+"""Order fulfilment saga on a real PostgreSQL: happy path, every failure's compensation, crashes at
+every step boundary, 200 orders competing for 50 units, and a compensation that never succeeds."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from uuid import UUID, uuid4
+
+import pytest
+
+from commitline.application.fulfilment import FulfilmentSaga
+from commitline.domain.inventory import InventoryItem
+from commitline.domain.order import Order, OrderFulfilment, fulfilment_id, payment_id_for
+from commitline.domain.payment import PaymentTransaction
+from commitline.infrastructure.bootstrap import Commitline
+from commitline.infrastructure.fulfilment_runner import FulfilmentRunner
+from commitline.infrastructure.simulated_gateway import SimulatedGateway
+from commitline.projections import PROJECTIONS, ReadModels
+from commitline.projections.projector import Projector
+from tests.integration.test_concurrency import run_at_once
+from tests.support import FollowerThread
+
+
+class Shop:
+    def __init__(self, app: Commitline, stock: int = 10):
+        self.app = app
+        self.gateway = SimulatedGateway(app.conninfo, app.settings.schema_name)
+        self.item = uuid4()
+        app.dispatch({"type": "receive_stock", "item_id": str(self.item), "quantity": stock},
+                     idempotency_key=f"stock-{self.item}")
+
+    def saga(self, **kwargs: object) -> FulfilmentSaga:
+        return FulfilmentSaga(self.app.processor, self.app.store, self.gateway, backoff=0.01, **kwargs)
+
+    def runner(self) -> FollowerThread:
+        return FollowerThread(lambda: FulfilmentRunner(self.saga(), self.app.recorder, self.app.conninfo,
+                                                       poll_interval=0.2))
+
+    def place(self, account: str = "acct", quantity: int = 1) -> UUID:
+        return self.app.dispatch({"type": "place_order", "item_id": str(self.item), "quantity": quantity,
+                                  "amount": "25.00", "currency": "EUR", "account": account},
+                                 idempotency_key=f"order-{uuid4()}").aggregate_id
+
+    def run_until_done(self) -> None:
+        with self.runner() as runner:
+            runner.wait_until_at(self.app.recorder.max_notification_id(), timeout=120)
+            deadline = time.monotonic() + 60
+            while runner.follower.metrics.position < (self.app.recorder.max_notification_id() or 0):
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+
+    def outcome(self, order_id: UUID) -> tuple[str, str, str | None, int]:
+        """(saga state, order state, payment state, captures at the gateway)"""
+        store = self.app.store
+        saga = store.load(OrderFulfilment, fulfilment_id(order_id))
+        order = store.load(Order, order_id)
+        payment = store.load(PaymentTransaction, payment_id_for(order_id))
+        captures = self.gateway.ledger_rows().get(FulfilmentSaga.gateway_key(order_id), ("", 0))[1]
+        return (saga.state.value, order.state.value, payment.state.value if payment.state else None, captures)
+
+    def reserved_for(self, order_id: UUID) -> str | None:
+        reservation = self.app.store.load(InventoryItem, self.item).reservations.get(str(order_id))
+        return reservation.state.value if reservation else None
+
+
+@pytest.mark.parametrize(
+    ("account", "expected", "reservation"),
+    [
+        ("acct", ("COMPLETED", "CONFIRMED", "COMPLETED", 1), "RESERVED"),
+        ("acct|authorize-declines", ("COMPENSATED", "CANCELLED", "FAILED", 0), "RELEASED"),
+        ("acct|capture-declines", ("COMPENSATED", "CANCELLED", "FAILED", 0), "RELEASED"),
+        ("acct|authorize-times-out-once", ("COMPLETED", "CONFIRMED", "COMPLETED", 1), "RESERVED"),
+        ("acct|authorize-fails-once", ("COMPLETED", "CONFIRMED", "COMPLETED", 1), "RESERVED"),
+    ],
+    ids=["happy", "declined", "confirmation-fails", "timeout-then-success", "fails-once"],
+)
+def test_paths_through_the_saga(app: Commitline, account: str, expected: tuple, reservation: str) -> None:
+    shop = Shop(app)
+    order = shop.place(account)
+    shop.run_until_done()
+    assert shop.outcome(order) == expected
+    assert shop.reserved_for(order) == reservation
+    item = app.store.load(InventoryItem, shop.item)
+    assert item.reserved == (1 if reservation == "RESERVED" else 0)
+
+
+def test_the_saga_records_every_step(app: Commitline) -> None:
+    shop = Shop(app)
+    order = shop.place("acct|capture-declines")
+    shop.run_until_done()
+    saga = app.store.load(OrderFulfilment, fulfilment_id(order))
+    assert saga.completed == ["reserve", "charge"] and saga.failed_step == "confirm"
+    assert saga.compensated == ["confirm", "charge", "reserve"]
+    assert "capture refused" in (saga.failure or "")
+
+
+KILL_SCRIPT = textwrap.dedent("""
+    import asyncio, os, signal, sys
+    from commitline.application.fulfilment import FulfilmentSaga
+    from commitline.infrastructure.bootstrap import bootstrap
+    from commitline.infrastructure.fulfilment_runner import FulfilmentRunner
+    from commitline.infrastructure.simulated_gateway import SimulatedGateway
+    from tests.support import settings_for
+
+    dsn, schema, boundary = sys.argv[1:4]
+    app = bootstrap(settings_for(dsn, schema))
+    def crash(at):
+        if at == boundary:
+            os.kill(os.getpid(), signal.SIGKILL)
+    saga = FulfilmentSaga(app.processor, app.store, SimulatedGateway(app.conninfo, schema), backoff=0.01,
+                          on_boundary=crash)
+    async def main():
+        stop = asyncio.Event()
+        asyncio.get_running_loop().call_later(30, stop.set)
+        await FulfilmentRunner(saga, app.recorder, app.conninfo, poll_interval=0.2, workers=1).run(stop)
+    asyncio.run(main())
+    sys.exit(3)  # the boundary was never reached
+""")
+
+
+@pytest.mark.parametrize("boundary", ["reserve:reserved", "charge:submitted", "charge:authorized",
+                                      "confirm:confirmed", "confirm:captured", "compensate:confirm",
+                                      "compensate:charge", "compensate:reserve"])
+def test_killed_at_each_step_boundary_then_restarted(app: Commitline, pg_dsn: str, schema: str,
+                                                     boundary: str) -> None:
+    shop = Shop(app)
+    happy = shop.place("acct")
+    doomed = shop.place("acct|capture-declines")
+    proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT, pg_dsn, schema, boundary], cwd=os.getcwd(),
+                          capture_output=True, timeout=90)
+    assert proc.returncode == -9, proc.stderr.decode()[-3000:]
+    shop.run_until_done()
+    assert shop.outcome(happy) == ("COMPLETED", "CONFIRMED", "COMPLETED", 1), "charged exactly once"
+    assert shop.outcome(doomed) == ("COMPENSATED", "CANCELLED", "FAILED", 0), "never charged"
+    assert shop.reserved_for(doomed) == "RELEASED", "no stock left reserved for a cancelled order"
+    assert shop.gateway.ledger_rows()[FulfilmentSaga.gateway_key(doomed)][0] == "VOIDED"
+
+
+def test_two_hundred_orders_compete_for_fifty_units(app: Commitline) -> None:
+    shop = Shop(app, stock=50)
+    orders: list[UUID] = []
+    run_at_once(20, lambda i: orders.extend(shop.place(f"acct-{i}") for _ in range(10)))
+    assert len(orders) == 200
+    shop.run_until_done()
+    outcomes = Counter(shop.outcome(o)[:2] for o in orders)
+    assert outcomes == {("COMPLETED", "CONFIRMED"): 50, ("COMPENSATED", "CANCELLED"): 150}
+    item = app.store.load(InventoryItem, shop.item)
+    assert (item.on_hand, item.reserved, item.available) == (50, 50, 0)
+    charged_cancelled = [o for o in orders if shop.outcome(o)[1] == "CANCELLED"
+                         and app.store.load(PaymentTransaction, payment_id_for(o)).state is not None
+                         and app.store.load(PaymentTransaction, payment_id_for(o)).state.value == "COMPLETED"]
+    assert charged_cancelled == []
+    completed_payment_events = [n for n in app.recorder.select_notifications(1, 100_000)
+                                if n.topic == "PaymentCompleted"]
+    assert len(completed_payment_events) == 50, "exactly one charge per confirmed order, none for the others"
+    assert sum(c for _, c in shop.gateway.ledger_rows().values()) == 50
+
+
+def test_a_compensation_that_keeps_failing_is_surfaced_as_stuck(app: Commitline, pg_dsn: str, schema: str,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    shop = Shop(app)
+    order = shop.place("acct|capture-declines|void-fails")
+    shop.run_until_done()
+    saga = app.store.load(OrderFulfilment, fulfilment_id(order))
+    assert saga.state.value == "STUCK" and saga.stuck.startswith("charge: GatewayUnavailable")
+    assert any(r.levelname == "CRITICAL" and str(order) in r.getMessage() for r in caplog.records)
+    with FollowerThread(lambda: Projector(PROJECTIONS["order_fulfilments"](), app.recorder, app.conninfo,
+                                          poll_interval=0.2)) as projector:
+        projector.wait_until_at(app.recorder.max_notification_id())
+    stuck = ReadModels(app.datastore).fulfilments(stuck_only=True)
+    assert [(r.order_id, r.state) for r in stuck] == [(order, "STUCK")]
+    env = {**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn, "COMMITLINE_SCHEMA": schema}
+    listed = subprocess.run([sys.executable, "-m", "commitline.infrastructure.cli", "sagas", "list", "--stuck"],
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0 and str(order) in listed.stdout and "STUCK" in listed.stdout
+    status = subprocess.run([sys.executable, "-m", "commitline.infrastructure.cli", "status", "--json"],
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert str(order) in status.stdout
+    shown = subprocess.run([sys.executable, "-m", "commitline.infrastructure.cli", "sagas", "show", str(order)],
+                           env=env, capture_output=True, text=True, timeout=60)
+    assert "FulfilmentStuck" in shown.stdout and "FulfilmentStepFailed" in shown.stdout
+    # Nothing was lost: the reservation is still held and the authorization still open until a person acts.
+    assert shop.reserved_for(order) == "RESERVED"
+    assert shop.outcome(order)[3] == 0
