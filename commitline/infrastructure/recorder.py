@@ -94,12 +94,19 @@ class EventRecorder(PostgresApplicationRecorder):
 
     def append(self, stored_events: Sequence[StoredEvent], idempotency: IdempotencyRecord | None = None,
                links: Sequence[tuple[bytes, bytes]] | None = None) -> list[int]:
-        """Insert one stream's events (and the idempotency record) in one transaction; return their
-        notification ids. ``links`` are the events' (prev_hash, event_hash) pairs (``chain.chain``);
-        when not given they are computed from the stored hash of the event before the first."""
+        """Insert events (and the idempotency record) in one transaction; return their notification ids.
+
+        ``links`` are the events' (prev_hash, event_hash) pairs (``chain.chain``). When not given they are
+        computed per stream, each continuing from the stored hash of the event before its first one."""
         if links is None:
-            first = stored_events[0]
-            links = chain(self.event_hash(first.originator_id, first.originator_version - 1), stored_events)
+            links = []
+            heads: dict[UUID, tuple[int, bytes]] = {}
+            for e in stored_events:
+                known = heads.get(e.originator_id)
+                prev = known[1] if known and known[0] == e.originator_version - 1 else self.event_hash(
+                    e.originator_id, e.originator_version - 1)
+                links.append(chain(prev, [e])[0])
+                heads[e.originator_id] = (e.originator_version, links[-1][1])
         params = (
             [e.originator_id for e in stored_events],
             [e.originator_version for e in stored_events],
