@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from uuid import UUID
 
 from pydantic import TypeAdapter
+from pydantic_core import to_jsonable_python
 
 from commitline.application.chain import GENESIS, content, link
 from commitline.application.errors import AggregateNotFound, CommitlineError
@@ -139,8 +140,19 @@ Progress = Callable[[int, int], None]  # (events verified, total)
 LARGE_COLLECTION = 50
 
 
+def _canonical(value: Any) -> Any:
+    if isinstance(value, (set, frozenset)):
+        return sorted(_canonical(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _canonical(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    return value
+
+
 def state_of(aggregate: Aggregate, *, compact: bool = False) -> dict[str, Any]:
-    state = TypeAdapter(type(aggregate)).dump_python(aggregate, mode="json")
+    """The aggregate's fields as JSON-ready values, sets sorted so equal states print equal."""
+    state = to_jsonable_python(_canonical(TypeAdapter(type(aggregate)).dump_python(aggregate)))
     if compact:
         state = {k: f"<{len(v)} items>" if isinstance(v, (list, dict)) and len(v) > LARGE_COLLECTION else v
                  for k, v in state.items()}

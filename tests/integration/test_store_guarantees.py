@@ -12,6 +12,7 @@ from uuid import uuid4
 import psycopg
 import pytest
 
+from commitline.application.errors import ConcurrencyConflict
 from commitline.domain.inventory import InventoryItem
 from commitline.infrastructure.bootstrap import Commitline, bootstrap
 from commitline.infrastructure.codec import encode_event
@@ -166,13 +167,19 @@ def test_log_reads_in_order_under_concurrent_writers(app: Commitline, pg_dsn: st
             elif finished:
                 return
 
+    committed: list[int] = []  # list.append is atomic across threads
+
     def writer(i: int) -> None:
         for n in range(20):
             if i % 2:
                 new_payment(app)
             else:  # all even writers hit one stream: conflicts abort inserts and leave permanent gaps
-                app.dispatch({"type": "receive_stock", "item_id": str(item_id), "quantity": 1},
-                             idempotency_key=f"w{i}-{n}")
+                try:
+                    app.dispatch({"type": "receive_stock", "item_id": str(item_id), "quantity": 1},
+                                 idempotency_key=f"w{i}-{n}")
+                except ConcurrencyConflict:  # retries exhausted under this much contention: nothing stored
+                    continue
+            committed.append(1)
 
     item_id = uuid4()
     follower = threading.Thread(target=follow)
@@ -182,6 +189,6 @@ def test_log_reads_in_order_under_concurrent_writers(app: Commitline, pg_dsn: st
     follower.join(60)
     with psycopg.connect(pg_dsn) as conn:
         stored = [r[0] for r in conn.execute(f"SELECT notification_id FROM {schema}.events ORDER BY 1")]
-    assert len(stored) == 320
-    assert stored[-1] > 320, "the workload was meant to leave gaps from aborted inserts"
+    assert len(stored) == len(committed) >= 160
+    assert stored[-1] > len(stored), "the workload was meant to leave gaps from aborted inserts"
     assert seen == stored, "the follower saw every committed event exactly once, in id order"
