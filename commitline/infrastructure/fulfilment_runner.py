@@ -19,7 +19,8 @@ from uuid import UUID
 from commitline.application.fulfilment import FulfilmentSaga
 from commitline.domain.order import FulfilmentRetried, OrderPlaced
 from commitline.infrastructure.codec import decode_event
-from commitline.infrastructure.lease import Lease, LeaseLost, instance_id
+from commitline.infrastructure.follower import LeasedFollower
+from commitline.infrastructure.lease import Lease, instance_id
 from commitline.infrastructure.recorder import EventRecorder
 from commitline.infrastructure.wakeup import LogWakeup, wait_or_stop
 
@@ -35,7 +36,7 @@ class RunnerMetrics:
     outcomes: Counter[str] = field(default_factory=Counter)
 
 
-class FulfilmentRunner:
+class FulfilmentRunner(LeasedFollower):
     def __init__(self, saga: FulfilmentSaga, recorder: EventRecorder, conninfo: dict, *, batch_size: int = 500,
                  workers: int = 8, poll_interval: float = 1.0, owner: str | None = None):
         self.saga = saga
@@ -47,21 +48,7 @@ class FulfilmentRunner:
         self.wakeup = LogWakeup(conninfo, recorder.channel_name)
         self.metrics = RunnerMetrics()
 
-    async def run(self, stop: asyncio.Event) -> None:
-        try:
-            while not stop.is_set():
-                if not await asyncio.to_thread(self.lease.try_acquire):
-                    await wait_or_stop(stop, 0.5)
-                    continue
-                try:
-                    await self._run_while_owner(stop)
-                except LeaseLost as e:
-                    log.error("%s; waiting to own the fulfilment runner again", e)
-        finally:
-            await self.wakeup.close()
-            await asyncio.to_thread(self.lease.release)
-
-    async def _run_while_owner(self, stop: asyncio.Event) -> None:
+    async def work_while_owner(self, stop: asyncio.Event) -> None:
         position = await asyncio.to_thread(self.lease.position)
         failures = 0
         while not stop.is_set():

@@ -29,7 +29,8 @@ from commitline.domain import AGGREGATES
 from commitline.infrastructure.config import Settings
 from commitline.infrastructure.envelope import KafkaRecord, to_record, topic_for
 from commitline.infrastructure.kafka_producer import ensure_topics, new_producer, send_in_order
-from commitline.infrastructure.lease import Lease, LeaseLost, instance_id
+from commitline.infrastructure.follower import LeasedFollower
+from commitline.infrastructure.lease import Lease, instance_id
 from commitline.infrastructure.recorder import EventRecorder
 from commitline.infrastructure.wakeup import LogWakeup, wait_or_stop
 
@@ -49,7 +50,7 @@ class PublisherMetrics:
     started_at: float = field(default_factory=time.time)
 
 
-class KafkaPublisher:
+class KafkaPublisher(LeasedFollower):
     def __init__(
         self,
         recorder: EventRecorder,
@@ -75,21 +76,14 @@ class KafkaPublisher:
         """Publish until ``stop`` is set; then finish the batch in hand, release the lease, return."""
         reporter = asyncio.create_task(self._report_metrics(stop))
         try:
-            while not stop.is_set():
-                if not await asyncio.to_thread(self.lease.try_acquire):
-                    await wait_or_stop(stop, 0.5)
-                    continue
-                try:
-                    await self._publish_while_owner(stop)
-                except LeaseLost as e:
-                    log.error("%s; waiting to own the publisher again", e)
+            await super().run(stop)
         finally:
             reporter.cancel()
-            await self._close_producer()
-            await self.wakeup.close()
-            await asyncio.to_thread(self.lease.release)
 
-    async def _publish_while_owner(self, stop: asyncio.Event) -> None:
+    async def on_stop(self) -> None:
+        await self._close_producer()
+
+    async def work_while_owner(self, stop: asyncio.Event) -> None:
         position = await asyncio.to_thread(self.lease.position)
         self.metrics.position = position
         log.info("publisher %s active from position %d", self.owner, position)

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Identifier
 
-from commitline.infrastructure.lease import POSITIONS_TABLE, Lease, LeaseLost, instance_id
+from commitline.infrastructure.follower import LeasedFollower
+from commitline.infrastructure.lease import POSITIONS_TABLE, Lease, instance_id
 from commitline.infrastructure.recorder import EventRecorder
 from commitline.infrastructure.wakeup import LogWakeup, wait_or_stop
 from commitline.projections.base import Projection
@@ -35,7 +36,7 @@ class ProjectorMetrics:
     poisoned_at: int | None = None
 
 
-class Projector:
+class Projector(LeasedFollower):
     def __init__(self, projection: Projection, recorder: EventRecorder, conninfo: dict, *, batch_size: int = 2000,
                  poll_interval: float = 1.0, owner: str | None = None):
         self.projection = projection
@@ -47,21 +48,7 @@ class Projector:
         self.wakeup = LogWakeup(conninfo, recorder.channel_name)
         self.metrics = ProjectorMetrics()
 
-    async def run(self, stop: asyncio.Event) -> None:
-        try:
-            while not stop.is_set():
-                if not await asyncio.to_thread(self.lease.try_acquire):
-                    await wait_or_stop(stop, 0.5)
-                    continue
-                try:
-                    await self._project_while_owner(stop)
-                except LeaseLost as e:
-                    log.error("%s; waiting to own %s again", e, self.projection.name)
-        finally:
-            await self.wakeup.close()
-            await asyncio.to_thread(self.lease.release)
-
-    async def _project_while_owner(self, stop: asyncio.Event) -> None:
+    async def work_while_owner(self, stop: asyncio.Event) -> None:
         await asyncio.to_thread(self.lease.run, lambda conn: create_tables(conn, self.schema, self.projection))
         position, status = await asyncio.to_thread(self.lease.run, self._own_row)
         self.metrics.position = position
