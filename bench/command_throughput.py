@@ -35,7 +35,6 @@
 from __future__ import annotations
 
 import itertools
-import os
 import time
 import uuid
 from collections import Counter
@@ -237,7 +236,6 @@ def throughput(ctx: BenchContext) -> Iterator[str]:
                            f"{type(m.first_error).__name__}: {m.first_error}")
 
 
+#: What ``python -m bench`` runs from this module, in order: (name, callable).
 BENCHMARKS = (("contention", contention), ("throughput", throughput))
 
-if os.environ.get("COMMITLINE_BENCH_WRITERS"):  # e.g. "1,32" to measure only those counts
-    WRITER_COUNTS = tuple(int(n) for n in os.environ["COMMITLINE_BENCH_WRITERS"].split(","))

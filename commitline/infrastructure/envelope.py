@@ -8,6 +8,7 @@ aggregate id and type, version, notification id, recorded-at time and tenant.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from datetime import datetime
 
 import orjson
@@ -16,7 +17,7 @@ from eventsourcing.persistence import Notification
 from commitline.domain import AGGREGATE_OF_EVENT, EVENT_TYPES
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class KafkaRecord:
     topic: str
     key: bytes
@@ -31,6 +32,7 @@ def topic_for(prefix: str, aggregate_type: str) -> str:
     return f"{prefix}{aggregate_type}"
 
 
+@lru_cache(maxsize=None)
 def aggregate_type_of(event_type: str) -> str:
     cls = EVENT_TYPES.get(event_type)
     if cls is None:
@@ -38,31 +40,36 @@ def aggregate_type_of(event_type: str) -> str:
     return AGGREGATE_OF_EVENT[cls].__name__
 
 
+@lru_cache(maxsize=1024)
+def _encoded(text: str) -> bytes:
+    return text.encode()
+
+
 def to_record(notification: Notification, topic_prefix: str, publisher: str) -> KafkaRecord:
+    # On the publisher's hot path: per-event work is kept to parsing, one dict and one dumps.
     stored = orjson.loads(notification.state)
-    aggregate_type = aggregate_type_of(notification.topic)
+    event_type = notification.topic
+    aggregate_type = aggregate_type_of(event_type)
     aggregate_id = str(notification.originator_id)
-    envelope = {
-        "event_id": stored["id"],
-        "type": notification.topic,
+    event_id = stored["id"]
+    recorded_at = stored["at"]
+    value = orjson.dumps({
+        "event_id": event_id,
+        "type": event_type,
         "aggregate_type": aggregate_type,
         "aggregate_id": aggregate_id,
         "version": notification.originator_version,
         "notification_id": notification.id,
-        "recorded_at": stored["at"],
+        "recorded_at": recorded_at,
         "tenant": stored["tenant"],
         "payload": stored["data"],
-    }
+    })
     return KafkaRecord(
-        topic=topic_for(topic_prefix, aggregate_type),
-        key=aggregate_id.encode(),
-        value=orjson.dumps(envelope),
-        headers=[
-            ("event_id", stored["id"].encode()),
-            ("event_type", notification.topic.encode()),
-            ("publisher", publisher.encode()),
-        ],
-        timestamp_ms=int(datetime.fromisoformat(stored["at"]).timestamp() * 1000),
-        notification_id=notification.id,
-        event_id=stored["id"],
+        topic_prefix + aggregate_type,
+        aggregate_id.encode(),
+        value,
+        [("event_id", event_id.encode()), ("event_type", _encoded(event_type)), ("publisher", _encoded(publisher))],
+        int(datetime.fromisoformat(recorded_at).timestamp() * 1000),
+        notification.id,
+        event_id,
     )

@@ -9,6 +9,7 @@ publisher, projectors, the fulfilment runner) say only what one owner does.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 
 from commitline.infrastructure.lease import Lease, LeaseLost
@@ -23,6 +24,10 @@ class LeasedFollower:
     wakeup: LogWakeup
 
     async def run(self, stop: asyncio.Event) -> None:
+        # A follower allocates many short-lived objects per batch; moving everything that exists at
+        # start-up out of the collector's reach keeps full collections short (measured: ~20% of the
+        # publisher's time went to GC without this).
+        gc.freeze()
         try:
             while not stop.is_set():
                 if not await asyncio.to_thread(self.lease.try_acquire):

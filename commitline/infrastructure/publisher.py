@@ -95,7 +95,8 @@ class KafkaPublisher(LeasedFollower):
             if not batch:
                 if self.on_caught_up is not None and await self._caught_up(position):
                     self.on_caught_up()
-                    continue
+                    if stop.is_set():
+                        continue
                 await self.wakeup.wait(self.settings.publish_poll_interval_ms / 1000)
                 continue
             records = [to_record(n, self.settings.kafka_topic_prefix, self.owner) for n in batch]

@@ -1,0 +1,462 @@
+"""The Kafka publisher: catch-up throughput, and commit-to-ack latency under a steady load.
+
+Broker: ``KAFKA_BOOTSTRAP_SERVERS`` if set (idempotence then follows
+``COMMITLINE_KAFKA_IDEMPOTENCE``, like every other ``COMMITLINE_KAFKA_*`` variable), else the
+embedded Tansu broker that ``Commitline.with_kafka()`` starts (idempotence off: Tansu rejects
+InitProducerId). Every measured run writes to fresh topics, ``bench<random><letter>.<Aggregate>``
+(one letter per run, so all topic names have the same length), created beforehand with the
+same partition count (``COMMITLINE_KAFKA_PARTITIONS``, default 6). Both sides produce with the
+product's own producer configuration (``kafka_producer.new_producer``: acks="all", linger 0,
+512 KiB record batches, idempotence as above).
+
+``publish_throughput``
+    The event log is pre-filled with 100,000 ``StockReceived`` events (``--quick``: 20,000)
+    over 1,000 ``InventoryItem`` aggregates: ``recorder.append`` of 1,000 stored events per
+    transaction (version v of every aggregate), built with ``codec.encode_event`` from real
+    domain events (with valid per-stream hash-chain links precomputed when the recorder's
+    ``append`` takes ``links``; otherwise it would look up each event's predecessor). Then
+    :class:`KafkaPublisher` publishes everything from position 0 to the head with its default
+    batch size (``COMMITLINE_PUBLISH_BATCH_SIZE``, 2,000); ``on_caught_up`` ends the run. Its
+    topics are created before ``run()`` (as the raw side's are). Timed: from its first
+    ``select_notifications`` call (lease held, position read: noted by a recorder stand-in
+    that delegates everything) to ``on_caught_up``, *minus* its first ``_producer_ready()``
+    call (admin round trip finding the topics exist, producer start, metadata bootstrap;
+    noted by a thin subclass). What remains is every read of the log, ``to_record``,
+    ``send_in_order`` with its acks, every position save and the final empty read + head check.
+
+    Baseline, same run, same broker, same records: before any measurement the whole log is
+    read with ``select_notifications`` and turned into the very same records with
+    ``to_record`` (same keys, values, headers, timestamps; this read also warms the table for
+    both sides). They are kept as plain tuples, which the GC stops tracking, so holding them
+    does not slow the publisher's run. A bare ``AIOKafkaProducer`` then sends them with
+    ``send_batch`` per partition: grouped by partition (murmur2, as aiokafka's default
+    partitioner and the publisher do), packed into as few record batches as fit, every batch
+    queued at once, all acks awaited at the end; grouping and batch building (including
+    turning each held header tuple back into the list aiokafka wants) are timed, from after
+    ``producer.start()`` to the last ack. That is the fastest honest raw variant: the
+    per-record ``send()`` pipeline (every future awaited at the end) is 2-3x slower in
+    Python, and is printed for reference (normal mode only). Order raw, ours, raw, ours, raw
+    (``--quick``: raw, ours, raw); the best run of each side is reported.
+
+``commit_to_ack_latency``
+    The publisher runs on its own event loop in a thread (as in production: never on the
+    command path). 4 writer threads dispatch ``receive_stock`` on their own item, paced to 300
+    commands/s in total, for 10 s (``--quick``: 3 s) after a warm-up whose events were already
+    acknowledged (producer started, topics created). For each command: commit time = when
+    ``dispatch`` returned, keyed by ``result.events[0].event_id``; ack time = when
+    ``on_published`` reported that event id (the publisher calls it after the broker acked the
+    batch *and* the position was saved). Printed: p50/p99/max of ack - commit, and n.
+
+    Baseline (the floor): a bare ``AIOKafkaProducer`` to the same broker sends the same records
+    (captured from ``on_published``) one at a time at the same rate, each
+    ``await (await producer.send(...))``; its send-to-ack latency p50/p99.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import inspect
+import os
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import psycopg
+from aiokafka import AIOKafkaProducer
+from aiokafka.partitioner import murmur2
+from eventsourcing.persistence import StoredEvent
+from psycopg.sql import SQL, Identifier
+
+from bench.harness import BenchContext, commitline_app, fresh_schema, run_together
+from commitline.domain import AGGREGATES
+from commitline.domain.aggregate import utcnow
+from commitline.domain.inventory import StockReceived
+from commitline.infrastructure.bootstrap import Commitline
+from commitline.infrastructure.codec import encode_event
+from commitline.infrastructure.config import Settings, load_settings
+from commitline.infrastructure.envelope import KafkaRecord, to_record, topic_for
+from commitline.infrastructure.kafka_producer import ensure_topics, new_producer
+from commitline.infrastructure.lease import POSITIONS_TABLE
+from commitline.infrastructure.follower_thread import FollowerThread
+from commitline.infrastructure.publisher import PUBLISHER, KafkaPublisher
+from commitline.infrastructure.recorder import EventRecorder
+
+AGGREGATE_COUNT = 1_000
+APPEND_CHUNK = 1_000  # stored events per recorder.append (one transaction)
+OWNER = "bench-publisher"
+
+# --------------------------------------------------------------------------- shared plumbing
+
+
+def kafka_overrides() -> dict[str, Any]:
+    """The configured Kafka (every ``kafka_*`` setting from the environment), or {} for the embedded one."""
+    if not os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip():
+        return {}
+    env = load_settings()
+    return {name: getattr(env, name) for name in Settings.model_fields
+            if name.startswith("kafka_") and name != "kafka_topic_prefix"}
+
+
+@contextlib.contextmanager
+def kafka_app(ctx: BenchContext, schema: str) -> Iterator[tuple[Commitline, Settings, Callable[[str], str]]]:
+    """(app, settings with a broker and the commitline prefix ``bench<tag>c.``, letter -> ``bench<tag><letter>.``)."""
+    tag = uuid.uuid4().hex[:8]
+    with commitline_app(ctx.dsn, schema, kafka_topic_prefix=f"bench{tag}c.", **kafka_overrides()) as app:
+        yield app, app.with_kafka(), lambda letter: f"bench{tag}{letter}."
+
+
+def retarget(records: Sequence[KafkaRecord], old_prefix: str, new_prefix: str) -> list[KafkaRecord]:
+    """The same records (keys, values, headers, timestamps) for the topics of another prefix."""
+    return [KafkaRecord(new_prefix + r.topic[len(old_prefix):], r.key, r.value, r.headers, r.timestamp_ms,
+                        r.notification_id, r.event_id) for r in records]
+
+
+def all_topics(prefix: str) -> list[str]:
+    return [topic_for(prefix, a.__name__) for a in AGGREGATES]
+
+
+async def started_raw_producer(settings: Settings, prefix: str) -> AIOKafkaProducer:
+    """Topics of ``prefix`` created, then a started producer with the publisher's configuration."""
+    await ensure_topics(settings, all_topics(prefix))
+    producer = new_producer(settings, f"bench-raw-{uuid.uuid4().hex[:6]}")
+    await producer.start()
+    return producer
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+# --------------------------------------------------------------------------- publish_throughput
+
+
+class FirstReadClock:
+    """Stands in for the recorder (delegating everything) and notes when the log is first read:
+    the publisher holds the lease and has read its position by then."""
+
+    def __init__(self, recorder: EventRecorder):
+        self._recorder = recorder
+        self.first_read: float | None = None
+
+    def select_notifications(self, *args: Any, **kwargs: Any) -> Any:
+        if self.first_read is None:
+            self.first_read = time.perf_counter()
+        return self._recorder.select_notifications(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._recorder, name)
+
+
+class TimedPublisher(KafkaPublisher):
+    """KafkaPublisher that notes how long its one-off producer setup took, to subtract it.
+
+    (Hooks ``_producer_ready``; should that ever be renamed, ``setup_s`` stays 0 and the
+    producer start is simply counted, a few ms against us.)"""
+
+    setup_s = 0.0
+
+    async def _producer_ready(self) -> AIOKafkaProducer:
+        if self._producer is not None:
+            return self._producer
+        t0 = time.perf_counter()
+        try:
+            return await super()._producer_ready()
+        finally:
+            self.setup_s += time.perf_counter() - t0
+
+
+def chain_links() -> Callable[[Sequence[StoredEvent]], list[tuple[bytes, bytes]]] | None:
+    """If the recorder takes precomputed hash-chain ``links``, a function computing them per stream
+    (each item's chain continues from its previous event in this prefill); else None."""
+    if "links" not in inspect.signature(EventRecorder.append).parameters:
+        return None
+    from commitline.application.chain import GENESIS, chain
+
+    heads: dict[uuid.UUID, bytes] = {}
+
+    def links(events: Sequence[StoredEvent]) -> list[tuple[bytes, bytes]]:
+        out = []
+        for e in events:
+            out.append(chain(heads.get(e.originator_id, GENESIS), [e])[0])
+            heads[e.originator_id] = out[-1][1]
+        return out
+
+    return links
+
+
+def prefill(app: Commitline, events: int) -> None:
+    """``events`` StockReceived events over AGGREGATE_COUNT items, APPEND_CHUNK per transaction."""
+    items = [uuid.uuid4() for _ in range(AGGREGATE_COUNT)]
+    links = chain_links()  # without them the recorder would look up each event's predecessor
+    chunk: list[StoredEvent] = []
+    for n in range(events):
+        version, item = divmod(n, AGGREGATE_COUNT)
+        event = StockReceived(event_id=uuid.uuid4(), aggregate_id=items[item], version=version + 1,
+                              occurred_at=utcnow(), quantity=1 + n % 50)
+        chunk.append(encode_event(event, "default"))
+        if len(chunk) == APPEND_CHUNK or n == events - 1:
+            if links is None:
+                app.recorder.append(chunk)
+            else:
+                app.recorder.append(chunk, links=links(chunk))  # type: ignore[call-arg]
+            chunk = []
+
+
+#: A record as the raw baseline keeps it: (topic, key, value, headers, timestamp_ms), tuples only.
+RawRow = tuple[str, bytes, bytes, tuple[tuple[str, bytes], ...], int]
+
+
+def read_rows(app: Commitline, settings: Settings) -> tuple[RawRow, ...]:
+    """Every notification of the log, as the records the publisher builds (``to_record``), kept as
+    a tuple of plain tuples: after a few collections the GC tracks none of them, so holding 100k
+    costs the publisher's run nothing (a list of 100k tracked records would be scanned by every
+    full collection during it, a cost no real publisher pays)."""
+    rows: list[RawRow] = []
+    position = 0
+    while True:
+        batch = app.recorder.select_notifications(position + 1, settings.publish_batch_size)
+        if not batch:
+            break
+        for n in batch:
+            r = to_record(n, settings.kafka_topic_prefix, OWNER)
+            rows.append((r.topic, r.key, r.value, tuple(r.headers), r.timestamp_ms))
+        position = batch[-1].id
+    held = tuple(rows)
+    del rows
+    for _ in range(4):  # one nesting level of tuples is untracked per collection
+        gc.collect()
+    return held
+
+
+def reset_position(app: Commitline) -> None:
+    """Publish from position 0 again (the bench schema's own ``follower_positions`` row)."""
+    with psycopg.connect(**app.conninfo, autocommit=True) as conn:
+        conn.execute(SQL("UPDATE {} SET position = 0 WHERE name = %s").format(
+            Identifier(app.settings.schema_name, POSITIONS_TABLE)), (PUBLISHER,))
+
+
+def measure_publisher(app: Commitline, settings: Settings) -> tuple[float, int]:
+    """(seconds publishing, events published) from position 0 to the head, one-off setup excluded."""
+
+    async def main() -> tuple[float, int]:
+        clock = FirstReadClock(app.recorder)
+        publisher = TimedPublisher(clock, app.conninfo, settings, owner=OWNER)  # type: ignore[arg-type]
+        stop = asyncio.Event()
+        done: dict[str, float] = {}
+
+        def caught_up() -> None:
+            done.setdefault("at", time.perf_counter())
+            stop.set()
+
+        publisher.on_caught_up = caught_up
+        reset_position(app)
+        await ensure_topics(settings, all_topics(settings.kafka_topic_prefix))  # as for the raw side
+        await publisher.run(stop)
+        assert clock.first_read is not None
+        return done["at"] - clock.first_read - publisher.setup_s, publisher.metrics.events_published
+
+    return asyncio.run(main())
+
+
+def measure_raw_throughput(settings: Settings, prefix: str, rows: Sequence[RawRow], old_prefix: str) -> float:
+    """Seconds for a bare producer to send ``rows`` (to the topics of ``prefix``) and see every ack.
+
+    ``send_batch`` per partition: records grouped by partition (murmur2, as aiokafka's default
+    partitioner and the publisher do), packed into as few record batches as fit, every batch
+    queued at once, all acks awaited at the end. Grouping and batch building are timed too.
+    """
+
+    async def main() -> float:
+        producer = await started_raw_producer(settings, prefix)
+        try:
+            t0 = time.perf_counter()
+            topics: dict[str, str] = {}
+            partitions: dict[str, int] = {}
+            groups: dict[tuple[str, int], list[RawRow]] = defaultdict(list)
+            for row in rows:
+                topic = topics.get(row[0]) or topics.setdefault(row[0], prefix + row[0][len(old_prefix):])
+                if topic not in partitions:
+                    partitions[topic] = len(await producer.partitions_for(topic))
+                groups[(topic, (murmur2(row[1]) & 0x7FFFFFFF) % partitions[topic])].append(row)
+            futures = []
+            for (topic, partition), group in groups.items():
+                batch = producer.create_batch()
+                for _, key, value, headers, timestamp_ms in group:
+                    if batch.append(key=key, value=value, timestamp=timestamp_ms, headers=list(headers)) is None:
+                        futures.append(await producer.send_batch(batch, topic, partition=partition))
+                        batch = producer.create_batch()
+                        batch.append(key=key, value=value, timestamp=timestamp_ms, headers=list(headers))
+                futures.append(await producer.send_batch(batch, topic, partition=partition))
+            await asyncio.gather(*futures)
+            return time.perf_counter() - t0
+        finally:
+            await producer.stop()
+
+    return asyncio.run(main())
+
+
+def measure_raw_send(settings: Settings, prefix: str, rows: Sequence[RawRow], old_prefix: str) -> float:
+    """The per-record variant, for reference: ``send()`` for each record, all futures awaited at the end."""
+
+    async def main() -> float:
+        producer = await started_raw_producer(settings, prefix)
+        try:
+            t0 = time.perf_counter()
+            topics = {t: prefix + t[len(old_prefix):] for t in all_topics(old_prefix)}
+            futures = [await producer.send(topics[topic], value, key, timestamp_ms=timestamp_ms, headers=list(headers))
+                       for topic, key, value, headers, timestamp_ms in rows]
+            await asyncio.gather(*futures)
+            return time.perf_counter() - t0
+        finally:
+            await producer.stop()
+
+    return asyncio.run(main())
+
+
+def publish_throughput(ctx: BenchContext) -> Iterator[str]:
+    events = 20_000 if ctx.quick else 100_000
+    order = "rcr" if ctx.quick else "rcrcr"  # r: raw send_batch, c: commitline
+    ours_times: list[float] = []
+    raw_times: list[float] = []
+    send_s = None
+    with fresh_schema(ctx.dsn) as schema, kafka_app(ctx, schema) as (app, settings, prefix):
+        t0 = time.perf_counter()
+        prefill(app, events)
+        fill_s = time.perf_counter() - t0
+        rows = read_rows(app, settings)  # also warms the table (hint bits, cache) for both sides
+        assert len(rows) == events, (len(rows), events)
+        for n, side in enumerate(order):
+            letter = "cdefg"[n] if side == "c" else "rstuv"[n]
+            if side == "c":
+                seconds, published = measure_publisher(
+                    app, settings.model_copy(update={"kafka_topic_prefix": prefix(letter)}))
+                assert published == events, (published, events)
+                ours_times.append(seconds)
+            else:
+                raw_times.append(measure_raw_throughput(settings, prefix(letter), rows, settings.kafka_topic_prefix))
+        if not ctx.quick:
+            send_s = measure_raw_send(settings, prefix("p"), rows, settings.kafka_topic_prefix)
+    ours = events / min(ours_times)
+    raw = events / min(raw_times)
+    yield (f"publish throughput: commitline={ours:.0f} events/s raw_aiokafka={raw:.0f} records/s "
+           f"ratio={ours / raw:.2f} ({events} events)")
+    send_text = f"; raw per-record send() {events / send_s:.0f} records/s" if send_s else ""
+    yield (f"publish throughput details: commitline runs {', '.join(f'{s:.2f}' for s in ours_times)} s; "
+           f"raw send_batch runs {', '.join(f'{s:.2f}' for s in raw_times)} s{send_text}; "
+           f"avg value {sum(len(r[2]) for r in rows) // len(rows)} B; prefill {fill_s:.1f} s; "
+           f"broker {'KAFKA_BOOTSTRAP_SERVERS' if kafka_overrides() else 'embedded Tansu'}")
+
+
+# --------------------------------------------------------------------------- commit_to_ack_latency
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str, background: FollowerThread) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if background.error is not None:
+            raise background.error
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.01)
+
+
+def paced(rate: float, duration: float, phase: float, start: float, body: Callable[[int], None]) -> None:
+    """Call body(seq) at ``rate`` per second from ``start + phase`` for ``duration`` s (no catch-up bursts)."""
+    interval = 1 / rate
+    due = start + phase
+    end = start + duration
+    seq = 0
+    while due < end:
+        delay = due - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        body(seq)
+        seq += 1
+        due = max(due + interval, time.perf_counter())
+
+
+def measure_raw_latency(settings: Settings, prefix: str, records: Sequence[KafkaRecord], rate: float) -> list[float]:
+    """Send-to-ack latency of each record (topics of ``prefix``) sent alone, one at a time, at ``rate`` per second."""
+
+    async def main() -> list[float]:
+        producer = await started_raw_producer(settings, prefix)
+        try:
+            for r in records[:20]:  # warm-up: metadata and connections of every partition's leader
+                await (await producer.send(r.topic, r.value, r.key, timestamp_ms=r.timestamp_ms, headers=r.headers))
+            latencies = []
+            due = time.perf_counter()
+            for r in records:
+                delay = due - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                t0 = time.perf_counter()
+                await (await producer.send(r.topic, r.value, r.key, timestamp_ms=r.timestamp_ms, headers=r.headers))
+                latencies.append(time.perf_counter() - t0)
+                due = max(due + 1 / rate, time.perf_counter())
+            return latencies
+        finally:
+            await producer.stop()
+
+    return asyncio.run(main())
+
+
+def commit_to_ack_latency(ctx: BenchContext) -> Iterator[str]:
+    writers, rate = 4, 300.0
+    duration = 3.0 if ctx.quick else 10.0
+    committed: dict[str, float] = {}
+    acked: dict[str, float] = {}
+    published: list[KafkaRecord] = []
+
+    def on_published(records: Sequence[KafkaRecord]) -> None:
+        now = time.perf_counter()
+        for r in records:
+            acked.setdefault(r.event_id, now)
+        published.extend(records)
+
+    with fresh_schema(ctx.dsn) as schema, kafka_app(ctx, schema) as (app, settings, prefix):
+        run = uuid.uuid4().hex[:8]
+        with FollowerThread(lambda: KafkaPublisher(app.recorder, app.conninfo, settings, owner=OWNER,
+                                                        on_published=on_published)) as background:
+            items = []
+            for i in range(writers):  # warm-up: items created, producer started, topics created
+                result = app.dispatch({"type": "receive_stock", "item_id": str(uuid.uuid4()), "quantity": 1},
+                                      idempotency_key=f"{run}-create-{i}")
+                items.append(str(result.aggregate_id))
+                warm_id = str(result.events[0].event_id)
+                wait_for(lambda: warm_id in acked, 60, "the warm-up events to be acknowledged", background)
+
+            def writer(i: int) -> int:
+                def command(seq: int) -> None:
+                    result = app.dispatch({"type": "receive_stock", "item_id": items[i], "quantity": 1},
+                                          idempotency_key=f"{run}-{i}-{seq}")
+                    committed[str(result.events[0].event_id)] = time.perf_counter()
+
+                paced(rate / writers, duration, i / rate, window_start, command)
+                return 0
+
+            window_start = time.perf_counter() + 0.05
+            outcomes = run_together(writers, writer, timeout=duration + 60)
+            errors = [o for o in outcomes if isinstance(o, BaseException)]
+            if errors:
+                raise errors[0]
+            wait_for(lambda: all(e in acked for e in list(committed)), 30, "every command's event to be acked",
+                     background)
+        measured = [r for r in published if r.event_id in committed]
+        raw = measure_raw_latency(settings, prefix("r"), retarget(measured, settings.kafka_topic_prefix, prefix("r")),
+                                  rate)
+    latencies = [acked[e] - t for e, t in committed.items()]
+    yield (f"commit-to-ack latency: commitline p50={percentile(latencies, 0.5) * 1000:.1f}ms "
+           f"p99={percentile(latencies, 0.99) * 1000:.1f}ms max={max(latencies) * 1000:.1f}ms "
+           f"(n={len(latencies)}, {len(latencies) / duration:.0f} commands/s); raw aiokafka send+ack "
+           f"p50={percentile(raw, 0.5) * 1000:.1f}ms p99={percentile(raw, 0.99) * 1000:.1f}ms (n={len(raw)})")
+
+
+#: What ``python -m bench`` runs from this module, in order: (name, callable).
+BENCHMARKS = (("publish_throughput", publish_throughput), ("commit_to_ack_latency", commit_to_ack_latency))
