@@ -79,9 +79,9 @@ from commitline.infrastructure.bootstrap import Commitline
 from commitline.infrastructure.codec import encode_event
 from commitline.infrastructure.config import Settings, load_settings
 from commitline.infrastructure.envelope import KafkaRecord, to_record, topic_for
+from commitline.infrastructure.follower_thread import FollowerThread
 from commitline.infrastructure.kafka_producer import ensure_topics, new_producer
 from commitline.infrastructure.lease import POSITIONS_TABLE
-from commitline.infrastructure.follower_thread import FollowerThread
 from commitline.infrastructure.publisher import PUBLISHER, KafkaPublisher
 from commitline.infrastructure.recorder import EventRecorder
 

@@ -15,8 +15,8 @@ from rich.console import Console
 from rich.table import Table
 
 from commitline.application.audit import Auditor
-from commitline.application.fulfilment import FulfilmentSaga
 from commitline.application.errors import CommitlineError
+from commitline.application.fulfilment import FulfilmentSaga
 from commitline.domain import AGGREGATE_TYPES
 from commitline.domain.inventory import InventoryItem
 from commitline.domain.order import Order, OrderFulfilment, fulfilment_id, payment_id_for
@@ -24,10 +24,10 @@ from commitline.domain.payment import PaymentTransaction
 from commitline.infrastructure.audit_source import PostgresAuditSource
 from commitline.infrastructure.bootstrap import Commitline, bootstrap
 from commitline.infrastructure.config import Settings
-from commitline.infrastructure.kafka_reader import read_topics
-from commitline.infrastructure.publisher import KafkaPublisher
 from commitline.infrastructure.follower_thread import FollowerThread
 from commitline.infrastructure.fulfilment_runner import FulfilmentRunner
+from commitline.infrastructure.kafka_reader import read_topics
+from commitline.infrastructure.publisher import KafkaPublisher
 from commitline.infrastructure.simulated_gateway import SimulatedGateway
 from commitline.infrastructure.status import follower_statuses, status_table
 from commitline.projections import PROJECTIONS, ReadModels

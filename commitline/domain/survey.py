@@ -10,7 +10,7 @@ built from both by a projection, never updated on the command path.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from uuid import UUID, uuid5
 

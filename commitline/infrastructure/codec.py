@@ -12,7 +12,6 @@ class version) when it is above 1; old versions are upcast on read.
 from __future__ import annotations
 
 from dataclasses import dataclass
-
 from decimal import Decimal
 from functools import cache
 from typing import Any

@@ -8,8 +8,8 @@ aggregate id and type, version, notification id, recorded-at time and tenant.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from datetime import datetime
+from functools import lru_cache
 
 import orjson
 from eventsourcing.persistence import Notification

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from typing import TypeVar
 from uuid import UUID
 
+from commitline.application.chain import chain
 from commitline.application.errors import WrongAggregateType
 from commitline.application.ports import IdempotencyRecord
 from commitline.domain import Aggregate, Event
-from commitline.application.chain import chain
 from commitline.infrastructure.codec import decode_event, decode_snapshot, encode_event, encode_snapshot
 from commitline.infrastructure.recorder import EventRecorder, Snapshot
 

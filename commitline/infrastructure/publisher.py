@@ -28,8 +28,8 @@ from aiokafka.errors import KafkaError
 from commitline.domain import AGGREGATES
 from commitline.infrastructure.config import Settings
 from commitline.infrastructure.envelope import KafkaRecord, to_record, topic_for
-from commitline.infrastructure.kafka_producer import ensure_topics, new_producer, send_in_order
 from commitline.infrastructure.follower import LeasedFollower
+from commitline.infrastructure.kafka_producer import ensure_topics, new_producer, send_in_order
 from commitline.infrastructure.lease import Lease, instance_id
 from commitline.infrastructure.recorder import EventRecorder
 from commitline.infrastructure.wakeup import LogWakeup, wait_or_stop

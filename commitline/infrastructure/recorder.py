@@ -48,8 +48,8 @@ from psycopg import errors as pg_errors
 from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Composed, Identifier
 
-from commitline.application.ports import IdempotencyRecord, KeyAlreadyRecorded, StreamMoved
 from commitline.application.chain import GENESIS, chain
+from commitline.application.ports import IdempotencyRecord, KeyAlreadyRecorded, StreamMoved
 
 EVENTS_TABLE = "events"
 IDEMPOTENCY_TABLE = "idempotency_keys"

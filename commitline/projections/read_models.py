@@ -3,6 +3,7 @@ with a per-payment lookup, and inventory levels. Each is tables plus handlers.""
 
 from __future__ import annotations
 
+from commitline.domain.inventory import ReservationFulfilled, ReservationReleased, StockReceived, StockReserved
 from commitline.domain.order import (
     AFTER_STEP,
     FulfilmentCancelled,
@@ -13,8 +14,7 @@ from commitline.domain.order import (
     FulfilmentStuck,
     SagaState,
 )
-from commitline.domain.inventory import ReservationFulfilled, ReservationReleased, StockReceived, StockReserved
-from commitline.domain.payment import PaymentCompleted, PaymentCreated, PaymentFailed, PaymentSubmitted, PaymentState
+from commitline.domain.payment import PaymentCompleted, PaymentCreated, PaymentFailed, PaymentState, PaymentSubmitted
 from commitline.domain.survey import AssignmentStatus, SurveyTaskAnswered, SurveyTaskCreated, SurveyTaskIssued
 from commitline.infrastructure.codec import RecordedEvent
 from commitline.projections.base import Changes, Key, Projection, Table, on

@@ -13,12 +13,12 @@ import orjson
 import psycopg
 import pytest
 
-from commitline.application.audit import AuditQueryError, Auditor, BeforeCreation, VersionBeyondHead, state_of
+from commitline.application.audit import Auditor, AuditQueryError, BeforeCreation, VersionBeyondHead, state_of
 from commitline.application.errors import AggregateNotFound
 from commitline.domain import AGGREGATE_TYPES
 from commitline.domain.inventory import InventoryItem
 from commitline.domain.payment import PaymentTransaction
-from commitline.domain.survey import SurveyAssignment, SurveyTask, assignment_id
+from commitline.domain.survey import SurveyAssignment, SurveyTask
 from commitline.infrastructure.audit_source import PostgresAuditSource
 from commitline.infrastructure.bootstrap import Commitline, bootstrap
 from tests.support import settings_for

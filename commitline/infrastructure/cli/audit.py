@@ -1,0 +1,125 @@
+"""``commitline audit ...``: history, state at a version or time, diff, and chain verification."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import orjson
+
+from commitline.application.errors import CommitlineError
+from commitline.infrastructure.cli.common import (
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    aggregate_id,
+    console,
+    print_error,
+    print_json,
+    timestamp,
+)
+
+
+def auditor_for(app):  # type: ignore[no-untyped-def]
+    from commitline.application.audit import Auditor
+    from commitline.domain import AGGREGATE_TYPES
+    from commitline.infrastructure.audit_source import PostgresAuditSource
+
+    return Auditor(PostgresAuditSource(app.recorder), AGGREGATE_TYPES)
+
+
+def _json_value(value: Any) -> str:
+    return orjson.dumps(value, default=str).decode()
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from rich.table import Table
+
+    from commitline.infrastructure.bootstrap import bootstrap
+
+    with bootstrap() as app:
+        auditor = auditor_for(app)
+        try:
+            if args.audit_command == "verify":
+                return _verify(auditor, args)
+            if args.audit_command == "history":
+                history = auditor.history(args.aggregate_id, compact=not args.json)
+                if args.json:
+                    print_json(asdict(history), sys.stdout)
+                    return EXIT_OK
+                table = Table(title=f"{history.aggregate_type} {history.aggregate_id} (tenant {history.tenant})")
+                for column in ("version", "recorded at", "type", "payload", "transition", "state after"):
+                    table.add_column(column)
+                for e in history.entries:
+                    table.add_row(str(e.version), e.recorded_at.isoformat(), e.type, _json_value(e.payload),
+                                  e.transition or "", _json_value(e.state_after))
+                console().print(table)
+                return EXIT_OK
+            if args.audit_command == "state":
+                state = (auditor.state_at_version(args.aggregate_id, args.at_version) if args.at_version is not None
+                         else auditor.state_as_of(args.aggregate_id, args.as_of))
+                print_json(asdict(state), sys.stdout)
+                return EXIT_OK
+            diff = auditor.diff(args.aggregate_id, args.from_version, args.to_version)
+            print_json({"aggregate_id": diff.aggregate_id, "aggregate_type": diff.aggregate_type,
+                         "from_version": diff.from_version, "to_version": diff.to_version,
+                         "changed": {k: {"from": a, "to": b} for k, (a, b) in diff.changed.items()},
+                         "events": [asdict(e) for e in diff.events]}, sys.stdout)
+            return EXIT_OK
+        except CommitlineError as e:
+            print_error(e)
+            return EXIT_USAGE
+
+
+def _verify(auditor, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+    from commitline.infrastructure.progress import progress_reporter
+
+    if args.aggregate is None and not args.all:
+        print("audit verify: name --aggregate ID or --all", file=sys.stderr)
+        return EXIT_USAGE
+    with progress_reporter("verify") as progress:
+        report = auditor.verify(args.aggregate, progress=progress if args.aggregate is None else None)
+    rate = report.events / report.seconds if report.seconds else 0
+    summary = {"ok": report.ok, "streams": report.streams, "events": report.events,
+               "seconds": round(report.seconds, 3), "broken": [
+                   {"aggregate_id": str(v.aggregate_id), "problem": v.problem, "version": v.version,
+                    "detail": v.detail} for v in report.broken]}
+    if args.json:
+        print_json(summary, sys.stdout)
+    else:
+        for v in report.broken:
+            print(f"BROKEN {v.aggregate_id}: {v.problem} at version {v.version}: {v.detail}")
+        verdict = "OK" if report.ok else f"{len(report.broken)} stream(s) BROKEN"
+        print(f"{verdict}: {report.streams} streams, {report.events} events verified in {report.seconds:.1f} s "
+              f"({rate:,.0f} events/s)")
+    return EXIT_OK if report.ok else EXIT_REFUSED
+
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    audit = sub.add_parser("audit", help="forensics: history, state at a version or time, diff, verify the chain")
+    asub = audit.add_subparsers(dest="audit_command", required=True, metavar="ACTION")
+    averify = asub.add_parser("verify", help="re-derive the hash chains; exit 1 when anything is broken",
+                              description="Reports per stream OK or the first event whose content or link does not "
+                              "match. Removing a stream's last events leaves a valid chain; that is detected with "
+                              "the idempotency records, which keep the version each command produced.")
+    averify.add_argument("--aggregate", type=aggregate_id, metavar="ID", help="verify one stream")
+    averify.add_argument("--all", action="store_true", help="verify every stream (with progress)")
+    averify.add_argument("--json", action="store_true", help="machine-readable report")
+    ahistory = asub.add_parser("history", help="every event of an aggregate with its transition and the state after")
+    ahistory.add_argument("aggregate_id", type=aggregate_id, metavar="ID")
+    ahistory.add_argument("--json", action="store_true", help="machine-readable, with full states")
+    astate = asub.add_parser("state", help="the aggregate's state at a version or as of a time (replayed)")
+    astate.add_argument("aggregate_id", type=aggregate_id, metavar="ID")
+    when = astate.add_mutually_exclusive_group(required=True)
+    when.add_argument("--at-version", type=int, metavar="N")
+    when.add_argument("--as-of", type=timestamp, metavar="TIMESTAMP", help="ISO 8601 with offset")
+    adiff = asub.add_parser("diff", help="what changed between two versions")
+    adiff.add_argument("aggregate_id", type=aggregate_id, metavar="ID")
+    adiff.add_argument("--from", dest="from_version", type=int, required=True, metavar="N")
+    adiff.add_argument("--to", dest="to_version", type=int, required=True, metavar="M")
+    for parser_ in (averify, ahistory, astate, adiff):
+        parser_.set_defaults(run=cmd_audit)

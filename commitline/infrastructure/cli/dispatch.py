@@ -1,0 +1,73 @@
+"""``commitline dispatch``: apply commands given as a JSON argument or JSON lines on stdin."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator
+from typing import Any, TextIO
+
+import orjson
+
+from commitline.application.errors import CommitlineError, InvalidCommand
+from commitline.infrastructure.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, print_error, print_json
+
+
+def _stdin_requests(key_prefix: str | None, tenant: str, lines: TextIO) -> Iterator[tuple[int, Any, str | None, str]]:
+    """Each non-blank line is a command, or an envelope {"command", "idempotency_key", "tenant"}."""
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            data = orjson.loads(line)
+        except orjson.JSONDecodeError as e:
+            yield number, InvalidCommand(None, [{"loc": [], "msg": f"line {number}: not valid JSON: {e}",
+                                                 "type": "json_invalid"}]), None, tenant
+            continue
+        if isinstance(data, dict) and "command" in data:
+            yield number, data["command"], data.get("idempotency_key"), data.get("tenant", tenant)
+        else:
+            yield number, data, f"{key_prefix}:{number}" if key_prefix else None, tenant
+
+
+def cmd_dispatch(args: argparse.Namespace) -> int:
+    from commitline.infrastructure.bootstrap import bootstrap
+
+    if args.command is None and sys.stdin.isatty():
+        print("dispatch: give a command as JSON, or JSON lines on stdin", file=sys.stderr)
+        return EXIT_USAGE
+    with bootstrap() as app:
+        if args.command is not None:
+            try:
+                result = app.dispatch(args.command, idempotency_key=args.idempotency_key, tenant=args.tenant)
+            except CommitlineError as e:
+                print_error(e)
+                return EXIT_REFUSED
+            print_json(result.model_dump(mode="json"), sys.stdout)
+            return EXIT_OK
+        failures = 0
+        for number, command, key, tenant in _stdin_requests(args.idempotency_key, args.tenant, sys.stdin):
+            try:
+                if isinstance(command, CommitlineError):
+                    raise command
+                result = app.dispatch(command, idempotency_key=key, tenant=tenant)
+                print_json({"line": number, "result": result.model_dump(mode="json")}, sys.stdout)
+            except CommitlineError as e:
+                failures += 1
+                print_json({"line": number, **e.to_dict()}, sys.stderr)
+        return EXIT_REFUSED if failures else EXIT_OK
+
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    dispatch = sub.add_parser(
+        "dispatch",
+        help="validate and apply one command (JSON argument) or many (JSON lines on stdin)",
+        description="Apply commands exactly once. The result is printed as JSON on stdout; a refused command "
+        "prints its typed error as JSON on stderr and exits 1. On stdin, each line is a command (its key is "
+        "KEY:<line number>) or an envelope {\"command\": {...}, \"idempotency_key\": \"...\", \"tenant\": \"...\"}.",
+    )
+    dispatch.add_argument("command", nargs="?", help='the command as JSON, e.g. \'{"type": "submit_payment", ...}\'')
+    dispatch.add_argument("--idempotency-key", "-k", help="retrying with the same key never applies it twice")
+    dispatch.add_argument("--tenant", "-t", default="default", help="tenant the key belongs to (default: default)")
+    dispatch.set_defaults(run=cmd_dispatch)

@@ -1,0 +1,112 @@
+"""``commitline sagas ...``: run the order-fulfilment process manager, show, list, retry."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from uuid import uuid4
+
+from commitline.application.errors import CommitlineError
+from commitline.infrastructure.cli.audit import auditor_for
+from commitline.infrastructure.cli.common import (
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    aggregate_id,
+    print_error,
+    print_json,
+)
+
+
+def cmd_sagas(args: argparse.Namespace) -> int:
+    from commitline.infrastructure.bootstrap import bootstrap
+
+    if args.sagas_command == "run":
+        return _run_sagas()
+    with bootstrap() as app:
+        if args.sagas_command == "list":
+            from commitline.projections import ReadModels
+
+            rows = ReadModels(app.datastore).fulfilments(stuck_only=args.stuck)
+            if args.json:
+                print_json([r.__dict__ for r in rows], sys.stdout)
+            else:
+                for r in rows:
+                    print(f"{r.order_id}  {r.state:<12} {r.stuck or r.failure}")
+                print(f"{len(rows)} saga(s){' stuck' if args.stuck else ''}", file=sys.stderr)
+            return EXIT_OK
+        from commitline.domain.order import fulfilment_id
+
+        if args.sagas_command == "retry":
+            from commitline.application.commands import RetryFulfilment
+
+            try:
+                result = app.processor.dispatch(RetryFulfilment(order_id=args.order_id),
+                                                idempotency_key=f"operator-retry/{args.order_id}/{uuid4()}")
+            except CommitlineError as e:
+                print_error(e)
+                return EXIT_REFUSED
+            print(f"fulfilment of {args.order_id} set back to COMPENSATING (version {result.version}); "
+                  "the running process manager picks it up")
+            return EXIT_OK
+        try:
+            history = auditor_for(app).history(fulfilment_id(args.order_id))
+        except CommitlineError as e:
+            print_error(e)
+            return EXIT_USAGE
+        if args.json:
+            print_json([{"version": e.version, "at": e.recorded_at, "type": e.type, "payload": e.payload,
+                          "state": e.transition} for e in history.entries], sys.stdout)
+            return EXIT_OK
+        for e in history.entries:
+            outcome = ", ".join(f"{k}={v}" for k, v in e.payload.items() if k != "order_id")
+            print(f"{e.version:>3}  {e.recorded_at:%H:%M:%S.%f}  {e.type:<24} {outcome:<60} {e.transition or ''}")
+        return EXIT_OK
+
+
+def _run_sagas() -> int:
+    from commitline.application.fulfilment import FulfilmentSaga
+    from commitline.infrastructure.bootstrap import bootstrap
+    from commitline.infrastructure.fulfilment_runner import FulfilmentRunner
+    from commitline.infrastructure.simulated_gateway import SimulatedGateway
+    from commitline.projections import PROJECTIONS
+    from commitline.projections.projector import Projector
+
+    async def run() -> None:
+        with bootstrap() as app:
+            logging.getLogger(__name__).warning(
+                "payments go through the SIMULATED gateway (commitline ships no real one; implement "
+                "commitline.application.payment_gateway.PaymentGateway for production)")
+            gateway = SimulatedGateway(app.conninfo, app.settings.schema_name)
+            saga = FulfilmentSaga(app.processor, app.store, gateway)
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+            runner = FulfilmentRunner(saga, app.recorder, app.conninfo)
+            projector = Projector(PROJECTIONS["order_fulfilments"](), app.recorder, app.conninfo)
+            await asyncio.gather(runner.run(stop), projector.run(stop))
+
+    asyncio.run(run())
+    return EXIT_OK
+
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    sagas = sub.add_parser("sagas", help="order fulfilment: run the process manager, show, list, retry")
+    ssub = sagas.add_subparsers(dest="sagas_command", required=True, metavar="ACTION")
+    ssub.add_parser("run", help="run the order-fulfilment process manager until SIGINT/SIGTERM",
+                    description="Advances every placed order: reserve stock -> authorize payment -> confirm and "
+                    "capture; compensates in reverse on failure. One instance at a time (advisory lock).")
+    sshow = ssub.add_parser("show", help="the steps a fulfilment took and their outcomes")
+    sshow.add_argument("order_id", type=aggregate_id, metavar="ORDER_ID")
+    sshow.add_argument("--json", action="store_true")
+    slist = ssub.add_parser("list", help="fulfilments and their state (from the order_fulfilments read model)")
+    slist.add_argument("--stuck", action="store_true", help="only those needing manual intervention")
+    slist.add_argument("--json", action="store_true")
+    sretry = ssub.add_parser("retry", help="retry the compensations of a STUCK fulfilment after fixing the cause")
+    sretry.add_argument("order_id", type=aggregate_id, metavar="ORDER_ID")
+    sagas.set_defaults(run=cmd_sagas)
