@@ -45,6 +45,7 @@ from uuid import UUID
 from eventsourcing.persistence import Notification, StoredEvent
 from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
 from psycopg import errors as pg_errors
+from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Composed, Identifier
 
@@ -117,21 +118,39 @@ class EventRecorder(PostgresApplicationRecorder):
         )
         try:
             with self.datastore.pool.connection() as conn:
-                with conn.pipeline(), conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
-                    cur.execute(self._q.assign_xid)
-                    if idempotency is not None:
-                        cur.execute(self._q.insert_idempotency, _idempotency_params(idempotency))
-                    cur.execute(self._q.insert_events, params, prepare=True)
-                    ids = [row[0] for row in cur.fetchall()]
-                    if self.before_commit is not None:
-                        self.before_commit()
-                conn.execute(self._q.notify)
+                try:
+                    ids = self._insert_in_one_round_trip(conn, params, idempotency)
+                except BaseException:
+                    if conn.info.transaction_status != TransactionStatus.IDLE:
+                        conn.rollback()
+                    raise
         except pg_errors.UniqueViolation as e:
             constraint = e.diag.constraint_name or ""
             if constraint.startswith(IDEMPOTENCY_TABLE):
                 raise KeyAlreadyRecorded(constraint) from None
             raise StreamMoved(constraint) from None
         return ids
+
+    def _insert_in_one_round_trip(self, conn: Any, params: tuple[Any, ...],
+                                  idempotency: IdempotencyRecord | None) -> list[int]:
+        # BEGIN ... COMMIT and the wake-up NOTIFY after it go out in one pipeline sync: one round
+        # trip per append. On an error the server skips the rest of the pipeline (the COMMIT
+        # included) and the caller rolls the open transaction back.
+        with conn.pipeline() as pipeline:
+            cur = conn.cursor(row_factory=tuple_row)
+            inserted = conn.cursor(row_factory=tuple_row)
+            cur.execute("BEGIN")
+            cur.execute(self._q.assign_xid)
+            if idempotency is not None:
+                cur.execute(self._q.insert_idempotency, _idempotency_params(idempotency))
+            inserted.execute(self._q.insert_events, params, prepare=True)
+            if self.before_commit is not None:
+                pipeline.sync()
+                self.before_commit()
+            cur.execute("COMMIT")
+            cur.execute(self._q.notify)
+            pipeline.sync()
+            return [row[0] for row in inserted.fetchall()]
 
     # -- per-stream reads ---------------------------------------------------------
 
