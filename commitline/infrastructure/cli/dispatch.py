@@ -59,6 +59,22 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
 
 
 
+def cmd_expire(args: argparse.Namespace) -> int:
+    from datetime import timedelta
+
+    from commitline.infrastructure.bootstrap import bootstrap
+    from commitline.infrastructure.retention import expire_idempotency_records
+
+    if args.older_than_days < 1:
+        print("idempotency expire: --older-than-days must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
+    with bootstrap() as app:
+        count = expire_idempotency_records(app.datastore, timedelta(days=args.older_than_days), dry_run=args.dry_run)
+    verb = "would delete" if args.dry_run else "deleted"
+    print(f"{verb} {count} idempotency records older than {args.older_than_days} days")
+    return EXIT_OK
+
+
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     dispatch = sub.add_parser(
         "dispatch",
@@ -71,3 +87,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     dispatch.add_argument("--idempotency-key", "-k", help="retrying with the same key never applies it twice")
     dispatch.add_argument("--tenant", "-t", default="default", help="tenant the key belongs to (default: default)")
     dispatch.set_defaults(run=cmd_dispatch)
+
+    idempotency = sub.add_parser("idempotency", help="the idempotency retention job")
+    isub = idempotency.add_subparsers(dest="idempotency_command", required=True, metavar="ACTION")
+    expire = isub.add_parser("expire", help="delete idempotency records older than the retention period",
+                             description="Records are kept until this job removes them. Choose a period longer "
+                             "than any client's retry window: a retry after its record expired is a new command.")
+    expire.add_argument("--older-than-days", type=int, required=True, metavar="DAYS")
+    expire.add_argument("--dry-run", action="store_true", help="only count what would be deleted")
+    expire.set_defaults(run=cmd_expire)
