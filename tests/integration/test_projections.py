@@ -13,6 +13,7 @@ from collections import Counter
 from decimal import Decimal
 from uuid import uuid4
 
+import orjson
 import psycopg
 import pytest
 
@@ -279,3 +280,26 @@ def test_interrupted_rebuild_resumes(app: Commitline, pg_dsn: str, schema: str) 
             running.wait_until_at(other.recorder.max_notification_id())
     totals = ReadModels(app.datastore).payment_totals()
     assert sum(t.payments for t in totals) == 30
+
+
+def test_rebuild_and_list_commands(app: Commitline, pg_dsn: str, schema: str) -> None:
+    mixed_workload(app, "cli")
+    env = {**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn, "COMMITLINE_SCHEMA": schema,
+           "COMMITLINE_PROJECT_BATCH_SIZE": "20"}
+    cli = [sys.executable, "-m", "commitline.infrastructure.cli"]
+    rebuilt = subprocess.run([*cli, "projections", "rebuild", "payment_states"], env=env, capture_output=True,
+                             text=True, timeout=120)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert "rebuilt payment_states" in rebuilt.stdout and "swapped in atomically" in rebuilt.stdout
+    progress = [line for line in rebuilt.stderr.splitlines() if line.startswith("rebuild payment_states:")]
+    assert progress and "events/s" in progress[-1] and "ETA" in progress[-1]  # plain lines when not a terminal
+    listed = subprocess.run([*cli, "projections", "list", "--json"], env=env, capture_output=True, text=True,
+                            timeout=60)
+    rows = {r["name"]: r for r in orjson.loads(listed.stdout)["projections"]}
+    head = app.recorder.max_notification_id()
+    assert rows["payment_states"]["position"] == head and rows["payment_states"]["lag_events"] == 0
+    assert rows["task_statuses"]["status"] == "never run"
+    assert ReadModels(app.datastore).payment_totals()
+    unknown = subprocess.run([*cli, "projections", "rebuild", "nope"], env=env, capture_output=True, text=True,
+                             timeout=60)
+    assert unknown.returncode != 0 and "unknown projection" in unknown.stderr
