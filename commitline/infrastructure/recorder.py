@@ -248,6 +248,11 @@ class EventRecorder(PostgresApplicationRecorder):
                 self._gaps.setdefault(new_gap, bound)
         return notifications
 
+    def gaps_seen(self) -> set[int]:
+        """First ids of the gaps readers of this recorder have met (open or proven aborted): diagnostics."""
+        with self._gaps_lock:
+            return set(self._gaps)
+
     def _fresh_xid(self) -> int:
         with self.datastore.pool.connection() as conn, conn.cursor(row_factory=tuple_row) as cur:
             with conn.transaction(force_rollback=True):

@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from decimal import Decimal
 from uuid import uuid4
 
@@ -33,6 +34,26 @@ from tests.support import FollowerThread, settings_for
 def projector(app: Commitline, name: str, **kwargs: object) -> FollowerThread:
     return FollowerThread(lambda: Projector(PROJECTIONS[name](), app.recorder, app.conninfo, poll_interval=0.2,
                                             **kwargs))
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def lease_sessions(app: Commitline, projection: str) -> int:
+    """Open lease connections of a projection's instances (each opens one on its first attempt)."""
+    with app.datastore.get_connection() as conn:
+        return conn.execute("SELECT count(*) AS n FROM pg_stat_activity WHERE application_name = %s",
+                            (f"commitline {projection}",)).fetchone()["n"]
+
+
+def own_status(app: Commitline, name: str) -> tuple[str, int | None]:
+    _, statuses = follower_statuses(app.recorder)
+    (status,) = [s for s in statuses if s.name == name]
+    return status.status, (status.error or {}).get("position")
 
 
 def table_rows(dsn: str, schema: str, table: str) -> list[tuple]:
@@ -180,7 +201,7 @@ def test_two_instances_one_works_the_other_waits(app: Commitline) -> None:
         with projector(app, "inventory_levels", owner="second") as second:
             mixed_workload(app, "y")
             first.wait_until_at(app.recorder.max_notification_id())
-            time.sleep(0.5)
+            wait_for(lambda: lease_sessions(app, "inventory_levels") == 2, "the second instance to try the lease")
             assert second.follower.metrics.events_applied == 0
             assert not second.follower.lease.held
         assert first.follower.metrics.events_applied == 2 * 9
@@ -202,10 +223,7 @@ def test_poison_event_stops_the_projection_until_an_operator_decides(app: Commit
                          idempotency_key="2")
     with projector(app, "payment_states") as running:
         running.wait_until_at(poison_at - 1)
-        deadline = time.monotonic() + 10
-        while running.follower.metrics.poisoned_at is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.5)
+        wait_for(lambda: running.follower.metrics.poisoned_at is not None, "the projector to meet the poison")
         assert running.follower.metrics.position == poison_at - 1, "it must stop just before the poison event"
         _, statuses = follower_statuses(app.recorder)
         (status,) = [s for s in statuses if s.name == "payment_states"]
@@ -215,7 +233,7 @@ def test_poison_event_stops_the_projection_until_an_operator_decides(app: Commit
         assert ReadModels(app.datastore).payment_state(after.aggregate_id) is None
 
         retry(app.datastore, "payment_states")  # same code, same event: it stops again
-        time.sleep(1.5)
+        wait_for(lambda: own_status(app, "payment_states") == ("failed", poison_at), "the retried event to fail again")
         assert running.follower.metrics.position == poison_at - 1
         with pytest.raises(InterventionRefused):
             skip(app.datastore, "payment_states", poison_at + 1, "wrong position")
@@ -254,7 +272,7 @@ def test_readers_never_see_a_partial_view_during_rebuild(app: Commitline, pg_dsn
     reader.start()
     try:
         rebuild(PROJECTIONS["task_statuses"](), app.recorder, app.conninfo, batch_size=1)
-        time.sleep(0.2)
+        wait_for(lambda: seen[new_total] > 0, "a reader to see the rebuilt view")
     finally:
         stop.set()
         reader.join(10)

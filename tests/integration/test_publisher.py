@@ -213,25 +213,17 @@ def test_failover_between_three_instances_never_interleaves(pg_dsn: str, schema:
         procs = {p.pid: p for p in (publisher_process(pg_dsn, schema, kafka_bootstrap) for _ in range(3))}
         try:
             first = wait_for_owner(pg_dsn, schema, procs, None)
-            time.sleep(1.5)
+            wait_for_progress(pg_dsn, schema, beyond=published_position(pg_dsn, schema) + 100)
             procs[first].send_signal(signal.SIGKILL)
             procs[first].wait(10)
             killed_at = time.monotonic()
             second = wait_for_owner(pg_dsn, schema, procs, first)
             takeover = time.monotonic() - killed_at
-            time.sleep(1.5)
+            wait_for_progress(pg_dsn, schema, beyond=published_position(pg_dsn, schema) + 100)
         finally:
             stop.set()
             writer.join(30)
-        head = app.recorder.max_notification_id()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with psycopg.connect(pg_dsn) as conn:
-                position = conn.execute(
-                    f"SELECT position FROM {schema}.follower_positions WHERE name = 'kafka-publisher'").fetchone()[0]
-            if position >= head:
-                break
-            time.sleep(0.2)
+        wait_for_progress(pg_dsn, schema, beyond=app.recorder.max_notification_id() - 1)
         for proc in procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -250,6 +242,20 @@ def test_failover_between_three_instances_never_interleaves(pg_dsn: str, schema:
             blocks = [p for i, p in enumerate(sequence) if i == 0 or p != sequence[i - 1]]
             assert len(blocks) == len(set(blocks)), f"{topic}[{partition}] interleaves publishers: {blocks}"
         assert takeover < 5, f"takeover took {takeover:.1f} s"
+
+
+def published_position(pg_dsn: str, schema: str) -> int:
+    with psycopg.connect(pg_dsn) as conn:
+        return conn.execute(
+            f"SELECT position FROM {schema}.follower_positions WHERE name = 'kafka-publisher'").fetchone()[0]
+
+
+def wait_for_progress(pg_dsn: str, schema: str, beyond: int, timeout: float = 60) -> None:
+    """Wait until the saved publisher position passes ``beyond``."""
+    deadline = time.monotonic() + timeout
+    while published_position(pg_dsn, schema) <= beyond:
+        assert time.monotonic() < deadline, f"the publisher did not get past position {beyond}"
+        time.sleep(0.05)
 
 
 def _publisher_sequences(records: list[ConsumedRecord]) -> dict[tuple[str, int], list[str]]:
@@ -283,8 +289,12 @@ def test_a_late_commit_is_published(pg_dsn: str, schema: str, kafka_bootstrap: s
         app.recorder.before_commit = None
         others = [app.dispatch({"type": "receive_stock", "item_id": str(uuid4()), "quantity": 1},
                                idempotency_key=f"later-{i}") for i in range(5)]
-        time.sleep(1.0)  # the later commits are readable; the publisher must not pass the open one
-        assert background.follower.metrics.position <= 1
+        # The publisher has read the later commits and stopped at the open one (id 2), not passed it.
+        deadline = time.monotonic() + 20
+        while 2 not in app.recorder.gaps_seen():
+            assert time.monotonic() < deadline, "the publisher never reached the later commits"
+            time.sleep(0.02)
+        assert background.follower.metrics.position == 1
         release.set()
         late.join(30)
         background.wait_until_at(app.recorder.max_notification_id())
