@@ -168,40 +168,27 @@ def start_fulfilment(saga: OrderFulfilment, cmd: c.StartFulfilment, load: Loader
     return OrderFulfilment.start(cmd.order_id)
 
 
-@handles(c.RecordFulfilmentStep, OrderFulfilment, Stream.EXISTING, _saga)
-def record_fulfilment_step(saga: OrderFulfilment, cmd: c.RecordFulfilmentStep, _: Loader) -> Aggregate:
-    saga.step_completed(cmd.step, cmd.detail)
-    return saga
+# The process manager's records of its own progress: each calls one method of the saga aggregate.
+SAGA_RECORDS: dict[type[c.SagaCommand], Callable[[OrderFulfilment, Any], None]] = {
+    c.RecordFulfilmentStep: lambda saga, cmd: saga.step_completed(cmd.step, cmd.detail),
+    c.RecordFulfilmentFailure: lambda saga, cmd: saga.step_failed(cmd.step, cmd.reason),
+    c.RecordCompensation: lambda saga, cmd: saga.compensated_step(cmd.step, cmd.detail),
+    c.RecordFulfilmentCancelled: lambda saga, cmd: saga.cancelled(cmd.reason),
+    c.MarkFulfilmentStuck: lambda saga, cmd: saga.stuck_at(cmd.step, cmd.reason, cmd.attempts),
+    c.RetryFulfilment: lambda saga, cmd: saga.retry(),
+}
 
 
-@handles(c.RecordFulfilmentFailure, OrderFulfilment, Stream.EXISTING, _saga)
-def record_fulfilment_failure(saga: OrderFulfilment, cmd: c.RecordFulfilmentFailure, _: Loader) -> Aggregate:
-    saga.step_failed(cmd.step, cmd.reason)
-    return saga
+def _recording(record: Callable[[OrderFulfilment, Any], None]) -> Callable[[Any, Any, Loader], Aggregate]:
+    def run(saga: OrderFulfilment, cmd: Any, _: Loader) -> Aggregate:
+        record(saga, cmd)
+        return saga
+
+    return run
 
 
-@handles(c.RecordCompensation, OrderFulfilment, Stream.EXISTING, _saga)
-def record_compensation(saga: OrderFulfilment, cmd: c.RecordCompensation, _: Loader) -> Aggregate:
-    saga.compensated_step(cmd.step, cmd.detail)
-    return saga
-
-
-@handles(c.RecordFulfilmentCancelled, OrderFulfilment, Stream.EXISTING, _saga)
-def record_fulfilment_cancelled(saga: OrderFulfilment, cmd: c.RecordFulfilmentCancelled, _: Loader) -> Aggregate:
-    saga.cancelled(cmd.reason)
-    return saga
-
-
-@handles(c.MarkFulfilmentStuck, OrderFulfilment, Stream.EXISTING, _saga)
-def mark_fulfilment_stuck(saga: OrderFulfilment, cmd: c.MarkFulfilmentStuck, _: Loader) -> Aggregate:
-    saga.stuck_at(cmd.step, cmd.reason, cmd.attempts)
-    return saga
-
-
-@handles(c.RetryFulfilment, OrderFulfilment, Stream.EXISTING, _saga)
-def retry_fulfilment(saga: OrderFulfilment, cmd: c.RetryFulfilment, _: Loader) -> Aggregate:
-    saga.retry()
-    return saga
+for _command, _record in SAGA_RECORDS.items():
+    handles(_command, OrderFulfilment, Stream.EXISTING, _saga)(_recording(_record))
 
 
 missing = (set(c.COMMAND_TYPES.values()) | set(c.SAGA_COMMANDS)) - set(HANDLERS)
