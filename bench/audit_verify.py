@@ -19,7 +19,7 @@ from bench.harness import BenchContext, commitline_app, fresh_schema
 from bench.projection_rebuild import prefill
 from commitline.application.audit import Auditor
 from commitline.domain import AGGREGATE_TYPES
-from commitline.infrastructure.audit_source import PostgresAuditSource
+from commitline.infrastructure.store.audit_source import PostgresAuditSource
 
 
 def audit_verify(ctx: BenchContext) -> Iterator[str]:

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import sql
 
-from commitline.infrastructure.bootstrap import Commitline, bootstrap
+from commitline.bootstrap import Commitline, bootstrap
 from commitline.infrastructure.config import Settings
 
 T = TypeVar("T")
@@ -55,7 +55,7 @@ def open_database() -> Iterator[tuple[str, str]]:
     if configured:
         yield configured, f"{DSN_VARIABLE} ({_server_facts(configured)})"
         return
-    from commitline.infrastructure.embedded_postgres import EmbeddedPostgres
+    from commitline.infrastructure.embedded.postgres import EmbeddedPostgres
 
     folder = Path(tempfile.mkdtemp(prefix="commitline-bench-"))
     server = EmbeddedPostgres(folder / "data", database="commitline_bench")

@@ -86,8 +86,8 @@ from commitline.domain.inventory import (
 )
 from commitline.domain.payment import PaymentCreated, PaymentState, PaymentTransaction
 from commitline.domain.survey import SurveyAssignment, SurveyTask, SurveyTaskAnswered, SurveyTaskIssued, assignment_id
-from commitline.infrastructure.codec import decode_event, encode_event
-from commitline.infrastructure.recorder import EventRecorder
+from commitline.infrastructure.store.codec import decode_event, encode_event
+from commitline.infrastructure.store.recorder import EventRecorder
 from commitline.projections import PROJECTIONS
 from commitline.projections.rebuild import rebuild
 

@@ -75,15 +75,15 @@ from bench.harness import BenchContext, commitline_app, fresh_schema, run_togeth
 from commitline.domain import AGGREGATES
 from commitline.domain.aggregate import utcnow
 from commitline.domain.inventory import StockReceived
-from commitline.infrastructure.bootstrap import Commitline
-from commitline.infrastructure.codec import encode_event
+from commitline.bootstrap import Commitline
+from commitline.infrastructure.store.codec import encode_event
 from commitline.infrastructure.config import Settings, load_settings
-from commitline.infrastructure.envelope import KafkaRecord, to_record, topic_for
-from commitline.infrastructure.follower_thread import FollowerThread
-from commitline.infrastructure.kafka_producer import ensure_topics, new_producer
-from commitline.infrastructure.lease import POSITIONS_TABLE
-from commitline.infrastructure.publisher import PUBLISHER, KafkaPublisher
-from commitline.infrastructure.recorder import EventRecorder
+from commitline.infrastructure.kafka.envelope import KafkaRecord, to_record, topic_for
+from commitline.infrastructure.followers.thread import FollowerThread
+from commitline.infrastructure.kafka.producer import ensure_topics, new_producer
+from commitline.infrastructure.followers.lease import POSITIONS_TABLE
+from commitline.infrastructure.kafka.publisher import PUBLISHER, KafkaPublisher
+from commitline.infrastructure.store.recorder import EventRecorder
 
 AGGREGATE_COUNT = 1_000
 APPEND_CHUNK = 1_000  # stored events per recorder.append (one transaction)

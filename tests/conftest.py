@@ -11,7 +11,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from commitline.infrastructure.bootstrap import Commitline, bootstrap
+from commitline.bootstrap import Commitline, bootstrap
 from tests.support import settings_for
 
 
@@ -25,7 +25,7 @@ def pg_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             pytest.fail(f"COMMITLINE_TEST_DSN is set but PostgreSQL cannot be reached: {type(e).__name__}", False)
         yield configured
         return
-    from commitline.infrastructure.embedded_postgres import EmbeddedPostgres
+    from commitline.infrastructure.embedded.postgres import EmbeddedPostgres
 
     server = EmbeddedPostgres(Path(tmp_path_factory.mktemp("pg")) / "data", database="commitline_test")
     try:
@@ -57,7 +57,7 @@ def kafka_bootstrap() -> Iterator[str]:
     if configured:
         yield configured
         return
-    from commitline.infrastructure.embedded_kafka import EmbeddedKafka
+    from commitline.infrastructure.embedded.kafka import EmbeddedKafka
 
     broker = EmbeddedKafka()
     try:

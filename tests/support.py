@@ -5,8 +5,8 @@ from __future__ import annotations
 import psycopg
 
 from commitline.infrastructure.config import Settings
-from commitline.infrastructure.follower_thread import FollowerThread
-from commitline.infrastructure.kafka_reader import ConsumedRecord, read_topics
+from commitline.infrastructure.followers.thread import FollowerThread
+from commitline.infrastructure.kafka.reader import ConsumedRecord, read_topics
 
 __all__ = ["ConsumedRecord", "FollowerThread", "count_rows", "kafka_settings", "read_topics", "settings_for"]
 

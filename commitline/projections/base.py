@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from commitline.domain import Event
-from commitline.infrastructure.codec import RecordedEvent
+from commitline.infrastructure.store.codec import RecordedEvent
 
 Key = tuple[Any, ...]
 

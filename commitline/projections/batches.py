@@ -19,8 +19,8 @@ from psycopg.sql import SQL, Identifier
 from psycopg.types.json import Jsonb
 
 from commitline.domain import EVENT_TYPES
-from commitline.infrastructure.codec import RecordedEvent, decode_event
-from commitline.infrastructure.lease import POSITIONS_TABLE
+from commitline.infrastructure.store.codec import RecordedEvent, decode_event
+from commitline.infrastructure.followers.lease import POSITIONS_TABLE
 from commitline.projections.base import Changes, Projection
 from commitline.projections.storage import load_rows, write_changes
 

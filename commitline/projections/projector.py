@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Identifier
 
-from commitline.infrastructure.follower import LeasedFollower
-from commitline.infrastructure.lease import POSITIONS_TABLE, Lease, instance_id
-from commitline.infrastructure.recorder import EventRecorder
-from commitline.infrastructure.wakeup import LogWakeup, wait_or_stop
+from commitline.infrastructure.followers.engine import LeasedFollower
+from commitline.infrastructure.followers.lease import POSITIONS_TABLE, Lease, instance_id
+from commitline.infrastructure.store.recorder import EventRecorder
+from commitline.infrastructure.followers.wakeup import LogWakeup, wait_or_stop
 from commitline.projections.base import Projection
 from commitline.projections.batches import apply_batch
 from commitline.projections.storage import create_tables

@@ -16,7 +16,7 @@ from commitline.domain.order import (
 )
 from commitline.domain.payment import PaymentCompleted, PaymentCreated, PaymentFailed, PaymentState, PaymentSubmitted
 from commitline.domain.survey import AssignmentStatus, SurveyTaskAnswered, SurveyTaskCreated, SurveyTaskIssued
-from commitline.infrastructure.codec import RecordedEvent
+from commitline.infrastructure.store.codec import RecordedEvent
 from commitline.projections.base import Changes, Key, Projection, Table, on
 
 PENDING, DONE = AssignmentStatus.PENDING.value, AssignmentStatus.DONE.value

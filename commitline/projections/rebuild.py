@@ -20,8 +20,8 @@ import psycopg
 from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Identifier
 
-from commitline.infrastructure.lease import POSITIONS_TABLE, Lease, instance_id
-from commitline.infrastructure.recorder import EventRecorder
+from commitline.infrastructure.followers.lease import POSITIONS_TABLE, Lease, instance_id
+from commitline.infrastructure.store.recorder import EventRecorder
 from commitline.projections.base import Projection
 from commitline.projections.batches import BatchOutcome, apply_batch
 from commitline.projections.storage import REBUILD_SUFFIX, create_tables, drop_tables, swap_in

@@ -19,8 +19,8 @@ from commitline.domain import AGGREGATE_TYPES
 from commitline.domain.inventory import InventoryItem
 from commitline.domain.payment import PaymentTransaction
 from commitline.domain.survey import SurveyAssignment, SurveyTask
-from commitline.infrastructure.audit_source import PostgresAuditSource
-from commitline.infrastructure.bootstrap import Commitline, bootstrap
+from commitline.infrastructure.store.audit_source import PostgresAuditSource
+from commitline.bootstrap import Commitline, bootstrap
 from tests.support import settings_for
 
 
@@ -168,7 +168,7 @@ def test_every_tampering_is_detected_and_named(app: Commitline, pg_dsn: str, sch
 
 def cli(args: list[str], pg_dsn: str, schema: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn, "COMMITLINE_SCHEMA": schema}
-    return subprocess.run([sys.executable, "-m", "commitline.infrastructure.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "commitline.cli", *args], capture_output=True,
                           text=True, env=env, timeout=120)
 
 

@@ -14,7 +14,7 @@ from tests.support import count_rows
 
 def commitline(args: list[str], pg_dsn: str, schema: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn, "COMMITLINE_SCHEMA": schema}
-    return subprocess.run([sys.executable, "-m", "commitline.infrastructure.cli", *args], input=stdin,
+    return subprocess.run([sys.executable, "-m", "commitline.cli", *args], input=stdin,
                           capture_output=True, text=True, env=env, timeout=120)
 
 
@@ -70,12 +70,12 @@ def test_json_lines_on_stdin(pg_dsn: str, schema: str) -> None:
 def test_bad_configuration_exits_3_without_echoing_secrets(pg_dsn: str, schema: str) -> None:
     env = {**os.environ, "COMMITLINE_DATABASE_URL": "postgresql://u:s3cret@127.0.0.1:1/db",
            "COMMITLINE_SCHEMA": schema}
-    out = subprocess.run([sys.executable, "-m", "commitline.infrastructure.cli", "dispatch", "-k", "k", "{}"],
+    out = subprocess.run([sys.executable, "-m", "commitline.cli", "dispatch", "-k", "k", "{}"],
                          capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 3
     assert "s3cret" not in out.stderr and "store_unavailable" in out.stderr
     env["COMMITLINE_SNAPSHOT_INTERVAL"] = "-4"
-    out = subprocess.run([sys.executable, "-m", "commitline.infrastructure.cli", "dispatch", "-k", "k", "{}"],
+    out = subprocess.run([sys.executable, "-m", "commitline.cli", "dispatch", "-k", "k", "{}"],
                          capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 3 and "COMMITLINE_SNAPSHOT_INTERVAL" in out.stderr
 
@@ -89,7 +89,7 @@ def test_status_shows_followers_with_lag(pg_dsn: str, schema: str, kafka_bootstr
     env = {**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn, "COMMITLINE_SCHEMA": schema,
            "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap, "COMMITLINE_KAFKA_IDEMPOTENCE": "false",
            "COMMITLINE_KAFKA_TOPIC_PREFIX": f"{schema}."}
-    drained = subprocess.run([sys.executable, "-m", "commitline.infrastructure.cli", "publish", "--drain"], env=env,
+    drained = subprocess.run([sys.executable, "-m", "commitline.cli", "publish", "--drain"], env=env,
                              capture_output=True, text=True, timeout=120)
     assert drained.returncode == 0, drained.stderr[-2000:]
     commitline(["dispatch", "-k", "s9", '{"type": "receive_stock", "item_id": "%s", "quantity": 1}' % uuid4()],

@@ -19,10 +19,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from commitline.infrastructure.embedded_errors import EmbeddedServiceError
-from commitline.infrastructure.embedded_kafka import EmbeddedKafka
-from commitline.infrastructure.embedded_postgres import EmbeddedPostgres
-from commitline.infrastructure.loopback import free_port
+from commitline.infrastructure.embedded.errors import EmbeddedServiceError
+from commitline.infrastructure.embedded.kafka import EmbeddedKafka
+from commitline.infrastructure.embedded.postgres import EmbeddedPostgres
+from commitline.infrastructure.embedded.loopback import free_port
 
 pytestmark = pytest.mark.integration
 

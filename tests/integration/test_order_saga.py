@@ -17,9 +17,9 @@ from commitline.application.fulfilment import FulfilmentSaga
 from commitline.domain.inventory import InventoryItem
 from commitline.domain.order import Order, OrderFulfilment, fulfilment_id, payment_id_for
 from commitline.domain.payment import PaymentTransaction
-from commitline.infrastructure.bootstrap import Commitline
-from commitline.infrastructure.fulfilment_runner import FulfilmentRunner
-from commitline.infrastructure.simulated_gateway import SimulatedGateway
+from commitline.bootstrap import Commitline
+from commitline.infrastructure.sagas.runner import FulfilmentRunner
+from commitline.infrastructure.sagas.simulated_gateway import SimulatedGateway
 from commitline.projections import PROJECTIONS, ReadModels
 from commitline.projections.projector import Projector
 from tests.integration.test_concurrency import run_at_once
@@ -102,9 +102,9 @@ def test_the_saga_records_every_step(app: Commitline) -> None:
 KILL_SCRIPT = textwrap.dedent("""
     import asyncio, os, signal, sys
     from commitline.application.fulfilment import FulfilmentSaga
-    from commitline.infrastructure.bootstrap import bootstrap
-    from commitline.infrastructure.fulfilment_runner import FulfilmentRunner
-    from commitline.infrastructure.simulated_gateway import SimulatedGateway
+    from commitline.bootstrap import bootstrap
+    from commitline.infrastructure.sagas.runner import FulfilmentRunner
+    from commitline.infrastructure.sagas.simulated_gateway import SimulatedGateway
     from tests.support import settings_for
 
     dsn, schema, boundary = sys.argv[1:4]
@@ -175,13 +175,13 @@ def test_a_compensation_that_keeps_failing_is_surfaced_as_stuck(app: Commitline,
     stuck = ReadModels(app.datastore).fulfilments(stuck_only=True)
     assert [(r.order_id, r.state) for r in stuck] == [(order, "STUCK")]
     env = {**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn, "COMMITLINE_SCHEMA": schema}
-    listed = subprocess.run([sys.executable, "-m", "commitline.infrastructure.cli", "sagas", "list", "--stuck"],
+    listed = subprocess.run([sys.executable, "-m", "commitline.cli", "sagas", "list", "--stuck"],
                             env=env, capture_output=True, text=True, timeout=60)
     assert listed.returncode == 0 and str(order) in listed.stdout and "STUCK" in listed.stdout
-    status = subprocess.run([sys.executable, "-m", "commitline.infrastructure.cli", "status", "--json"],
+    status = subprocess.run([sys.executable, "-m", "commitline.cli", "status", "--json"],
                             env=env, capture_output=True, text=True, timeout=60)
     assert str(order) in status.stdout
-    shown = subprocess.run([sys.executable, "-m", "commitline.infrastructure.cli", "sagas", "show", str(order)],
+    shown = subprocess.run([sys.executable, "-m", "commitline.cli", "sagas", "show", str(order)],
                            env=env, capture_output=True, text=True, timeout=60)
     assert "FulfilmentStuck" in shown.stdout and "FulfilmentStepFailed" in shown.stdout
     # Nothing was lost: the reservation is still held and the authorization still open until a person acts.

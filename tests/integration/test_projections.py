@@ -20,11 +20,11 @@ import pytest
 
 from commitline.domain.payment import PaymentSubmitted
 from commitline.domain.survey import SurveyTask
-from commitline.infrastructure.bootstrap import Commitline, bootstrap
-from commitline.infrastructure.codec import encode_event
-from commitline.infrastructure.status import follower_statuses
+from commitline.bootstrap import Commitline, bootstrap
+from commitline.infrastructure.store.codec import encode_event
+from commitline.infrastructure.followers.status import follower_statuses
 from commitline.projections import PROJECTIONS, ReadModels
-from commitline.projections.interventions import InterventionRefused, retry, skip
+from commitline.infrastructure.followers.interventions import InterventionRefused, retry, skip
 from commitline.projections.projector import Projector
 from commitline.projections.rebuild import rebuild
 from tests.integration.test_concurrency import run_at_once
@@ -181,7 +181,7 @@ def test_projector_killed_mid_batch_never_double_counts(app: Commitline, pg_dsn:
            "COMMITLINE_PROJECT_BATCH_SIZE": "40"}
     kills = 0
     for delay in (0.6, 0.9, 1.2, 0.7, 1.0):
-        proc = subprocess.Popen([sys.executable, "-m", "commitline.infrastructure.cli", "project", "task_statuses"],
+        proc = subprocess.Popen([sys.executable, "-m", "commitline.cli", "project", "task_statuses"],
                                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         time.sleep(delay)
         assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
@@ -304,7 +304,7 @@ def test_rebuild_and_list_commands(app: Commitline, pg_dsn: str, schema: str) ->
     mixed_workload(app, "cli")
     env = {**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn, "COMMITLINE_SCHEMA": schema,
            "COMMITLINE_PROJECT_BATCH_SIZE": "20"}
-    cli = [sys.executable, "-m", "commitline.infrastructure.cli"]
+    cli = [sys.executable, "-m", "commitline.cli"]
     rebuilt = subprocess.run([*cli, "projections", "rebuild", "payment_states"], env=env, capture_output=True,
                              text=True, timeout=120)
     assert rebuilt.returncode == 0, rebuilt.stderr

@@ -16,9 +16,9 @@ from uuid import uuid4
 import psycopg
 import pytest
 
-from commitline.infrastructure.bootstrap import Commitline, bootstrap
-from commitline.infrastructure.embedded_kafka import EmbeddedKafka
-from commitline.infrastructure.publisher import KafkaPublisher
+from commitline.bootstrap import Commitline, bootstrap
+from commitline.infrastructure.embedded.kafka import EmbeddedKafka
+from commitline.infrastructure.kafka.publisher import KafkaPublisher
 from tests.integration.test_concurrency import run_at_once
 from tests.support import ConsumedRecord, FollowerThread, kafka_settings, read_topics
 
@@ -97,7 +97,7 @@ def publisher_process(pg_dsn: str, schema: str, bootstrap_servers: str, *extra: 
            "KAFKA_BOOTSTRAP_SERVERS": bootstrap_servers, "COMMITLINE_KAFKA_IDEMPOTENCE": "false",
            "COMMITLINE_KAFKA_TOPIC_PREFIX": f"{schema}.", "COMMITLINE_KAFKA_PARTITIONS": "4",
            "COMMITLINE_PUBLISH_BATCH_SIZE": "50", "COMMITLINE_PUBLISH_POLL_INTERVAL_MS": "200"}
-    return subprocess.Popen([sys.executable, "-m", "commitline.infrastructure.cli", "publish", *extra], env=env,
+    return subprocess.Popen([sys.executable, "-m", "commitline.cli", "publish", *extra], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
@@ -150,7 +150,7 @@ def test_publisher_killed_repeatedly_loses_and_reorders_nothing(
 
 
 def test_broker_outage_delays_but_loses_nothing(pg_dsn: str, schema: str, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="commitline.infrastructure.publisher")
+    caplog.set_level(logging.INFO, logger="commitline.infrastructure.kafka.publisher")
     broker = EmbeddedKafka()
     broker.start()
     settings = kafka_settings(pg_dsn, schema, broker.bootstrap_servers, publish_max_backoff_ms=1000)
@@ -179,7 +179,7 @@ def test_broker_outage_delays_but_loses_nothing(pg_dsn: str, schema: str, caplog
             before_ids = {r.envelope["event_id"] for r in before}
             assert before_ids == {e for e in expected if e in before_ids} and len(before_ids) == 200
             check_stream(before + after, expected)
-        messages = [r.getMessage() for r in caplog.records if r.name == "commitline.infrastructure.publisher"]
+        messages = [r.getMessage() for r in caplog.records if r.name == "commitline.infrastructure.kafka.publisher"]
         assert sum("kafka unavailable" in m for m in messages) == 1, "an outage is logged once, not per retry"
         assert sum("kafka available again" in m for m in messages) == 1
     finally:

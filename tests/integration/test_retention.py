@@ -11,8 +11,8 @@ import psycopg
 import pytest
 
 from commitline.application.errors import AggregateAlreadyExists
-from commitline.infrastructure.bootstrap import Commitline
-from commitline.infrastructure.retention import expire_idempotency_records
+from commitline.bootstrap import Commitline
+from commitline.infrastructure.store.retention import expire_idempotency_records
 from tests.support import count_rows
 
 PAYMENT = {"type": "create_payment", "amount": "1.00", "currency": "EUR", "account": "a"}
@@ -39,7 +39,7 @@ def test_expire_removes_only_old_records(app: Commitline, pg_dsn: str, schema: s
 def test_expire_command(app: Commitline, pg_dsn: str, schema: str) -> None:
     app.dispatch(PAYMENT, idempotency_key="k")
     env = {**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn, "COMMITLINE_SCHEMA": schema}
-    run = [sys.executable, "-m", "commitline.infrastructure.cli", "idempotency", "expire"]
+    run = [sys.executable, "-m", "commitline.cli", "idempotency", "expire"]
     out = subprocess.run([*run, "--older-than-days", "30"], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "deleted 0 idempotency records" in out.stdout
     bad = subprocess.run([*run, "--older-than-days", "0"], env=env, capture_output=True, text=True, timeout=60)

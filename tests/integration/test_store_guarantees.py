@@ -14,9 +14,9 @@ import pytest
 
 from commitline.application.errors import ConcurrencyConflict
 from commitline.domain.inventory import InventoryItem
-from commitline.infrastructure.bootstrap import Commitline, bootstrap
-from commitline.infrastructure.codec import encode_event
-from commitline.infrastructure.recorder import EventRecorder
+from commitline.bootstrap import Commitline, bootstrap
+from commitline.infrastructure.store.codec import encode_event
+from commitline.infrastructure.store.recorder import EventRecorder
 from tests.integration.test_concurrency import new_payment
 from tests.support import count_rows, settings_for
 
@@ -47,7 +47,7 @@ def test_process_killed_before_commit_leaves_nothing(app: Commitline, pg_dsn: st
     before = count_rows(pg_dsn, schema)
     script = textwrap.dedent(f"""
         import os, signal
-        from commitline.infrastructure.bootstrap import bootstrap
+        from commitline.bootstrap import bootstrap
         from tests.support import settings_for
         app = bootstrap(settings_for({pg_dsn!r}, {schema!r}))
         app.recorder.before_commit = lambda: os.kill(os.getpid(), signal.SIGKILL)

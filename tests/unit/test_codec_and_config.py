@@ -12,7 +12,7 @@ import pytest
 from commitline.application.errors import ConfigurationError
 from commitline.application.retry import RetryPolicy
 from commitline.domain.payment import PaymentCreated
-from commitline.infrastructure.codec import decode_event, encode_event
+from commitline.infrastructure.store.codec import decode_event, encode_event
 from commitline.infrastructure.config import VARIABLES, load_settings
 
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from commitline.domain.errors import DomainError
 from commitline.domain.inventory import InventoryItem, ReservationState
 from commitline.domain.payment import PAYMENT_TRANSITIONS, PaymentTransaction
-from commitline.infrastructure.codec import decode_event, decode_snapshot, encode_event, encode_snapshot
+from commitline.infrastructure.store.codec import decode_event, decode_snapshot, encode_event, encode_snapshot
 
 
 def roundtrip(events):  # through the exact bytes the store keeps

@@ -14,7 +14,7 @@ from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Identifier
 from psycopg.types.json import Jsonb
 
-from commitline.infrastructure.lease import INTERVENTIONS_TABLE, POSITIONS_TABLE
+from commitline.infrastructure.followers.lease import INTERVENTIONS_TABLE, POSITIONS_TABLE
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 from commitline.application.errors import CommitlineError
-from commitline.infrastructure.cli.common import (
+from commitline.cli.common import (
     EXIT_OK,
     EXIT_REFUSED,
     EXIT_USAGE,
@@ -24,7 +24,7 @@ from commitline.infrastructure.cli.common import (
 def auditor_for(app):  # type: ignore[no-untyped-def]
     from commitline.application.audit import Auditor
     from commitline.domain import AGGREGATE_TYPES
-    from commitline.infrastructure.audit_source import PostgresAuditSource
+    from commitline.infrastructure.store.audit_source import PostgresAuditSource
 
     return Auditor(PostgresAuditSource(app.recorder), AGGREGATE_TYPES)
 
@@ -38,7 +38,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
     from rich.table import Table
 
-    from commitline.infrastructure.bootstrap import bootstrap
+    from commitline.bootstrap import bootstrap
 
     with bootstrap() as app:
         auditor = auditor_for(app)
@@ -75,7 +75,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def _verify(auditor, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
-    from commitline.infrastructure.progress import progress_reporter
+    from commitline.cli.progress import progress_reporter
 
     if args.aggregate is None and not args.all:
         print("audit verify: name --aggregate ID or --all", file=sys.stderr)

@@ -74,8 +74,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from .embedded_errors import EmbeddedServiceError
-from .loopback import free_port
+from commitline.infrastructure.embedded.errors import EmbeddedServiceError
+from commitline.infrastructure.embedded.loopback import free_port
 
 __all__ = ["EmbeddedKafka", "tansu_binary"]
 

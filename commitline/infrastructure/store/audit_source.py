@@ -10,8 +10,8 @@ from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Identifier
 
 from commitline.application.audit import ChainRecord, StoredHistoryEvent
-from commitline.infrastructure.codec import decode_event
-from commitline.infrastructure.recorder import EVENTS_TABLE, IDEMPOTENCY_TABLE, EventRecorder
+from commitline.infrastructure.store.codec import decode_event
+from commitline.infrastructure.store.recorder import EVENTS_TABLE, IDEMPOTENCY_TABLE, EventRecorder
 
 PAGE = 10_000
 

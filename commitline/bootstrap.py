@@ -13,11 +13,11 @@ from commitline.application.errors import StoreUnavailable
 from commitline.application.processor import CommandProcessor
 from commitline.application.retry import RetryPolicy
 from commitline.infrastructure.config import Settings, load_settings
-from commitline.infrastructure.embedded_kafka import EmbeddedKafka
-from commitline.infrastructure.embedded_postgres import EmbeddedPostgres
-from commitline.infrastructure.event_store import PostgresEventStore
-from commitline.infrastructure.lease import create_follower_tables
-from commitline.infrastructure.recorder import EventRecorder
+from commitline.infrastructure.embedded.kafka import EmbeddedKafka
+from commitline.infrastructure.embedded.postgres import EmbeddedPostgres
+from commitline.infrastructure.store.event_store import PostgresEventStore
+from commitline.infrastructure.followers.lease import create_follower_tables
+from commitline.infrastructure.store.recorder import EventRecorder
 
 log = logging.getLogger(__name__)
 

@@ -8,12 +8,12 @@ import logging
 import signal
 import sys
 
-from commitline.infrastructure.cli.common import EXIT_OK, EXIT_REFUSED, console, print_json
+from commitline.cli.common import EXIT_OK, EXIT_REFUSED, console, print_json
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from commitline.infrastructure.bootstrap import bootstrap
-    from commitline.infrastructure.publisher import KafkaPublisher
+    from commitline.bootstrap import bootstrap
+    from commitline.infrastructure.kafka.publisher import KafkaPublisher
 
     async def publish() -> None:
         with bootstrap() as app:
@@ -42,8 +42,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from commitline.infrastructure.bootstrap import bootstrap
-    from commitline.infrastructure.status import follower_statuses, status_table, stuck_fulfilments
+    from commitline.bootstrap import bootstrap
+    from commitline.infrastructure.followers.status import follower_statuses, status_table
 
     with bootstrap() as app:
         head, statuses = follower_statuses(app.recorder)
@@ -75,7 +75,7 @@ def _projection_names(names: list[str]) -> list[str]:
 
 
 def cmd_project(args: argparse.Namespace) -> int:
-    from commitline.infrastructure.bootstrap import bootstrap
+    from commitline.bootstrap import bootstrap
     from commitline.projections import PROJECTIONS
     from commitline.projections.projector import Projector
 
@@ -98,8 +98,8 @@ def cmd_project(args: argparse.Namespace) -> int:
 def cmd_projections_list(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from commitline.infrastructure.bootstrap import bootstrap
-    from commitline.infrastructure.status import follower_statuses
+    from commitline.bootstrap import bootstrap
+    from commitline.infrastructure.followers.status import follower_statuses
     from commitline.projections import PROJECTIONS
 
     with bootstrap() as app:
@@ -131,8 +131,8 @@ def cmd_projections_list(args: argparse.Namespace) -> int:
 
 
 def cmd_projections_rebuild(args: argparse.Namespace) -> int:
-    from commitline.infrastructure.bootstrap import bootstrap
-    from commitline.infrastructure.progress import progress_reporter
+    from commitline.bootstrap import bootstrap
+    from commitline.cli.progress import progress_reporter
     from commitline.projections import PROJECTIONS
     from commitline.projections.rebuild import RebuildError, rebuild
 
@@ -156,8 +156,8 @@ def cmd_projections_rebuild(args: argparse.Namespace) -> int:
 
 
 def cmd_projections_intervene(args: argparse.Namespace) -> int:
-    from commitline.infrastructure.bootstrap import bootstrap
-    from commitline.projections.interventions import InterventionRefused, retry, skip
+    from commitline.bootstrap import bootstrap
+    from commitline.infrastructure.followers.interventions import InterventionRefused, retry, skip
 
     (name,) = _projection_names([args.name])
     with bootstrap() as app:
@@ -214,3 +214,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     pretry = psub.add_parser("retry", help="let a projection stopped at a poison event try it again")
     pretry.add_argument("name", metavar="NAME")
     pretry.set_defaults(run=cmd_projections_intervene, action="retry")
+
+
+def stuck_fulfilments(datastore: Any) -> list[Any]:
+    """Order fulfilments waiting for a person (empty when the read model was never built)."""
+    from commitline.projections.queries import ReadModels
+    from psycopg.rows import tuple_row
+
+    with datastore.get_connection() as conn:
+        exists = conn.cursor(row_factory=tuple_row).execute(
+            "SELECT to_regclass(%s) IS NOT NULL", (f'"{datastore.schema}"."rm_order_fulfilments"',)).fetchone()[0]
+    return ReadModels(datastore).fulfilments(stuck_only=True) if exists else []

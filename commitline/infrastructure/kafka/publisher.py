@@ -27,12 +27,12 @@ from aiokafka.errors import KafkaError
 
 from commitline.domain import AGGREGATES
 from commitline.infrastructure.config import Settings
-from commitline.infrastructure.envelope import KafkaRecord, to_record, topic_for
-from commitline.infrastructure.follower import LeasedFollower
-from commitline.infrastructure.kafka_producer import ensure_topics, new_producer, send_in_order
-from commitline.infrastructure.lease import Lease, instance_id
-from commitline.infrastructure.recorder import EventRecorder
-from commitline.infrastructure.wakeup import LogWakeup, wait_or_stop
+from commitline.infrastructure.kafka.envelope import KafkaRecord, to_record, topic_for
+from commitline.infrastructure.followers.engine import LeasedFollower
+from commitline.infrastructure.kafka.producer import ensure_topics, new_producer, send_in_order
+from commitline.infrastructure.followers.lease import Lease, instance_id
+from commitline.infrastructure.store.recorder import EventRecorder
+from commitline.infrastructure.followers.wakeup import LogWakeup, wait_or_stop
 
 log = logging.getLogger(__name__)
 PUBLISHER = "kafka-publisher"

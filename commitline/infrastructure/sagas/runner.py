@@ -18,11 +18,11 @@ from uuid import UUID
 
 from commitline.application.fulfilment import FulfilmentSaga
 from commitline.domain.order import FulfilmentRetried, OrderPlaced
-from commitline.infrastructure.codec import decode_event
-from commitline.infrastructure.follower import LeasedFollower
-from commitline.infrastructure.lease import Lease, instance_id
-from commitline.infrastructure.recorder import EventRecorder
-from commitline.infrastructure.wakeup import LogWakeup, wait_or_stop
+from commitline.infrastructure.store.codec import decode_event
+from commitline.infrastructure.followers.engine import LeasedFollower
+from commitline.infrastructure.followers.lease import Lease, instance_id
+from commitline.infrastructure.store.recorder import EventRecorder
+from commitline.infrastructure.followers.wakeup import LogWakeup, wait_or_stop
 
 log = logging.getLogger(__name__)
 RUNNER = "order-fulfilment"

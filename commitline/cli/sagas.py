@@ -10,8 +10,8 @@ import sys
 from uuid import uuid4
 
 from commitline.application.errors import CommitlineError
-from commitline.infrastructure.cli.audit import auditor_for
-from commitline.infrastructure.cli.common import (
+from commitline.cli.audit import auditor_for
+from commitline.cli.common import (
     EXIT_OK,
     EXIT_REFUSED,
     EXIT_USAGE,
@@ -22,7 +22,7 @@ from commitline.infrastructure.cli.common import (
 
 
 def cmd_sagas(args: argparse.Namespace) -> int:
-    from commitline.infrastructure.bootstrap import bootstrap
+    from commitline.bootstrap import bootstrap
 
     if args.sagas_command == "run":
         return _run_sagas()
@@ -69,9 +69,9 @@ def cmd_sagas(args: argparse.Namespace) -> int:
 
 def _run_sagas() -> int:
     from commitline.application.fulfilment import FulfilmentSaga
-    from commitline.infrastructure.bootstrap import bootstrap
-    from commitline.infrastructure.fulfilment_runner import FulfilmentRunner
-    from commitline.infrastructure.simulated_gateway import SimulatedGateway
+    from commitline.bootstrap import bootstrap
+    from commitline.infrastructure.sagas.runner import FulfilmentRunner
+    from commitline.infrastructure.sagas.simulated_gateway import SimulatedGateway
     from commitline.projections import PROJECTIONS
     from commitline.projections.projector import Projector
 

@@ -21,15 +21,15 @@ from commitline.domain import AGGREGATE_TYPES
 from commitline.domain.inventory import InventoryItem
 from commitline.domain.order import Order, OrderFulfilment, fulfilment_id, payment_id_for
 from commitline.domain.payment import PaymentTransaction
-from commitline.infrastructure.audit_source import PostgresAuditSource
-from commitline.infrastructure.bootstrap import Commitline, bootstrap
+from commitline.infrastructure.store.audit_source import PostgresAuditSource
+from commitline.bootstrap import Commitline, bootstrap
 from commitline.infrastructure.config import Settings
-from commitline.infrastructure.follower_thread import FollowerThread
-from commitline.infrastructure.fulfilment_runner import FulfilmentRunner
-from commitline.infrastructure.kafka_reader import read_topics
-from commitline.infrastructure.publisher import KafkaPublisher
-from commitline.infrastructure.simulated_gateway import SimulatedGateway
-from commitline.infrastructure.status import follower_statuses, status_table
+from commitline.infrastructure.followers.thread import FollowerThread
+from commitline.infrastructure.sagas.runner import FulfilmentRunner
+from commitline.infrastructure.kafka.reader import read_topics
+from commitline.infrastructure.kafka.publisher import KafkaPublisher
+from commitline.infrastructure.sagas.simulated_gateway import SimulatedGateway
+from commitline.infrastructure.followers.status import follower_statuses, status_table
 from commitline.projections import PROJECTIONS, ReadModels
 from commitline.projections.projector import Projector
 

@@ -11,7 +11,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from commitline.domain import AGGREGATES
-from commitline.infrastructure.envelope import topic_for
+from commitline.infrastructure.kafka.envelope import topic_for
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from typing import Any, TextIO
 import orjson
 
 from commitline.application.errors import CommitlineError, InvalidCommand
-from commitline.infrastructure.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, print_error, print_json
+from commitline.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, print_error, print_json
 
 
 def _stdin_requests(key_prefix: str | None, tenant: str, lines: TextIO) -> Iterator[tuple[int, Any, str | None, str]]:
@@ -31,7 +31,7 @@ def _stdin_requests(key_prefix: str | None, tenant: str, lines: TextIO) -> Itera
 
 
 def cmd_dispatch(args: argparse.Namespace) -> int:
-    from commitline.infrastructure.bootstrap import bootstrap
+    from commitline.bootstrap import bootstrap
 
     if args.command is None and sys.stdin.isatty():
         print("dispatch: give a command as JSON, or JSON lines on stdin", file=sys.stderr)
@@ -62,8 +62,8 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
 def cmd_expire(args: argparse.Namespace) -> int:
     from datetime import timedelta
 
-    from commitline.infrastructure.bootstrap import bootstrap
-    from commitline.infrastructure.retention import expire_idempotency_records
+    from commitline.bootstrap import bootstrap
+    from commitline.infrastructure.store.retention import expire_idempotency_records
 
     if args.older_than_days < 1:
         print("idempotency expire: --older-than-days must be at least 1", file=sys.stderr)

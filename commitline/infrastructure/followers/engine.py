@@ -12,8 +12,8 @@ import asyncio
 import gc
 import logging
 
-from commitline.infrastructure.lease import Lease, LeaseLost
-from commitline.infrastructure.wakeup import LogWakeup, wait_or_stop
+from commitline.infrastructure.followers.lease import Lease, LeaseLost
+from commitline.infrastructure.followers.wakeup import LogWakeup, wait_or_stop
 
 log = logging.getLogger(__name__)
 LEASE_POLL_SECONDS = 0.5

@@ -21,7 +21,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.partitioner import murmur2
 
 from commitline.infrastructure.config import Settings
-from commitline.infrastructure.envelope import KafkaRecord
+from commitline.infrastructure.kafka.envelope import KafkaRecord
 
 BATCH_BYTES = 512 * 1024
 TOPIC_ALREADY_EXISTS = 36

@@ -11,12 +11,12 @@ import logging
 import sys
 
 from commitline.application.errors import ConfigurationError, StoreUnavailable
-from commitline.infrastructure.cli import audit, dispatch, followers, sagas
-from commitline.infrastructure.cli.common import EXIT_UNAVAILABLE, print_error
+from commitline.cli import audit, dispatch, followers, sagas
+from commitline.cli.common import EXIT_UNAVAILABLE, print_error
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from commitline.demo import run_demo
+    from commitline.cli.demo import run_demo
 
     return run_demo()
 

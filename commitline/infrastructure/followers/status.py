@@ -11,8 +11,8 @@ from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Identifier
 from rich.table import Table
 
-from commitline.infrastructure.lease import read_followers
-from commitline.infrastructure.recorder import EVENTS_TABLE, EventRecorder
+from commitline.infrastructure.followers.lease import read_followers
+from commitline.infrastructure.store.recorder import EVENTS_TABLE, EventRecorder
 
 
 @dataclass(frozen=True)
@@ -63,12 +63,3 @@ def status_table(head: int, statuses: list[FollowerStatus]) -> Table:
                       s.updated_at.strftime("%Y-%m-%d %H:%M:%S"), error)
     return table
 
-
-def stuck_fulfilments(datastore: Any) -> list[Any]:
-    """Order fulfilments waiting for a person (empty when the read model was never built)."""
-    from commitline.projections.queries import ReadModels
-
-    with datastore.get_connection() as conn:
-        exists = conn.cursor(row_factory=tuple_row).execute(
-            "SELECT to_regclass(%s) IS NOT NULL", (f'"{datastore.schema}"."rm_order_fulfilments"',)).fetchone()[0]
-    return ReadModels(datastore).fulfilments(stuck_only=True) if exists else []

@@ -84,8 +84,8 @@ import psutil
 import psycopg
 from psycopg import sql
 
-from .embedded_errors import EmbeddedServiceError
-from .loopback import free_port
+from commitline.infrastructure.embedded.errors import EmbeddedServiceError
+from commitline.infrastructure.embedded.loopback import free_port
 
 with warnings.catch_warnings():
     # Importing the wheel builds a platformdirs runtime path at class-definition

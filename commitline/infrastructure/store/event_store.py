@@ -18,8 +18,8 @@ from commitline.application.chain import chain
 from commitline.application.errors import WrongAggregateType
 from commitline.application.ports import IdempotencyRecord
 from commitline.domain import Aggregate, Event
-from commitline.infrastructure.codec import decode_event, decode_snapshot, encode_event, encode_snapshot
-from commitline.infrastructure.recorder import EventRecorder, Snapshot
+from commitline.infrastructure.store.codec import decode_event, decode_snapshot, encode_event, encode_snapshot
+from commitline.infrastructure.store.recorder import EventRecorder, Snapshot
 
 A = TypeVar("A", bound=Aggregate)
 log = logging.getLogger(__name__)

@@ -1,0 +1,1 @@
+"""Followers of the notification log: leases, positions, the one follower loop, wake-ups, status, interventions."""

@@ -1,0 +1,1 @@
+"""Running the order-fulfilment saga: its follower and the simulated payment gateway."""
