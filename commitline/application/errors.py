@@ -1,4 +1,5 @@
-"""Every typed error a caller of commitline can receive, importable from this one module.
+"""Every typed error (a ``CommitlineError``) a caller of commitline can receive, importable from this
+one module: domain refusals, command, configuration and store errors, and audit-query errors.
 
 Each carries ``code`` (stable, machine-readable), ``details()`` (fields) and ``to_dict()``.
 Whenever one of these is raised by ``CommandProcessor.dispatch``, nothing was written.
@@ -7,7 +8,6 @@ Whenever one of these is raised by ``CommandProcessor.dispatch``, nothing was wr
 from __future__ import annotations
 
 from typing import Any
-from uuid import UUID
 
 from commitline.domain.errors import (
     CommitlineError,
@@ -27,85 +27,65 @@ class InvalidCommand(CommitlineError):
     """The command failed validation; ``errors`` lists each field and what was wrong."""
 
     code = "invalid_command"
+    fields = ("command_type", "errors")
+    message = "invalid {subject}: {summary}"
 
-    def __init__(self, command_type: str | None, errors: list[dict[str, Any]]):
-        self.command_type = command_type
-        self.errors = errors
-        summary = "; ".join(f"{'.'.join(map(str, e['loc'])) or '<command>'}: {e['msg']}" for e in errors)
-        super().__init__(f"invalid {command_type or 'command'}: {summary}")
+    @property
+    def subject(self) -> str:
+        return self.command_type or "command"
 
-    def details(self) -> dict[str, Any]:
-        return {"command_type": self.command_type, "errors": self.errors}
+    @property
+    def summary(self) -> str:
+        return "; ".join(f"{'.'.join(map(str, e['loc'])) or '<command>'}: {e['msg']}" for e in self.errors)
 
 
 class UnknownCommandType(CommitlineError):
     code = "unknown_command_type"
+    fields = ("command_type", "known")
+    text_fields = ("command_type",)
+    message = "unknown command type {command_type!r}; known types: {known_types}"
 
-    def __init__(self, command_type: object, known: list[str]):
-        self.command_type = command_type
-        self.known = known
-        super().__init__(f"unknown command type {command_type!r}; known types: {', '.join(known)}")
-
-    def details(self) -> dict[str, Any]:
-        return {"command_type": str(self.command_type), "known": self.known}
+    @property
+    def known_types(self) -> str:
+        return ", ".join(self.known)
 
 
 class MissingIdempotencyKey(CommitlineError):
     code = "missing_idempotency_key"
-
-    def __init__(self, command_type: str, reason: str = "state-changing commands require an idempotency key"):
-        self.command_type = command_type
-        self.reason = reason
-        super().__init__(f"{command_type}: {reason}")
-
-    def details(self) -> dict[str, Any]:
-        return {"command_type": self.command_type, "reason": self.reason}
+    fields = ("command_type", "reason")
+    reason = "state-changing commands require an idempotency key"
+    message = "{command_type}: {reason}"
 
 
 class InvalidTenant(CommitlineError):
     code = "invalid_tenant"
-
-    def __init__(self, tenant: object):
-        self.tenant = tenant
-        super().__init__(f"tenant {tenant!r} must be 1-64 characters of letters, digits, '.', '_' or '-'")
-
-    def details(self) -> dict[str, Any]:
-        return {"tenant": str(self.tenant)}
+    fields = ("tenant",)
+    text_fields = ("tenant",)
+    message = "tenant {tenant!r} must be 1-64 characters of letters, digits, '.', '_' or '-'"
 
 
 class IdempotencyKeyReused(CommitlineError):
     """The key was already used for a different request; the earlier outcome stands."""
 
     code = "idempotency_key_reused"
-
-    def __init__(self, tenant: str, key: str, original_command_type: str):
-        self.tenant = tenant
-        self.key = key
-        self.original_command_type = original_command_type
-        super().__init__(
-            f"idempotency key {key!r} (tenant {tenant!r}) was already used for a different "
-            f"{original_command_type} request"
-        )
-
-    def details(self) -> dict[str, Any]:
-        return {"tenant": self.tenant, "key": self.key, "original_command_type": self.original_command_type}
+    fields = ("tenant", "key", "original_command_type")
+    message = (
+        "idempotency key {key!r} (tenant {tenant!r}) was already used for a different {original_command_type} request"
+    )
 
 
 class ConcurrencyConflict(CommitlineError):
     """The stream moved: ``expected`` is what the command assumed, ``actual`` what is stored."""
 
     code = "concurrency_conflict"
+    fields = ("aggregate_id", "expected", "actual", "attempts")
+    attempts = 1
 
-    def __init__(self, aggregate_id: UUID, expected: int | None, actual: int, attempts: int = 1):
-        self.aggregate_id = aggregate_id
-        self.expected = expected
-        self.actual = actual
-        self.attempts = attempts
-        if expected is None:
-            text = f"stream {aggregate_id} kept moving: gave up after {attempts} attempts (now at version {actual})"
-        else:
-            text = f"stream {aggregate_id} is at version {actual}, the command expected {expected}"
-        super().__init__(text)
+    @property
+    def message(self) -> str:  # type: ignore[override]
+        if self.expected is None:
+            return "stream {aggregate_id} kept moving: gave up after {attempts} attempts (now at version {actual})"
+        return "stream {aggregate_id} is at version {actual}, the command expected {expected}"
 
     def details(self) -> dict[str, Any]:
         return {
@@ -118,69 +98,65 @@ class ConcurrencyConflict(CommitlineError):
 
 class AggregateNotFound(CommitlineError):
     code = "aggregate_not_found"
-
-    def __init__(self, aggregate_type: str, aggregate_id: UUID):
-        self.aggregate_type = aggregate_type
-        self.aggregate_id = aggregate_id
-        super().__init__(f"no {aggregate_type} with id {aggregate_id}")
-
-    def details(self) -> dict[str, Any]:
-        return {"aggregate_type": self.aggregate_type, "aggregate_id": str(self.aggregate_id)}
+    fields = ("aggregate_type", "aggregate_id")
+    text_fields = ("aggregate_id",)
+    message = "no {aggregate_type} with id {aggregate_id}"
 
 
 class AggregateAlreadyExists(CommitlineError):
     code = "aggregate_already_exists"
-
-    def __init__(self, aggregate_type: str, aggregate_id: UUID):
-        self.aggregate_type = aggregate_type
-        self.aggregate_id = aggregate_id
-        super().__init__(f"a {aggregate_type} with id {aggregate_id} already exists")
-
-    def details(self) -> dict[str, Any]:
-        return {"aggregate_type": self.aggregate_type, "aggregate_id": str(self.aggregate_id)}
+    fields = ("aggregate_type", "aggregate_id")
+    text_fields = ("aggregate_id",)
+    message = "a {aggregate_type} with id {aggregate_id} already exists"
 
 
 class WrongAggregateType(CommitlineError):
     code = "wrong_aggregate_type"
-
-    def __init__(self, aggregate_id: UUID, expected: str, actual: str):
-        self.aggregate_id = aggregate_id
-        self.expected = expected
-        self.actual = actual
-        super().__init__(f"{aggregate_id} is a {actual}, not a {expected}")
-
-    def details(self) -> dict[str, Any]:
-        return {"aggregate_id": str(self.aggregate_id), "expected": self.expected, "actual": self.actual}
+    fields = ("aggregate_id", "expected", "actual")
+    text_fields = ("aggregate_id",)
+    message = "{aggregate_id} is a {actual}, not a {expected}"
 
 
 class ConfigurationError(CommitlineError):
     code = "configuration_error"
-
-    def __init__(self, variable: str, reason: str):
-        self.variable = variable
-        self.reason = reason
-        super().__init__(f"{variable}: {reason}")
-
-    def details(self) -> dict[str, Any]:
-        return {"variable": self.variable, "reason": self.reason}
+    fields = ("variable", "reason")
+    message = "{variable}: {reason}"
 
 
 class StoreUnavailable(CommitlineError):
     """The event store could not be reached; the command may be retried with the same key."""
 
     code = "store_unavailable"
+    fields = ("reason",)
+    message = "event store unavailable: {reason}"
 
-    def __init__(self, reason: str):
-        self.reason = reason
-        super().__init__(f"event store unavailable: {reason}")
+
+class AuditQueryError(CommitlineError):
+    """An audit question that cannot be answered as asked (raised by ``application.audit``)."""
+
+    code = "audit_query_error"
+
+    def __init__(self, message: str, **details: Any):
+        self._details = details
+        super().__init__(message)
 
     def details(self) -> dict[str, Any]:
-        return {"reason": self.reason}
+        return {k: str(v) for k, v in self._details.items()}
+
+
+class VersionBeyondHead(AuditQueryError):
+    code = "version_beyond_head"
+
+
+class BeforeCreation(AuditQueryError):
+    code = "before_creation"
 
 
 __all__ = [
     "AggregateAlreadyExists",
     "AggregateNotFound",
+    "AuditQueryError",
+    "BeforeCreation",
     "CommitlineError",
     "ConcurrencyConflict",
     "ConfigurationError",
@@ -199,5 +175,6 @@ __all__ = [
     "UnknownReservation",
     "UserNotIssued",
     "UsersAlreadyIssued",
+    "VersionBeyondHead",
     "WrongAggregateType",
 ]

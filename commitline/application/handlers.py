@@ -16,7 +16,8 @@ from uuid import UUID
 from commitline.application import commands as c
 from commitline.domain import Aggregate
 from commitline.domain.inventory import InventoryItem
-from commitline.domain.order import Order, OrderFulfilment, fulfilment_id
+from commitline.domain.fulfilment import OrderFulfilment, fulfilment_id
+from commitline.domain.order import Order
 from commitline.domain.payment import PaymentTransaction
 from commitline.domain.survey import SurveyAssignment, SurveyTask, assignment_id
 

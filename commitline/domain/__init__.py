@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from commitline.domain.aggregate import Aggregate, Event
+from commitline.domain.fulfilment import OrderFulfilment
 from commitline.domain.inventory import InventoryItem
-from commitline.domain.order import Order, OrderFulfilment
+from commitline.domain.order import Order
 from commitline.domain.payment import PaymentTransaction
 from commitline.domain.survey import SurveyAssignment, SurveyTask
 

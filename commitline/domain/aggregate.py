@@ -1,22 +1,30 @@
 """The aggregate and event base classes: immutable events, state rebuilt by applying them.
 
 An aggregate never performs I/O. Command methods check the rules, then ``_emit`` an
-event; ``apply`` is the only place state changes, so replaying stored events through
-``apply`` rebuilds exactly the state the commands produced.
+event (``_move`` does both for a state change: ``_transition`` checks it against the
+aggregate's ``TRANSITIONS``, then the event is emitted). ``apply`` is the only place state
+changes (each aggregate's ``_evolve`` is one ``match`` over its events), so replaying
+stored events through ``apply`` rebuilds exactly the state the commands produced.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, ClassVar, Self
+from enum import Enum
+from typing import Any, ClassVar, Self, dataclass_transform
 from uuid import UUID, uuid4
 
+from commitline.domain.fsm import TransitionTable
 
+
+@dataclass_transform(kw_only_default=True, frozen_default=True)
 @dataclass(frozen=True, kw_only=True)
 class Event:
-    """Something that happened to one aggregate. Subclasses add the payload fields.
+    """Something that happened to one aggregate. Subclasses add the payload fields and are
+    made frozen, keyword-only dataclasses by this base (no decorator needed).
 
     ``class_version`` and ``upcast_vN_vM`` static methods on a subclass evolve old
     stored payloads to the current shape; history is never rewritten.
@@ -29,6 +37,10 @@ class Event:
 
     class_version: ClassVar[int] = 1
     ENVELOPE: ClassVar[frozenset[str]] = frozenset({"event_id", "aggregate_id", "version", "occurred_at"})
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        dataclass(frozen=True, kw_only=True)(cls)
 
     @classmethod
     def type_name(cls) -> str:
@@ -44,12 +56,20 @@ def utcnow() -> datetime:
 
 @dataclass(kw_only=True)
 class Aggregate:
-    """Base of every aggregate. Fields declared by subclasses are the whole state."""
+    """Base of every aggregate. Fields declared by subclasses are the whole state.
+
+    ``EVENTS`` are the event classes it applies. ``TRANSITIONS`` is its transition table and
+    ``MACHINE`` names the machine it governs: (name in ``fsm_states()``, field holding the
+    state). A field holding a dict holds one machine per entry (each entry has a ``state``),
+    named "<name> <key>".
+    """
 
     id: UUID
     version: int = 0
 
     EVENTS: ClassVar[tuple[type[Event], ...]] = ()
+    TRANSITIONS: ClassVar[TransitionTable[Any] | None] = None
+    MACHINE: ClassVar[tuple[str, str] | None] = None
 
     @classmethod
     def blank(cls, aggregate_id: UUID) -> Self:
@@ -69,17 +89,38 @@ class Aggregate:
 
     def fsm_states(self) -> dict[str, str]:
         """The current state of each finite-state machine in this aggregate, by machine name."""
-        return {}
+        if self.MACHINE is None:
+            return {}
+        name, field = self.MACHINE
+        state = getattr(self, field)
+        if isinstance(state, Mapping):
+            return {f"{name} {key}": entry.state.value for key, entry in state.items()}
+        return {name: state.value} if state is not None else {}
+
+    def _transition(self, target: Enum, key: str | None = None) -> None:
+        """Raise IllegalTransition unless ``TRANSITIONS`` lets the machine move to ``target`` now
+        (from NEW, before its first state, it cannot). ``key`` picks the entry of a per-entry machine."""
+        assert self.TRANSITIONS is not None and self.MACHINE is not None, f"{type(self).__name__} has no machine"
+        current = getattr(self, self.MACHINE[1])
+        self.TRANSITIONS.check(current if key is None else current[key].state, target)
+
+    def _move(self, target: Enum, event_type: type[Event], /, **payload: Any) -> None:
+        """Check the move to ``target`` (``_transition``), then emit the event that makes it."""
+        self._transition(target)
+        self._emit(event_type, **payload)
 
     def apply(self, event: Event) -> None:
         if event.version != self.version + 1:
             raise ValueError(
                 f"{type(self).__name__} {self.id}: event version {event.version} does not follow {self.version}"
             )
+        if type(event) not in self.EVENTS:
+            raise TypeError(f"{type(self).__name__} cannot apply {type(event).__name__}")
         self._evolve(event)
         self.version = event.version
 
     def _evolve(self, event: Event) -> None:
+        """Change the state as ``event`` says: one ``match`` over ``EVENTS``, no rules, no I/O."""
         raise NotImplementedError
 
     def _emit(self, event_type: type[Event], **payload: Any) -> None:

@@ -28,7 +28,11 @@ class TransitionTable(Generic[S]):
     def can(self, current: S, requested: S) -> bool:
         return requested in self.allowed[current]
 
-    def check(self, current: S, requested: S) -> None:
+    def check(self, current: S | None, requested: S) -> None:
+        """Raise IllegalTransition unless ``current`` may move to ``requested``. ``None`` is a
+        machine that has not started (reported as NEW): it allows nothing."""
+        if current is None:
+            raise IllegalTransition(self.aggregate, "NEW", requested.value, ())
         if not self.can(current, requested):
             raise IllegalTransition(
                 self.aggregate,

@@ -22,24 +22,20 @@ R = ReservationState
 RESERVATION_TRANSITIONS = table("Reservation", {R.RESERVED: {R.RELEASED, R.FULFILLED}, R.RELEASED: set(), R.FULFILLED: set()})
 
 
-@dataclass(frozen=True, kw_only=True)
 class StockReceived(Event):
     quantity: int
 
 
-@dataclass(frozen=True, kw_only=True)
 class StockReserved(Event):
     reservation_id: str
     quantity: int
 
 
-@dataclass(frozen=True, kw_only=True)
 class ReservationReleased(Event):
     reservation_id: str
     quantity: int
 
 
-@dataclass(frozen=True, kw_only=True)
 class ReservationFulfilled(Event):
     reservation_id: str
     quantity: int
@@ -65,6 +61,7 @@ class InventoryItem(Aggregate):
 
     EVENTS = (StockReceived, StockReserved, ReservationReleased, ReservationFulfilled)
     TRANSITIONS = RESERVATION_TRANSITIONS
+    MACHINE = ("reservation", "reservations")  # one machine per reservation
 
     @property
     def available(self) -> int:
@@ -95,14 +92,11 @@ class InventoryItem(Aggregate):
         reservation = self._reservation_moving_to(reservation_id, R.FULFILLED)
         self._emit(ReservationFulfilled, reservation_id=reservation_id, quantity=reservation.quantity)
 
-    def fsm_states(self) -> dict[str, str]:
-        return {f"reservation {rid}": r.state.value for rid, r in self.reservations.items()}
-
     def _reservation_moving_to(self, reservation_id: str, target: ReservationState) -> Reservation:
         reservation = self.reservations.get(reservation_id)
         if reservation is None:
             raise UnknownReservation(str(self.id), reservation_id)
-        RESERVATION_TRANSITIONS.check(reservation.state, target)
+        self._transition(target, reservation_id)
         return reservation
 
     def _evolve(self, event: Event) -> None:
@@ -119,5 +113,3 @@ class InventoryItem(Aggregate):
                 self.reservations[rid].state = R.FULFILLED
                 self.reserved -= quantity
                 self.on_hand -= quantity
-            case _:
-                raise TypeError(f"InventoryItem cannot apply {type(event).__name__}")

@@ -8,7 +8,7 @@ from enum import Enum
 from uuid import UUID
 
 from commitline.domain.aggregate import Aggregate, Event
-from commitline.domain.errors import IllegalTransition, InvalidValue
+from commitline.domain.errors import InvalidValue
 from commitline.domain.fsm import table
 from commitline.domain.money import check_amount, check_currency
 
@@ -24,26 +24,22 @@ C, P, OK, KO = PaymentState.CREATED, PaymentState.PENDING, PaymentState.COMPLETE
 PAYMENT_TRANSITIONS = table("PaymentTransaction", {C: {P}, P: {OK, KO}, OK: set(), KO: {P}})
 
 
-@dataclass(frozen=True, kw_only=True)
 class PaymentCreated(Event):
     amount: Decimal
     currency: str
     account: str
 
 
-@dataclass(frozen=True, kw_only=True)
 class PaymentSubmitted(Event):
     """Moved to PENDING: first submission, or a retry after a failure."""
 
     attempt: int
 
 
-@dataclass(frozen=True, kw_only=True)
 class PaymentCompleted(Event):
-    pass
+    """The gateway captured the money: a terminal state."""
 
 
-@dataclass(frozen=True, kw_only=True)
 class PaymentFailed(Event):
     reason: str
 
@@ -59,6 +55,7 @@ class PaymentTransaction(Aggregate):
 
     EVENTS = (PaymentCreated, PaymentSubmitted, PaymentCompleted, PaymentFailed)
     TRANSITIONS = PAYMENT_TRANSITIONS
+    MACHINE = ("payment", "state")
 
     @classmethod
     def create(cls, payment_id: UUID, *, amount: Decimal, currency: str, account: str) -> PaymentTransaction:
@@ -70,24 +67,13 @@ class PaymentTransaction(Aggregate):
         return payment
 
     def submit(self) -> None:
-        self._move_to(PaymentState.PENDING)
-        self._emit(PaymentSubmitted, attempt=self.attempts + 1)
+        self._move(PaymentState.PENDING, PaymentSubmitted, attempt=self.attempts + 1)
 
     def complete(self) -> None:
-        self._move_to(PaymentState.COMPLETED)
-        self._emit(PaymentCompleted)
+        self._move(PaymentState.COMPLETED, PaymentCompleted)
 
     def fail(self, reason: str) -> None:
-        self._move_to(PaymentState.FAILED)
-        self._emit(PaymentFailed, reason=reason)
-
-    def fsm_states(self) -> dict[str, str]:
-        return {"payment": self.state.value} if self.state else {}
-
-    def _move_to(self, target: PaymentState) -> None:
-        if self.state is None:
-            raise IllegalTransition("PaymentTransaction", "NEW", target.value, ())
-        PAYMENT_TRANSITIONS.check(self.state, target)
+        self._move(PaymentState.FAILED, PaymentFailed, reason=reason)
 
     def _evolve(self, event: Event) -> None:
         match event:
@@ -99,5 +85,3 @@ class PaymentTransaction(Aggregate):
                 self.state = OK
             case PaymentFailed(reason=reason):
                 self.state, self.failure_reason = KO, reason
-            case _:
-                raise TypeError(f"PaymentTransaction cannot apply {type(event).__name__}")

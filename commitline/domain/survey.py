@@ -38,23 +38,19 @@ ASSIGNMENT_TRANSITIONS = table(
 )
 
 
-@dataclass(frozen=True, kw_only=True)
 class SurveyTaskCreated(Event):
     title: str
 
 
-@dataclass(frozen=True, kw_only=True)
 class SurveyTaskIssued(Event):
     round: int
     user_ids: tuple[str, ...]
 
 
-@dataclass(frozen=True, kw_only=True)
 class SurveyTaskClosed(Event):
     pass
 
 
-@dataclass(frozen=True, kw_only=True)
 class SurveyTaskAnswered(Event):
     task_id: UUID
     user_id: str
@@ -73,6 +69,7 @@ class SurveyTask(Aggregate):
 
     EVENTS = (SurveyTaskCreated, SurveyTaskIssued, SurveyTaskClosed)
     TRANSITIONS = TASK_TRANSITIONS
+    MACHINE = ("task", "state")
 
     @classmethod
     def create(cls, task_id: UUID, title: str) -> SurveyTask:
@@ -97,13 +94,8 @@ class SurveyTask(Aggregate):
             raise UsersAlreadyIssued(str(self.id), already)
         self._emit(SurveyTaskIssued, round=self.rounds + 1, user_ids=tuple(user_ids))
 
-    def fsm_states(self) -> dict[str, str]:
-        return {"task": self.state.value} if self.state else {}
-
     def close(self) -> None:
-        assert self.state is not None
-        TASK_TRANSITIONS.check(self.state, TaskState.CLOSED)
-        self._emit(SurveyTaskClosed)
+        self._move(TaskState.CLOSED, SurveyTaskClosed)
 
     def _evolve(self, event: Event) -> None:
         match event:
@@ -113,8 +105,6 @@ class SurveyTask(Aggregate):
                 self.rounds, self.issued = round_, self.issued | frozenset(user_ids)
             case SurveyTaskClosed():
                 self.state = TaskState.CLOSED
-            case _:
-                raise TypeError(f"SurveyTask cannot apply {type(event).__name__}")
 
 
 @dataclass(kw_only=True)
@@ -127,9 +117,7 @@ class SurveyAssignment(Aggregate):
 
     EVENTS = (SurveyTaskAnswered,)
     TRANSITIONS = ASSIGNMENT_TRANSITIONS
-
-    def fsm_states(self) -> dict[str, str]:
-        return {"answer": self.status.value}
+    MACHINE = ("answer", "status")
 
     def answer(self, task: SurveyTask, user_id: str) -> None:
         if self.id != assignment_id(task.id, user_id):
@@ -138,12 +126,9 @@ class SurveyAssignment(Aggregate):
             raise TaskClosed(str(task.id), "answer")
         if user_id not in task.issued:
             raise UserNotIssued(str(task.id), user_id)
-        ASSIGNMENT_TRANSITIONS.check(self.status, AssignmentStatus.DONE)
-        self._emit(SurveyTaskAnswered, task_id=task.id, user_id=user_id)
+        self._move(AssignmentStatus.DONE, SurveyTaskAnswered, task_id=task.id, user_id=user_id)
 
     def _evolve(self, event: Event) -> None:
         match event:
             case SurveyTaskAnswered(task_id=task_id, user_id=user_id):
                 self.status, self.task_id, self.user_id = AssignmentStatus.DONE, task_id, user_id
-            case _:
-                raise TypeError(f"SurveyAssignment cannot apply {type(event).__name__}")

@@ -1,0 +1,91 @@
+"""Given/when/then for aggregates, pure (no I/O):
+
+    given(PaymentTransaction, CREATED).when(lambda p: p.submit()).then(event(PaymentSubmitted, attempt=1))
+    given(PaymentTransaction, CREATED).when(lambda p: p.complete()).then_raises(IllegalTransition, current="CREATED")
+
+``given`` replays past events (written as ``event(Type, **payload)``, without ids or times)
+into the aggregate; ``when`` runs a command on it (a command that creates an aggregate,
+such as ``PaymentTransaction.create``, returns it and is followed instead); ``then`` compares
+the emitted events by type and payload, and ``then_raises`` checks the refusal's fields and
+that the aggregate did not change. Both return what they checked for further assertions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+from uuid import UUID, uuid4
+
+import pytest
+
+from commitline.domain.aggregate import Aggregate, Event, utcnow
+from commitline.domain.errors import CommitlineError
+
+A = TypeVar("A", bound=Aggregate)
+E = TypeVar("E", bound=CommitlineError)
+
+
+@dataclass(frozen=True)
+class Fact:
+    """An event as a specification states it: its type and payload, no envelope."""
+
+    type: type[Event]
+    payload: dict[str, Any]
+
+    def __repr__(self) -> str:
+        return f"{self.type.__name__}({', '.join(f'{k}={v!r}' for k, v in self.payload.items())})"
+
+
+def event(event_type: type[Event], **payload: Any) -> Fact:
+    return Fact(event_type, payload)
+
+
+def recorded(aggregate_id: UUID, facts: tuple[Fact, ...], after: int = 0) -> list[Event]:
+    """The facts as the events a store would hold: this aggregate's id, versions after ``after``."""
+    return [
+        f.type(event_id=uuid4(), aggregate_id=aggregate_id, version=after + n, occurred_at=utcnow(), **f.payload)
+        for n, f in enumerate(facts, start=1)
+    ]
+
+
+class given(Generic[A]):  # noqa: N801 (a spec reads as a sentence)
+    def __init__(self, cls: type[A], *facts: Fact, id: UUID | None = None) -> None:  # noqa: A002
+        self.cls, self.facts, self.id = cls, facts, id or uuid4()
+
+    def aggregate(self) -> A:
+        """The aggregate rebuilt from the given events, as a repository would load it."""
+        return self.cls.replay(self.id, recorded(self.id, self.facts))
+
+    def when(self, command: Callable[[A], object]) -> When[A]:
+        return When(self, command)
+
+
+@dataclass(frozen=True)
+class When(Generic[A]):
+    given: given[A]
+    command: Callable[[A], object]
+
+    def then(self, *expected: Fact) -> Any:  # the aggregate after the command
+        """Run the command; it must emit exactly ``expected``. Returns the aggregate after it."""
+        aggregate = self.given.aggregate()
+        try:
+            returned = self.command(aggregate)
+        except CommitlineError as e:
+            pytest.fail(f"expected {list(expected)}, but the command was refused: {e!r}")
+        subject = returned if isinstance(returned, Aggregate) else aggregate
+        emitted = subject.collect_events()
+        assert [Fact(type(e), e.payload()) for e in emitted] == list(expected)
+        history = recorded(subject.id, self.given.facts) if subject is aggregate else []
+        assert type(subject).replay(subject.id, history + emitted) == subject, "replaying must rebuild the same state"
+        return subject
+
+    def then_raises(self, error_type: type[E], **fields: Any) -> E:
+        """Run the command; it must raise ``error_type`` with these field values and change nothing."""
+        aggregate = self.given.aggregate()
+        with pytest.raises(error_type) as caught:
+            self.command(aggregate)
+        assert {name: getattr(caught.value, name) for name in fields} == fields
+        assert aggregate == self.given.aggregate(), "a refused command must not change the aggregate"
+        assert aggregate.collect_events() == [], "a refused command must not emit events"
+        return caught.value

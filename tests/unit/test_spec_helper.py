@@ -1,0 +1,45 @@
+"""The given/when/then helper fails when the command does something other than specified."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from commitline.domain.errors import IllegalTransition
+from commitline.domain.payment import PaymentCompleted, PaymentCreated, PaymentSubmitted, PaymentTransaction
+from tests.unit.spec import event, given
+
+CREATED = given(PaymentTransaction, event(PaymentCreated, amount=Decimal("10.00"), currency="EUR", account="a"))
+
+
+def submit_and_complete(p: PaymentTransaction) -> None:
+    p.submit()
+    p.complete()
+
+
+def touch_then_refuse(p: PaymentTransaction) -> None:
+    p.attempts = 5
+    p.complete()
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        lambda: CREATED.when(lambda p: p.submit()).then(event(PaymentSubmitted, attempt=2)),  # other payload
+        lambda: CREATED.when(lambda p: p.submit()).then(event(PaymentCompleted)),  # other type
+        lambda: CREATED.when(submit_and_complete).then(event(PaymentSubmitted, attempt=1)),  # an extra event
+        lambda: CREATED.when(lambda p: p.complete()).then(event(PaymentCompleted)),  # refused instead
+        lambda: CREATED.when(lambda p: p.submit()).then_raises(IllegalTransition),  # not refused
+        lambda: CREATED.when(lambda p: p.complete()).then_raises(IllegalTransition, current="PENDING"),  # other field
+        lambda: CREATED.when(touch_then_refuse).then_raises(IllegalTransition),  # refused, but changed state
+    ],
+)
+def test_a_spec_that_does_not_hold_fails(spec) -> None:
+    with pytest.raises((AssertionError, pytest.fail.Exception)):
+        spec()
+
+
+def test_given_events_are_replayed_in_order_with_versions() -> None:
+    payment = CREATED.when(lambda p: p.submit()).then(event(PaymentSubmitted, attempt=1))
+    assert (payment.id, payment.version) == (CREATED.id, 2)
