@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import sql
 
-from commitline.bootstrap import Commitline, bootstrap
+from commitline.composition import Commitline, bootstrap
 from commitline.infrastructure.config import Settings
 
 T = TypeVar("T")

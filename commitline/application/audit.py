@@ -18,27 +18,8 @@ from pydantic import TypeAdapter
 from pydantic_core import to_jsonable_python
 
 from commitline.application.chain import GENESIS, content, link
-from commitline.application.errors import AggregateNotFound, CommitlineError
+from commitline.application.errors import AggregateNotFound, AuditQueryError, BeforeCreation, VersionBeyondHead
 from commitline.domain import Aggregate, Event
-
-
-class AuditQueryError(CommitlineError):
-    code = "audit_query_error"
-
-    def __init__(self, message: str, **details: Any):
-        self._details = details
-        super().__init__(message)
-
-    def details(self) -> dict[str, Any]:
-        return {k: str(v) for k, v in self._details.items()}
-
-
-class VersionBeyondHead(AuditQueryError):
-    code = "version_beyond_head"
-
-
-class BeforeCreation(AuditQueryError):
-    code = "before_creation"
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,8 @@ UserId = Annotated[str, Field(min_length=1, max_length=128)]
 
 
 class Command(BaseModel):
-    """Base of every command. ``type`` names it in JSON; ``aggregate`` names what it changes."""
+    """Base of every command. ``type`` names it in JSON; ``creates`` marks commands that start a new
+    stream. The aggregate a command changes is declared by its handler (``application.handlers.HANDLERS``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, str_strip_whitespace=False)
 

@@ -12,16 +12,18 @@ critical alert; nothing is dropped.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from uuid import UUID
+
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from commitline.application import commands as c
 from commitline.application.errors import AggregateNotFound, DomainError, IllegalTransition, UnknownReservation
 from commitline.application.payment_gateway import GatewayDeclined, GatewayUnavailable, PaymentGateway
 from commitline.application.ports import EventStore
 from commitline.application.processor import CommandProcessor
-from commitline.domain.order import Order, OrderFulfilment, OrderState, SagaState, fulfilment_id, payment_id_for
+from commitline.domain.fulfilment import OrderFulfilment, SagaState, fulfilment_id, payment_id_for
+from commitline.domain.order import Order, OrderState
 from commitline.domain.payment import PaymentState, PaymentTransaction
 
 log = logging.getLogger(__name__)
@@ -149,10 +151,7 @@ class FulfilmentSaga:
         return f"order/{order_id}"
 
     def _retrying(self, call: Callable[[], str], retry_on: type[Exception] = GatewayUnavailable) -> str:
-        """``call()``, repeated with back-off while it raises ``retry_on``, at most ``attempts`` times."""
-        for attempt in range(1, self.attempts):
-            try:
-                return call()
-            except retry_on:
-                time.sleep(self.backoff * 2 ** (attempt - 1))
-        return call()
+        """``call()``, repeated while it raises ``retry_on``, at most ``attempts`` times, pausing ``backoff``
+        seconds, doubled per retry; the last error is re-raised."""
+        return Retrying(stop=stop_after_attempt(self.attempts), wait=wait_exponential(multiplier=self.backoff),
+                        retry=retry_if_exception_type(retry_on), reraise=True)(call)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import time
 from collections.abc import Mapping
 from typing import Any
 from uuid import UUID, uuid5
@@ -76,10 +75,7 @@ class CommandProcessor:
         aggregate_id = handler.target(cmd) or uuid5(_DERIVED_ID_NAMESPACE, f"{tenant}\x00{key}")
         expected = cmd.expected_version if isinstance(cmd, VersionedCommand) else None
 
-        delays = self.retry.delays()
-        attempts = 0
-        while True:
-            attempts += 1
+        def attempt() -> DispatchResult:
             try:
                 aggregate = self._load_for(handler, aggregate_id, expected)
                 changed = handler.run(aggregate, cmd, self._load_existing)
@@ -103,11 +99,14 @@ class CommandProcessor:
             except StreamMoved:
                 if expected is not None:
                     raise ConcurrencyConflict(aggregate_id, expected, self.store.stream_version(aggregate_id)) from None
-                delay = next(delays, None)
-                if delay is None:
-                    actual = self.store.stream_version(aggregate_id)
-                    raise ConcurrencyConflict(aggregate_id, None, actual, attempts) from None
-                time.sleep(delay)
+                raise  # re-run by ``retrying`` after a jittered back-off
+
+        retrying = self.retry.retrying(StreamMoved)
+        try:
+            return retrying(attempt)
+        except StreamMoved:  # it moved under every attempt
+            attempts = retrying.statistics["attempt_number"]
+            raise ConcurrencyConflict(aggregate_id, None, self.store.stream_version(aggregate_id), attempts) from None
 
     def _checked_key(self, cmd: Command, key: str | None) -> str:
         if key is None:

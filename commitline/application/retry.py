@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import random
-from collections.abc import Iterator
 from dataclasses import dataclass
+
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,12 @@ class RetryPolicy:
         if not 0 <= self.base_delay <= self.max_delay:
             raise ValueError("need 0 <= base_delay <= max_delay")
 
-    def delays(self) -> Iterator[float]:
-        """The pause before each retry: ``max_attempts - 1`` values, each uniform in [0, cap]."""
-        for attempt in range(self.max_attempts - 1):
-            yield random.uniform(0, min(self.max_delay, self.base_delay * 2**attempt))
+    def retrying(self, retry_on: type[BaseException]) -> Retrying:
+        """At most ``max_attempts`` runs while ``retry_on`` is raised, then that error is re-raised; the
+        pause before retry n (from 1) is uniform in [0, min(max_delay, base_delay * 2**(n-1))]."""
+        return Retrying(
+            stop=stop_after_attempt(self.max_attempts),
+            wait=wait_random_exponential(multiplier=self.base_delay, max=self.max_delay),
+            retry=retry_if_exception_type(retry_on),
+            reraise=True,
+        )

@@ -1,98 +1,107 @@
 """Configuration from environment variables, validated once at start.
 
-Every variable is listed in ``VARIABLES`` (name, default, meaning) and in the README.
-A bad value raises ConfigurationError naming the variable and what is wrong; the
-database URL is a secret and is never echoed in errors, logs or ``repr``.
+Each ``Settings`` field declares its variable (``validation_alias``), default and meaning (the
+docstring under it, pydantic's ``description``) once; ``python -m commitline.infrastructure.config``
+prints the README's table from them. ``Settings(...)`` takes field names and reads nothing else; only
+``load_settings`` reads the environment. A bad value raises ConfigurationError naming the
+variable and what is wrong; secrets are never echoed in errors, logs or ``repr``.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from psycopg.conninfo import conninfo_to_dict
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings.sources.utils import parse_env_vars
 
 from commitline.application.errors import ConfigurationError
 
-
-@dataclass(frozen=True)
-class Variable:
-    name: str
-    field: str
-    default: str
-    meaning: str
-
-
-VARIABLES: tuple[Variable, ...] = (
-    Variable("COMMITLINE_DATABASE_URL", "database_url", "(unset: embedded PostgreSQL)",
-             "PostgreSQL URL, e.g. postgresql://user:password@host:5432/db (secret: never logged)"),
-    Variable("COMMITLINE_DATA_DIR", "data_dir", ".commitline", "folder for the embedded PostgreSQL's data"),
-    Variable("COMMITLINE_SCHEMA", "schema_name", "commitline", "PostgreSQL schema holding commitline's tables"),
-    Variable("COMMITLINE_POOL_SIZE", "pool_size", "10", "connections kept open in the pool"),
-    Variable("COMMITLINE_POOL_MAX_OVERFLOW", "pool_max_overflow", "40", "extra connections opened under load"),
-    Variable("COMMITLINE_SNAPSHOT_INTERVAL", "snapshot_interval", "100",
-             "take a snapshot every N events of a stream (0 disables)"),
-    Variable("COMMITLINE_RETRY_MAX_ATTEMPTS", "retry_max_attempts", "10",
-             "attempts for a command without expected_version when its stream keeps moving"),
-    Variable("COMMITLINE_RETRY_BASE_DELAY_MS", "retry_base_delay_ms", "5", "first back-off cap, doubled per retry"),
-    Variable("COMMITLINE_RETRY_MAX_DELAY_MS", "retry_max_delay_ms", "500", "largest back-off between retries"),
-    Variable("COMMITLINE_LOG_LEVEL", "log_level", "INFO", "DEBUG, INFO, WARNING or ERROR"),
-    Variable("KAFKA_BOOTSTRAP_SERVERS", "kafka_bootstrap_servers", "(unset: embedded Tansu broker)",
-             "Kafka bootstrap servers, host:port[,host:port]"),
-    Variable("COMMITLINE_KAFKA_TOPIC_PREFIX", "kafka_topic_prefix", "commitline.",
-             "topic name = prefix + aggregate type, e.g. commitline.PaymentTransaction"),
-    Variable("COMMITLINE_KAFKA_PARTITIONS", "kafka_partitions", "6", "partitions of topics the publisher creates"),
-    Variable("COMMITLINE_KAFKA_REPLICATION_FACTOR", "kafka_replication_factor", "1",
-             "replication factor of topics the publisher creates"),
-    Variable("COMMITLINE_KAFKA_IDEMPOTENCE", "kafka_idempotence", "true",
-             "idempotent producer (needs a broker that supports InitProducerId; the embedded one does not)"),
-    Variable("COMMITLINE_KAFKA_SECURITY_PROTOCOL", "kafka_security_protocol", "PLAINTEXT",
-             "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL"),
-    Variable("COMMITLINE_KAFKA_SASL_MECHANISM", "kafka_sasl_mechanism", "PLAIN", "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512"),
-    Variable("COMMITLINE_KAFKA_USERNAME", "kafka_username", "(unset)", "SASL user name"),
-    Variable("COMMITLINE_KAFKA_PASSWORD", "kafka_password", "(unset)", "SASL password (secret: never logged)"),
-    Variable("COMMITLINE_PUBLISH_BATCH_SIZE", "publish_batch_size", "2000", "events read from the log per batch"),
-    Variable("COMMITLINE_PUBLISH_POLL_INTERVAL_MS", "publish_poll_interval_ms", "1000",
-             "longest wait for new events when no NOTIFY wake-up arrives"),
-    Variable("COMMITLINE_PUBLISH_MAX_BACKOFF_MS", "publish_max_backoff_ms", "10000",
-             "longest pause between attempts while the broker is failing"),
-    Variable("COMMITLINE_PROJECT_BATCH_SIZE", "project_batch_size", "5000",
-             "events applied per projection transaction (live and rebuild)"),
-    Variable("COMMITLINE_METRICS_INTERVAL_S", "metrics_interval_s", "30", "how often followers log their metrics"),
+# Read by the test suite and the benchmarks, not by commitline: documented beside the settings.
+TOOLING_VARIABLES: tuple[tuple[str, str, str], ...] = (
+    ("COMMITLINE_TEST_DSN", "unset: embedded", "tests only: run the suite against this PostgreSQL instead"),
+    ("COMMITLINE_BENCH_DSN", "unset: embedded", "benchmarks only: measure against this PostgreSQL instead"),
 )
 
 
-class Settings(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+class Settings(BaseSettings):
+    # Code sets fields by name (``pool_size=4``), the environment by variable (``COMMITLINE_POOL_SIZE``).
+    model_config = SettingsConfigDict(
+        frozen=True, extra="forbid", validate_by_name=True, validate_by_alias=True, use_attribute_docstrings=True,
+        case_sensitive=True, env_ignore_empty=True,
+    )
 
-    database_url: SecretStr | None = None
-    data_dir: Path = Path(".commitline")
-    schema_name: str = Field("commitline", pattern=r"^[a-z_][a-z0-9_]{0,40}$")
-    pool_size: int = Field(10, ge=1, le=500)
-    pool_max_overflow: int = Field(40, ge=0, le=1000)
-    snapshot_interval: int = Field(100, ge=0)
-    retry_max_attempts: int = Field(10, ge=1, le=100)
-    retry_base_delay_ms: float = Field(5, ge=0)
-    retry_max_delay_ms: float = Field(500, ge=0)
-    log_level: str = Field("INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
-    kafka_bootstrap_servers: str | None = Field(None, pattern=r"^[^,\s]+:\d+(,[^,\s]+:\d+)*$")
-    kafka_topic_prefix: str = Field("commitline.", pattern=r"^[A-Za-z0-9._-]{0,200}$")
-    kafka_partitions: int = Field(6, ge=1, le=10_000)
-    kafka_replication_factor: int = Field(1, ge=1, le=10)
-    kafka_idempotence: bool = True
-    kafka_security_protocol: str = Field("PLAINTEXT", pattern=r"^(PLAINTEXT|SSL|SASL_PLAINTEXT|SASL_SSL)$")
-    kafka_sasl_mechanism: str = Field("PLAIN", pattern=r"^(PLAIN|SCRAM-SHA-256|SCRAM-SHA-512)$")
-    kafka_username: str | None = None
-    kafka_password: SecretStr | None = None
-    publish_batch_size: int = Field(2000, ge=1, le=100_000)
-    publish_poll_interval_ms: float = Field(1000, gt=0)
-    publish_max_backoff_ms: float = Field(10_000, gt=0)
-    project_batch_size: int = Field(5000, ge=1, le=100_000)
-    metrics_interval_s: float = Field(30, gt=0)
+    database_url: SecretStr | None = Field(None, validation_alias="COMMITLINE_DATABASE_URL",
+                                           json_schema_extra={"unset": "embedded PostgreSQL"})
+    """PostgreSQL URL, e.g. `postgresql://user:password@host:5432/db` (secret: never printed)"""
+    data_dir: Path = Field(Path(".commitline"), validation_alias="COMMITLINE_DATA_DIR")
+    """folder for the embedded PostgreSQL's data"""
+    schema_name: str = Field("commitline", pattern=r"^[a-z_][a-z0-9_]{0,40}$", validation_alias="COMMITLINE_SCHEMA")
+    """schema holding commitline's tables"""
+    pool_size: int = Field(10, ge=1, le=500, validation_alias="COMMITLINE_POOL_SIZE")
+    """connections kept open"""
+    pool_max_overflow: int = Field(40, ge=0, le=1000, validation_alias="COMMITLINE_POOL_MAX_OVERFLOW")
+    """extra connections opened under load"""
+    snapshot_interval: int = Field(100, ge=0, validation_alias="COMMITLINE_SNAPSHOT_INTERVAL")
+    """snapshot every N events of a stream (0 disables)"""
+    retry_max_attempts: int = Field(10, ge=1, le=100, validation_alias="COMMITLINE_RETRY_MAX_ATTEMPTS")
+    """attempts for a command without `expected_version` whose stream keeps moving"""
+    retry_base_delay_ms: float = Field(5, ge=0, validation_alias="COMMITLINE_RETRY_BASE_DELAY_MS")
+    """first back-off cap, doubled per retry (full jitter)"""
+    retry_max_delay_ms: float = Field(500, ge=0, validation_alias="COMMITLINE_RETRY_MAX_DELAY_MS")
+    """largest back-off"""
+    log_level: str = Field("INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$", validation_alias="COMMITLINE_LOG_LEVEL")
+    """`DEBUG`, `INFO`, `WARNING` or `ERROR`"""
+    kafka_bootstrap_servers: str | None = Field(None, pattern=r"^[^,\s]+:\d+(,[^,\s]+:\d+)*$",
+                                                validation_alias="KAFKA_BOOTSTRAP_SERVERS",
+                                                json_schema_extra={"unset": "embedded Tansu broker"})
+    """`host:port[,host:port]` of the Kafka cluster to publish to"""
+    kafka_topic_prefix: str = Field("commitline.", pattern=r"^[A-Za-z0-9._-]{0,200}$",
+                                    validation_alias="COMMITLINE_KAFKA_TOPIC_PREFIX")
+    """topic = prefix + aggregate type, e.g. `commitline.PaymentTransaction`"""
+    kafka_partitions: int = Field(6, ge=1, le=10_000, validation_alias="COMMITLINE_KAFKA_PARTITIONS")
+    """partitions of the topics the publisher creates"""
+    kafka_replication_factor: int = Field(1, ge=1, le=10, validation_alias="COMMITLINE_KAFKA_REPLICATION_FACTOR")
+    """replication factor of the topics the publisher creates"""
+    kafka_idempotence: bool = Field(True, validation_alias="COMMITLINE_KAFKA_IDEMPOTENCE")
+    """idempotent producer; always off against the embedded broker, which cannot do it"""
+    kafka_security_protocol: str = Field("PLAINTEXT", pattern=r"^(PLAINTEXT|SSL|SASL_PLAINTEXT|SASL_SSL)$",
+                                         validation_alias="COMMITLINE_KAFKA_SECURITY_PROTOCOL")
+    """`PLAINTEXT`, `SSL`, `SASL_PLAINTEXT` or `SASL_SSL`"""
+    kafka_sasl_mechanism: str = Field("PLAIN", pattern=r"^(PLAIN|SCRAM-SHA-256|SCRAM-SHA-512)$",
+                                      validation_alias="COMMITLINE_KAFKA_SASL_MECHANISM")
+    """`PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`"""
+    kafka_username: str | None = Field(None, validation_alias="COMMITLINE_KAFKA_USERNAME")
+    """SASL user name"""
+    kafka_password: SecretStr | None = Field(None, validation_alias="COMMITLINE_KAFKA_PASSWORD")
+    """SASL password (secret: never printed)"""
+    publish_batch_size: int = Field(2000, ge=1, le=100_000, validation_alias="COMMITLINE_PUBLISH_BATCH_SIZE")
+    """events read from the log per publish batch"""
+    publish_poll_interval_ms: float = Field(1000, gt=0, validation_alias="COMMITLINE_PUBLISH_POLL_INTERVAL_MS")
+    """longest wait for new events when no NOTIFY wake-up arrives"""
+    publish_max_backoff_ms: float = Field(10_000, gt=0, validation_alias="COMMITLINE_PUBLISH_MAX_BACKOFF_MS")
+    """longest pause between attempts while the broker fails"""
+    project_batch_size: int = Field(5000, ge=1, le=100_000, validation_alias="COMMITLINE_PROJECT_BATCH_SIZE")
+    """events applied per projection transaction (live and rebuild)"""
+    metrics_interval_s: float = Field(30, gt=0, validation_alias="COMMITLINE_METRICS_INTERVAL_S")
+    """how often followers log their metrics"""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Direct construction is exact: a stray variable in the caller's environment never
+        # changes a test's or a bench's settings. ``load_settings`` is the one reader of the environment.
+        return (init_settings,)
 
     @field_validator("database_url")
     @classmethod
@@ -117,17 +126,49 @@ class Settings(BaseModel):
         }
 
 
-_SECRETS = {"database_url", "kafka_password"}
+_VARIABLE_OF: dict[str, str] = {name: str(f.validation_alias) for name, f in Settings.model_fields.items()}
+_SECRETS = {_VARIABLE_OF[name] for name, f in Settings.model_fields.items() if SecretStr in get_args(f.annotation)}
+
+
+class _Environment(EnvSettingsSource):
+    """pydantic-settings' environment source over a given mapping instead of ``os.environ`` (through
+    the hook its dotenv source overrides too), reading only the declared variables: by-name
+    construction would otherwise also admit a variable named ``pool_size``."""
+
+    def __init__(self, environ: Mapping[str, str]):
+        self.environ = environ
+        super().__init__(Settings)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        declared = {k: v for k, v in self.environ.items() if k in _VARIABLE_OF.values()}
+        return parse_env_vars(declared, self.case_sensitive, self.env_ignore_empty, self.env_parse_none_str)
 
 
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
-    env = os.environ if environ is None else environ
-    values = {v.field: env[v.name] for v in VARIABLES if env.get(v.name, "") != ""}
+    """Settings from ``environ`` (default ``os.environ``); an empty value counts as unset."""
+    values = _Environment(os.environ if environ is None else environ)()
     try:
         return Settings(**values)
     except ValidationError as e:
         first = e.errors()[0]
-        field = str(first["loc"][0]) if first["loc"] else ""
-        name = next((v.name for v in VARIABLES if v.field == field), field)
-        shown = "" if field in _SECRETS else f" (got {values.get(field)!r})"
-        raise ConfigurationError(name, f"{first['msg']}{shown}") from None
+        variable = str(first["loc"][0]) if first["loc"] else ""  # values are keyed by variable name
+        shown = "" if variable in _SECRETS else f" (got {values.get(variable)!r})"
+        raise ConfigurationError(variable, f"{first['msg']}{shown}") from None
+
+
+def variables_markdown() -> str:
+    """The README's configuration table, generated from ``Settings``."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for f in Settings.model_fields.values():
+        extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
+        if f.default is None:
+            default = f"unset: {extra['unset']}" if "unset" in extra else "unset"
+        else:
+            default = f"`{str(f.default).lower() if isinstance(f.default, bool) else f.default}`"
+        rows.append(f"| `{f.validation_alias}` | {default} | {f.description} |")
+    rows += [f"| `{name}` | {default} | {meaning} |" for name, default, meaning in TOOLING_VARIABLES]
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(variables_markdown())

@@ -13,7 +13,7 @@ from commitline.application.errors import ConfigurationError
 from commitline.application.retry import RetryPolicy
 from commitline.domain.payment import PaymentCreated
 from commitline.infrastructure.store.codec import decode_event, encode_event
-from commitline.infrastructure.config import VARIABLES, load_settings
+from commitline.infrastructure.config import Settings, load_settings, variables_markdown
 
 
 def test_event_roundtrip_is_exact_and_stored_json_is_plain() -> None:
@@ -57,16 +57,45 @@ def test_secret_never_in_repr() -> None:
     assert settings.connection_parts()["password"] == "hunter2"
 
 
-def test_every_variable_is_documented_in_the_readme() -> None:
+def test_direct_construction_ignores_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COMMITLINE_POOL_SIZE", "3")
+    monkeypatch.setenv("pool_size", "4")
+    assert Settings(schema_name="s1").pool_size == 10
+    assert load_settings().pool_size == 3
+    assert load_settings({"COMMITLINE_POOL_SIZE": "", "pool_size": "4"}).pool_size == 10  # empty = unset
+    settings = load_settings({"COMMITLINE_KAFKA_IDEMPOTENCE": "false", "COMMITLINE_DATA_DIR": "/tmp/x"})
+    assert settings.kafka_idempotence is False and str(settings.data_dir) == "/tmp/x"
+    assert settings.model_copy(update={"pool_size": 7}).pool_size == 7
+    with pytest.raises(ValueError):
+        Settings(pool_size=0)
+    with pytest.raises(ValueError):
+        Settings(not_a_setting=1)
+
+
+def test_readme_configuration_table_is_generated_from_the_settings() -> None:
     from pathlib import Path
 
     readme = (Path(__file__).parents[2] / "README.md").read_text()
-    assert [v.name for v in VARIABLES if v.name not in readme] == []
+    start = readme.index("| variable | default | meaning |")
+    table = readme[start:readme.find("\n\n", start)]
+    assert table == variables_markdown(), "run: python -m commitline.infrastructure.config, paste into README.md"
 
 
 def test_retry_policy_is_bounded_and_jittered() -> None:
-    delays = list(RetryPolicy(max_attempts=6, base_delay=0.01, max_delay=0.05).delays())
-    assert len(delays) == 5
-    assert all(0 <= d <= min(0.05, 0.01 * 2**i) for i, d in enumerate(delays))
+    sleeps: list[float] = []
+    calls: list[int] = []
+
+    def conflict() -> None:
+        calls.append(1)
+        raise KeyError("moved")
+
+    retrying = RetryPolicy(max_attempts=6, base_delay=0.01, max_delay=0.05).retrying(KeyError).copy(sleep=sleeps.append)
+    with pytest.raises(KeyError):
+        retrying(conflict)
+    assert len(calls) == 6 and len(sleeps) == 5
+    assert all(0 <= d <= min(0.05, 0.01 * 2**i) for i, d in enumerate(sleeps))
+    with pytest.raises(ValueError):  # not the error retried: raised at once
+        RetryPolicy().retrying(KeyError).copy(sleep=sleeps.append)(lambda: calls.append(1) or int("x"))
+    assert len(calls) == 7
     with pytest.raises(ValueError):
         RetryPolicy(max_attempts=0)
