@@ -17,8 +17,6 @@ from collections.abc import Iterator
 
 from bench.harness import BenchContext, commitline_app, fresh_schema
 from bench.projection_rebuild import prefill
-from commitline.application.audit import Auditor
-from commitline.domain import AGGREGATE_TYPES
 from commitline.infrastructure.store.audit_source import PostgresAuditSource
 
 
@@ -36,7 +34,7 @@ def audit_verify(ctx: BenchContext) -> Iterator[str]:
             started = time.perf_counter()
             rows = sum(1 for _ in source.chain_records(None))
             read_only = max(read_only, rows / (time.perf_counter() - started))
-            report = Auditor(source, AGGREGATE_TYPES).verify()
+            report = app.auditor().verify()
             verify = max(verify, report.events / report.seconds)
         assert report is not None and report.ok and report.events == rows == total, report
         yield (f"audit verify: {verify:,.0f} events/s ({report.events} events, {report.streams} streams, "

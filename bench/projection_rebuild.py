@@ -31,7 +31,7 @@
     Passes run raw, decoded, raw, decoded (``--quick``: once each; the first also warms the
     cache for everything after it); the best of each is reported.
 
-    Measured: ``rebuild(projection, recorder, conninfo)`` (default batch size 5,000) of each
+    Measured: ``Commitline.rebuild(name)`` (default batch size 5,000) of each
     projection in ``PROJECTIONS``, one after another, each timed around the whole call
     (lease, fresh ``__next`` tables, every batch, swap). events/s = log length / seconds (a
     rebuild reads the whole log; it decodes and applies only the events it handles).
@@ -89,7 +89,6 @@ from commitline.domain.survey import SurveyAssignment, SurveyTask, SurveyTaskAns
 from commitline.infrastructure.store.codec import decode_event, encode_event
 from commitline.infrastructure.store.recorder import EventRecorder
 from commitline.projections import PROJECTIONS
-from commitline.projections.rebuild import rebuild
 
 TENANT = "default"
 CHUNK = 2_000  # stored events per append transaction while pre-filling
@@ -376,9 +375,9 @@ def projection_rebuild(ctx: BenchContext) -> Iterator[str]:
 
             times: dict[str, float] = {}
             applied: dict[str, int] = {}
-            for name, projection_class in PROJECTIONS.items():
+            for name in PROJECTIONS:
                 t0 = time.perf_counter()
-                result = rebuild(projection_class(), app.recorder, app.conninfo)
+                result = app.rebuild(name)
                 times[name] = time.perf_counter() - t0
                 applied[name] = result.events_applied
                 if result.position != head:

@@ -2,7 +2,7 @@
 
 Broker: ``KAFKA_BOOTSTRAP_SERVERS`` if set (idempotence then follows
 ``COMMITLINE_KAFKA_IDEMPOTENCE``, like every other ``COMMITLINE_KAFKA_*`` variable), else the
-embedded Tansu broker that ``Commitline.with_kafka()`` starts (idempotence off: Tansu rejects
+embedded Tansu broker that ``Commitline.start_embedded_kafka_if_unset()`` starts (idempotence off: Tansu rejects
 InitProducerId). Every measured run writes to fresh topics, ``bench<random><letter>.<Aggregate>``
 (one letter per run, so all topic names have the same length), created beforehand with the
 same partition count (``COMMITLINE_KAFKA_PARTITIONS``, default 6). Both sides produce with the
@@ -69,19 +69,18 @@ import psycopg
 from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import murmur2
 from eventsourcing.persistence import StoredEvent
-from psycopg.sql import SQL, Identifier
 
 from bench.harness import BenchContext, commitline_app, fresh_schema, run_together
 from commitline.domain import AGGREGATES
 from commitline.domain.aggregate import utcnow
 from commitline.domain.inventory import StockReceived
-from commitline.bootstrap import Commitline
+from commitline.composition import Commitline
 from commitline.infrastructure.store.codec import encode_event
 from commitline.infrastructure.config import Settings, load_settings
 from commitline.infrastructure.kafka.envelope import KafkaRecord, to_record, topic_for
 from commitline.infrastructure.followers.thread import FollowerThread
 from commitline.infrastructure.kafka.producer import ensure_topics, new_producer
-from commitline.infrastructure.followers.lease import POSITIONS_TABLE
+from commitline.infrastructure.followers.positions import Positions
 from commitline.infrastructure.kafka.publisher import PUBLISHER, KafkaPublisher
 from commitline.infrastructure.store.recorder import EventRecorder
 
@@ -106,7 +105,7 @@ def kafka_app(ctx: BenchContext, schema: str) -> Iterator[tuple[Commitline, Sett
     """(app, settings with a broker and the commitline prefix ``bench<tag>c.``, letter -> ``bench<tag><letter>.``)."""
     tag = uuid.uuid4().hex[:8]
     with commitline_app(ctx.dsn, schema, kafka_topic_prefix=f"bench{tag}c.", **kafka_overrides()) as app:
-        yield app, app.with_kafka(), lambda letter: f"bench{tag}{letter}."
+        yield app, app.start_embedded_kafka_if_unset(), lambda letter: f"bench{tag}{letter}."
 
 
 def retarget(records: Sequence[KafkaRecord], old_prefix: str, new_prefix: str) -> list[KafkaRecord]:
@@ -238,8 +237,7 @@ def read_rows(app: Commitline, settings: Settings) -> tuple[RawRow, ...]:
 def reset_position(app: Commitline) -> None:
     """Publish from position 0 again (the bench schema's own ``follower_positions`` row)."""
     with psycopg.connect(**app.conninfo, autocommit=True) as conn:
-        conn.execute(SQL("UPDATE {} SET position = 0 WHERE name = %s").format(
-            Identifier(app.settings.schema_name, POSITIONS_TABLE)), (PUBLISHER,))
+        Positions(app.settings.schema_name).save(conn, PUBLISHER, 0)
 
 
 def measure_publisher(app: Commitline, settings: Settings) -> tuple[float, int]:
@@ -422,8 +420,7 @@ def commit_to_ack_latency(ctx: BenchContext) -> Iterator[str]:
 
     with fresh_schema(ctx.dsn) as schema, kafka_app(ctx, schema) as (app, settings, prefix):
         run = uuid.uuid4().hex[:8]
-        with FollowerThread(lambda: KafkaPublisher(app.recorder, app.conninfo, settings, owner=OWNER,
-                                                        on_published=on_published)) as background:
+        with FollowerThread(lambda: app.publisher(settings, owner=OWNER, on_published=on_published)) as background:
             items = []
             for i in range(writers):  # warm-up: items created, producer started, topics created
                 result = app.dispatch({"type": "receive_stock", "item_id": str(uuid.uuid4()), "quantity": 1},

@@ -1,25 +1,62 @@
-"""The composition root: settings -> database (configured or embedded) -> store -> processor."""
+"""The composition root: settings -> database (configured or embedded) -> store -> every runnable.
+
+``bootstrap()`` returns a ``Commitline`` that builds, from one configuration, everything a
+program runs: the command processor, the Kafka publisher, the projectors, the fulfilment
+saga and its runner, the auditor, the read models, rebuilds and the status report, and
+``run_until_signalled`` to run followers until SIGINT/SIGTERM. The CLI, the demo, the
+tests and the benchmarks only call it and render what it returns.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import signal
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 from eventsourcing.postgres import PostgresDatastore
 
+from commitline.application.audit import Auditor
 from commitline.application.errors import StoreUnavailable
+from commitline.application.fulfilment import FulfilmentSaga
+from commitline.application.payment_gateway import PaymentGateway
 from commitline.application.processor import CommandProcessor
 from commitline.application.retry import RetryPolicy
+from commitline.domain import AGGREGATE_TYPES
 from commitline.infrastructure.config import Settings, load_settings
 from commitline.infrastructure.embedded.kafka import EmbeddedKafka
 from commitline.infrastructure.embedded.postgres import EmbeddedPostgres
+from commitline.infrastructure.followers.engine import Follower
+from commitline.infrastructure.followers.positions import Positions
+from commitline.infrastructure.followers.status import FollowerStatus, follower_statuses
+from commitline.infrastructure.kafka.publisher import KafkaPublisher
+from commitline.infrastructure.sagas.runner import FulfilmentRunner
+from commitline.infrastructure.sagas.simulated_gateway import SimulatedGateway
+from commitline.infrastructure.store.audit_source import PostgresAuditSource
 from commitline.infrastructure.store.event_store import PostgresEventStore
-from commitline.infrastructure.followers.lease import create_follower_tables
 from commitline.infrastructure.store.recorder import EventRecorder
+from commitline.projections import PROJECTIONS, ReadModels
+from commitline.projections.projector import Projector
+from commitline.projections.queries import FulfilmentRow
+from commitline.projections.rebuild import Progress, RebuildResult, rebuild
+from commitline.projections.storage import table_exists
 
 log = logging.getLogger(__name__)
+
+
+class UnknownProjection(LookupError):
+    def __init__(self, unknown: Iterable[str]):
+        super().__init__(f"unknown projection(s) {', '.join(unknown)}; known: {', '.join(sorted(PROJECTIONS))}")
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    head: int
+    followers: list[FollowerStatus]
+    stuck_fulfilments: list[FulfilmentRow]
 
 
 @dataclass
@@ -36,11 +73,30 @@ class Commitline:
     embedded_kafka: EmbeddedKafka | None = None
     _closed: bool = field(default=False, repr=False)
 
+    # -- commands and queries ----------------------------------------------------------
+
     def dispatch(self, command: Any, *, idempotency_key: str | None, tenant: str = "default"):
         return self.processor.dispatch(command, idempotency_key=idempotency_key, tenant=tenant)
 
-    def with_kafka(self) -> Settings:
-        """Settings with a Kafka to publish to: the configured one, or an embedded Tansu broker."""
+    def auditor(self) -> Auditor:
+        return Auditor(PostgresAuditSource(self.recorder), AGGREGATE_TYPES)
+
+    def read_models(self) -> ReadModels:
+        return ReadModels(self.datastore)
+
+    def status(self) -> StatusReport:
+        head, followers = follower_statuses(self.recorder)
+        return StatusReport(head, followers, self._stuck_fulfilments())
+
+    def _stuck_fulfilments(self) -> list[FulfilmentRow]:
+        with self.datastore.get_connection() as conn:
+            built = table_exists(conn, self.datastore.schema, self.projection("order_fulfilments"))
+        return self.read_models().fulfilments(stuck_only=True) if built else []
+
+    # -- followers ---------------------------------------------------------------------
+
+    def start_embedded_kafka_if_unset(self) -> Settings:
+        """Settings to publish with: the configured Kafka, or else a freshly started embedded Tansu broker."""
         if self.settings.kafka_bootstrap_servers is not None:
             return self.settings
         if self.embedded_kafka is None:
@@ -51,6 +107,55 @@ class Commitline:
         return self.settings.model_copy(
             update={"kafka_bootstrap_servers": self.embedded_kafka.bootstrap_servers, "kafka_idempotence": False}
         )
+
+    def publisher(self, settings: Settings | None = None, **options: Any) -> KafkaPublisher:
+        """The Kafka publisher (``settings`` default: ``start_embedded_kafka_if_unset()``)."""
+        return KafkaPublisher(self.recorder, self.conninfo, settings or self.start_embedded_kafka_if_unset(),
+                              **options)
+
+    def projector(self, name: str, **options: Any) -> Projector:
+        options.setdefault("batch_size", self.settings.project_batch_size)
+        return Projector(self.projection(name), self.recorder, self.conninfo, **options)
+
+    def projectors(self, names: Iterable[str] = (), **options: Any) -> list[Projector]:
+        return [self.projector(name, **options) for name in (list(names) or sorted(PROJECTIONS))]
+
+    @staticmethod
+    def projection(name: str) -> Any:
+        if name not in PROJECTIONS:
+            raise UnknownProjection([name])
+        return PROJECTIONS[name]()
+
+    def rebuild(self, name: str, *, batch_size: int | None = None, progress: Progress | None = None) -> RebuildResult:
+        return rebuild(self.projection(name), self.recorder, self.conninfo,
+                       batch_size=batch_size or self.settings.project_batch_size, progress=progress)
+
+    def gateway(self) -> SimulatedGateway:
+        return SimulatedGateway(self.conninfo, self.settings.schema_name)
+
+    def saga(self, gateway: PaymentGateway | None = None, **options: Any) -> FulfilmentSaga:
+        return FulfilmentSaga(self.processor, self.store, gateway or self.gateway(), **options)
+
+    def fulfilment_runner(self, saga: FulfilmentSaga | None = None, **options: Any) -> FulfilmentRunner:
+        return FulfilmentRunner(saga or self.saga(), self.recorder, self.conninfo, **options)
+
+    def run_until_signalled(self, *followers: Follower, drain: bool = False) -> None:
+        """Run the followers until SIGINT or SIGTERM (or, with ``drain``, until each has caught up)."""
+
+        async def run() -> None:
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+            if drain:
+                pending = set(range(len(followers)))
+                for i, follower in enumerate(followers):
+                    follower.on_caught_up = lambda i=i: (pending.discard(i), pending or stop.set())
+            await asyncio.gather(*(f.run(stop) for f in followers))
+
+        asyncio.run(run())
+
+    # -- lifecycle ---------------------------------------------------------------------
 
     def close(self) -> None:
         if self._closed:
@@ -97,7 +202,7 @@ def bootstrap(settings: Settings | None = None) -> Commitline:
         recorder = EventRecorder(datastore)
         recorder.create_table()
         with datastore.get_connection() as conn:
-            create_follower_tables(conn, settings.schema_name)
+            Positions(settings.schema_name).create_tables(conn)
     except Exception as e:
         if embedded is not None:
             embedded.stop()

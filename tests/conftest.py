@@ -11,7 +11,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from commitline.bootstrap import Commitline, bootstrap
+from commitline.composition import Commitline, bootstrap
 from tests.support import settings_for
 
 

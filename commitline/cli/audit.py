@@ -21,14 +21,6 @@ from commitline.cli.common import (
 )
 
 
-def auditor_for(app):  # type: ignore[no-untyped-def]
-    from commitline.application.audit import Auditor
-    from commitline.domain import AGGREGATE_TYPES
-    from commitline.infrastructure.store.audit_source import PostgresAuditSource
-
-    return Auditor(PostgresAuditSource(app.recorder), AGGREGATE_TYPES)
-
-
 def _json_value(value: Any) -> str:
     return orjson.dumps(value, default=str).decode()
 
@@ -38,10 +30,10 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
     from rich.table import Table
 
-    from commitline.bootstrap import bootstrap
+    from commitline.composition import bootstrap
 
     with bootstrap() as app:
-        auditor = auditor_for(app)
+        auditor = app.auditor()
         try:
             if args.audit_command == "verify":
                 return _verify(auditor, args)

@@ -14,24 +14,18 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from commitline.application.audit import Auditor
 from commitline.application.errors import CommitlineError
-from commitline.application.fulfilment import FulfilmentSaga
-from commitline.domain import AGGREGATE_TYPES
 from commitline.domain.inventory import InventoryItem
-from commitline.domain.order import Order, OrderFulfilment, fulfilment_id, payment_id_for
+from commitline.domain.fulfilment import OrderFulfilment, fulfilment_id, payment_id_for
+from commitline.domain.order import Order
 from commitline.domain.payment import PaymentTransaction
-from commitline.infrastructure.store.audit_source import PostgresAuditSource
-from commitline.bootstrap import Commitline, bootstrap
+from commitline.composition import Commitline, bootstrap
 from commitline.infrastructure.config import Settings
 from commitline.infrastructure.followers.thread import FollowerThread
-from commitline.infrastructure.sagas.runner import FulfilmentRunner
 from commitline.infrastructure.kafka.reader import read_topics
-from commitline.infrastructure.kafka.publisher import KafkaPublisher
-from commitline.infrastructure.sagas.simulated_gateway import SimulatedGateway
-from commitline.infrastructure.followers.status import follower_statuses, status_table
-from commitline.projections import PROJECTIONS, ReadModels
-from commitline.projections.projector import Projector
+from commitline.cli.followers import status_table
+from commitline.application.fulfilment import FulfilmentSaga
+from commitline.projections import PROJECTIONS
 
 console = Console(highlight=False)
 if not console.is_terminal:  # piped or captured: wide enough that tables keep their columns
@@ -176,8 +170,8 @@ def kafka_readback(app: Commitline, settings: Settings, publisher: FollowerThrea
         table.add_row(str(r.partition), str(r.offset), str(r.envelope["version"]), r.envelope["type"],
                       orjson.dumps(r.envelope["payload"]).decode(), r.envelope["event_id"][:8] + "…")
     console.print(table)
-    head_, statuses = follower_statuses(app.recorder)
-    console.print(status_table(head_, statuses))
+    report = app.status()
+    console.print(status_table(report.head, report.followers))
     return [("published to Kafka", f"{published} events by this publisher, {len(records)} records read back, "
                                    f"position {publisher.follower.metrics.position} = log head {head}")]
 
@@ -187,7 +181,7 @@ def read_models(app: Commitline, projectors: list[FollowerThread], task_id: str)
     head = app.recorder.max_notification_id() or 0
     for projector in projectors:
         projector.wait_until_at(head)
-    models = ReadModels(app.datastore)
+    models = app.read_models()
     counts = models.task_counts(UUID(task_id))
     console.print(f"survey task {task_id}: {counts}")
     table = Table(title="payments by state and currency (all demo runs in this store)")
@@ -201,7 +195,7 @@ def read_models(app: Commitline, projectors: list[FollowerThread], task_id: str)
 
 def audit(app: Commitline, payment_id: str) -> None:
     console.rule("[bold]Audit: the payment's history replayed, and the hash chains verified")
-    auditor = Auditor(PostgresAuditSource(app.recorder), AGGREGATE_TYPES)
+    auditor = app.auditor()
     history = auditor.history(UUID(payment_id))
     table = Table(title=f"{history.aggregate_type} {payment_id}")
     for column in ("version", "recorded at", "type", "payload", "transition"):
@@ -219,7 +213,7 @@ def audit(app: Commitline, payment_id: str) -> None:
 
 def orders(app: Commitline, run: str) -> list[tuple[str, str]]:
     console.rule("[bold]Order saga: reserve -> authorize -> confirm + capture, compensated in reverse on failure")
-    gateway = SimulatedGateway(app.conninfo, app.settings.schema_name)
+    gateway = app.gateway()
     item = str(uuid4())
     app.dispatch({"type": "receive_stock", "item_id": item, "quantity": 2}, idempotency_key=f"{run}-saga-stock")
     cases = {"happy": "acct-1", "card declined": "acct-2|authorize-declines",
@@ -227,8 +221,8 @@ def orders(app: Commitline, run: str) -> list[tuple[str, str]]:
              "gateway timeout, then the same key": "acct-4|authorize-times-out-once",
              "out of stock": "acct-5"}
     placed = {}
-    saga = FulfilmentSaga(app.processor, app.store, gateway, backoff=0.01)
-    with FollowerThread(lambda: FulfilmentRunner(saga, app.recorder, app.conninfo, poll_interval=0.1)) as runner:
+    saga = app.saga(gateway, backoff=0.01)
+    with FollowerThread(lambda: app.fulfilment_runner(saga, poll_interval=0.1)) as runner:
         for case, account in cases.items():
             placed[case] = app.dispatch({"type": "place_order", "item_id": item, "quantity": 1, "amount": "30.00",
                                          "currency": "EUR", "account": account},
@@ -248,7 +242,7 @@ def orders(app: Commitline, run: str) -> list[tuple[str, str]]:
                       str(captures), fulfilment.failure or "")
     console.print(table)
     compensated = placed["capture fails at confirmation"]
-    history = Auditor(PostgresAuditSource(app.recorder), AGGREGATE_TYPES).history(fulfilment_id(compensated))
+    history = app.auditor().history(fulfilment_id(compensated))
     console.print(f"commitline sagas show {compensated}:")
     for e in history.entries:
         detail = ", ".join(f"{k}={v}" for k, v in e.payload.items() if k != "order_id")
@@ -265,15 +259,15 @@ def run_demo() -> int:
     console.print(f"[bold]commitline demo[/bold] (run {run})")
     started = time.perf_counter()
     with bootstrap() as app:
-        settings = app.with_kafka()
+        settings = app.start_embedded_kafka_if_unset()
         where = "embedded PostgreSQL " + app.embedded_postgres.dsn if app.embedded_postgres else "configured PostgreSQL"
         broker = "embedded Tansu broker" if app.embedded_kafka else "configured Kafka"
         console.print(f"event store: {where}, schema {app.settings.schema_name}; "
                       f"publishing to {broker} at {settings.kafka_bootstrap_servers}")
-        projectors = [FollowerThread(lambda p=p: Projector(p(), app.recorder, app.conninfo, poll_interval=0.2)).start()
-                      for p in PROJECTIONS.values()]
+        projectors = [FollowerThread(lambda name=name: app.projector(name, poll_interval=0.2)).start()
+                      for name in PROJECTIONS]
         try:
-            with FollowerThread(lambda: KafkaPublisher(app.recorder, app.conninfo, settings)) as publisher:
+            with FollowerThread(lambda: app.publisher(settings)) as publisher:
                 survey_rows, task_id = survey(app, run)
                 payment_rows, payment_ids = payments(app, run)
                 rows = payment_rows + inventory(app, run) + survey_rows + orders(app, run)

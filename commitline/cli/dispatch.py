@@ -31,7 +31,7 @@ def _stdin_requests(key_prefix: str | None, tenant: str, lines: TextIO) -> Itera
 
 
 def cmd_dispatch(args: argparse.Namespace) -> int:
-    from commitline.bootstrap import bootstrap
+    from commitline.composition import bootstrap
 
     if args.command is None and sys.stdin.isatty():
         print("dispatch: give a command as JSON, or JSON lines on stdin", file=sys.stderr)
@@ -62,7 +62,7 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
 def cmd_expire(args: argparse.Namespace) -> int:
     from datetime import timedelta
 
-    from commitline.bootstrap import bootstrap
+    from commitline.composition import bootstrap
     from commitline.infrastructure.store.retention import expire_idempotency_records
 
     if args.older_than_days < 1:

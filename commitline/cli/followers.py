@@ -3,108 +3,78 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
-import signal
 import sys
 
+from rich.table import Table
+
 from commitline.cli.common import EXIT_OK, EXIT_REFUSED, console, print_json
+from commitline.infrastructure.followers.status import FollowerStatus
+
+log = logging.getLogger(__name__)
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from commitline.bootstrap import bootstrap
-    from commitline.infrastructure.kafka.publisher import KafkaPublisher
+    from commitline.composition import bootstrap
 
-    async def publish() -> None:
-        with bootstrap() as app:
-            settings = app.with_kafka()
-            if app.embedded_kafka is not None:
-                logging.getLogger(__name__).warning(
-                    "no KAFKA_BOOTSTRAP_SERVERS: publishing to an embedded in-memory broker at %s (for demos)",
-                    settings.kafka_bootstrap_servers)
-            publisher = KafkaPublisher(app.recorder, app.conninfo, settings)
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, stop.set)
-            if args.drain:
-                publisher.on_caught_up = stop.set
-            await publisher.run(stop)
-            m = publisher.metrics
-            logging.getLogger(__name__).info(
-                "publisher stopped cleanly: %d events in %d batches, position %d", m.events_published, m.batches,
-                m.position)
-
-    asyncio.run(publish())
+    with bootstrap() as app:
+        publisher = app.publisher()
+        if app.embedded_kafka is not None:
+            log.warning("no KAFKA_BOOTSTRAP_SERVERS: publishing to an embedded in-memory broker at %s (for demos)",
+                        app.embedded_kafka.bootstrap_servers)
+        app.run_until_signalled(publisher, drain=args.drain)
+        m = publisher.metrics
+        log.info("publisher stopped cleanly: %d events in %d batches, position %d", m.events_published, m.batches,
+                 m.position)
     return EXIT_OK
+
+
+def status_table(head: int, statuses: list[FollowerStatus]) -> Table:
+    table = Table(title=f"commitline followers (log head {head})")
+    for column in ("follower", "status", "owner", "position", "lag (events)", "lag (s)", "updated", "error"):
+        table.add_column(column)
+    for s in statuses:
+        error = f"{s.error.get('message', '')} at {s.error.get('position', '?')}" if s.error else ""
+        table.add_row(s.name, s.status, s.owner or "", str(s.position), str(s.lag_events), f"{s.lag_seconds:.1f}",
+                      s.updated_at.strftime("%Y-%m-%d %H:%M:%S"), error)
+    return table
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from commitline.bootstrap import bootstrap
-    from commitline.infrastructure.followers.status import follower_statuses, status_table
+    from commitline.composition import bootstrap
 
     with bootstrap() as app:
-        head, statuses = follower_statuses(app.recorder)
-        stuck = stuck_fulfilments(app.datastore)
+        report = app.status()
     if args.json:
-        print_json({"head": head, "followers": [s.as_dict() for s in statuses],
-                     "stuck_fulfilments": [str(r.order_id) for r in stuck]}, sys.stdout)
+        print_json({"head": report.head, "followers": [s.as_dict() for s in report.followers],
+                    "stuck_fulfilments": [str(r.order_id) for r in report.stuck_fulfilments]}, sys.stdout)
         return EXIT_OK
-    table = status_table(head, statuses)
-    console = Console()
-    if not console.is_terminal:  # piped: never truncate a column
-        console = Console(width=200)
-    console.print(table)
-    if not statuses:
-        console.print("no follower has run yet")
-    if stuck:
-        console.print(f"[red]{len(stuck)} order fulfilment(s) STUCK, needing manual intervention[/red] "
-                      "(commitline sagas list --stuck)")
+    out = console()
+    out.print(status_table(report.head, report.followers))
+    if not report.followers:
+        out.print("no follower has run yet")
+    if report.stuck_fulfilments:
+        out.print(f"[red]{len(report.stuck_fulfilments)} order fulfilment(s) STUCK, needing manual intervention"
+                  "[/red] (commitline sagas list --stuck)")
     return EXIT_OK
 
 
-def _projection_names(names: list[str]) -> list[str]:
-    from commitline.projections import PROJECTIONS
-
-    unknown = [n for n in names if n not in PROJECTIONS]
-    if unknown:
-        raise SystemExit(f"unknown projection(s) {', '.join(unknown)}; known: {', '.join(sorted(PROJECTIONS))}")
-    return names or sorted(PROJECTIONS)
-
-
 def cmd_project(args: argparse.Namespace) -> int:
-    from commitline.bootstrap import bootstrap
-    from commitline.projections import PROJECTIONS
-    from commitline.projections.projector import Projector
+    from commitline.composition import bootstrap
 
-    names = _projection_names(args.names)
-
-    async def project() -> None:
-        with bootstrap() as app:
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, stop.set)
-            projectors = [Projector(PROJECTIONS[n](), app.recorder, app.conninfo,
-                                    batch_size=app.settings.project_batch_size) for n in names]
-            await asyncio.gather(*(p.run(stop) for p in projectors))
-
-    asyncio.run(project())
+    with bootstrap() as app:
+        app.run_until_signalled(*app.projectors(args.names))
     return EXIT_OK
 
 
 def cmd_projections_list(args: argparse.Namespace) -> int:
-    from rich.table import Table
-
-    from commitline.bootstrap import bootstrap
-    from commitline.infrastructure.followers.status import follower_statuses
+    from commitline.composition import bootstrap
     from commitline.projections import PROJECTIONS
 
     with bootstrap() as app:
-        head, statuses = follower_statuses(app.recorder)
-    by_name = {s.name: s for s in statuses}
+        report = app.status()
+    by_name = {s.name: s for s in report.followers}
+    head = report.head
     rows = []
     for name in sorted(PROJECTIONS):
         s = by_name.get(name)
@@ -131,16 +101,14 @@ def cmd_projections_list(args: argparse.Namespace) -> int:
 
 
 def cmd_projections_rebuild(args: argparse.Namespace) -> int:
-    from commitline.bootstrap import bootstrap
     from commitline.cli.progress import progress_reporter
-    from commitline.projections import PROJECTIONS
-    from commitline.projections.rebuild import RebuildError, rebuild
+    from commitline.composition import bootstrap
+    from commitline.projections.rebuild import RebuildError
 
-    (name,) = _projection_names([args.name])
+    name = args.name
     with bootstrap() as app, progress_reporter(f"rebuild {name}") as progress:
         try:
-            result = rebuild(PROJECTIONS[name](), app.recorder, app.conninfo,
-                             batch_size=app.settings.project_batch_size, progress=progress)
+            result = app.rebuild(name, progress=progress)
         except RebuildError as e:
             print(f"rebuild of {name} failed: {e}", file=sys.stderr)
             return EXIT_REFUSED
@@ -156,10 +124,10 @@ def cmd_projections_rebuild(args: argparse.Namespace) -> int:
 
 
 def cmd_projections_intervene(args: argparse.Namespace) -> int:
-    from commitline.bootstrap import bootstrap
+    from commitline.composition import bootstrap
     from commitline.infrastructure.followers.interventions import InterventionRefused, retry, skip
 
-    (name,) = _projection_names([args.name])
+    name = args.name
     with bootstrap() as app:
         try:
             if args.action == "skip":
@@ -172,6 +140,13 @@ def cmd_projections_intervene(args: argparse.Namespace) -> int:
     print(message)
     return EXIT_OK
 
+
+def _projection_name(text: str) -> str:
+    from commitline.projections import PROJECTIONS
+
+    if text not in PROJECTIONS:
+        raise argparse.ArgumentTypeError(f"unknown projection {text!r}; known: {', '.join(sorted(PROJECTIONS))}")
+    return text
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -193,7 +168,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                              description="Run the projector of each named projection (default: all). Each applies "
                              "batches of events and its position in one transaction; one instance per projection "
                              "works at a time (advisory lock), others wait.")
-    project.add_argument("names", nargs="*", metavar="NAME", help="projections to run (default: all)")
+    project.add_argument("names", nargs="*", metavar="NAME", type=_projection_name,
+                         help="projections to run (default: all)")
     project.set_defaults(run=cmd_project)
 
     projections = sub.add_parser("projections", help="list, rebuild, skip a poison event, or retry a projection")
@@ -204,24 +180,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     prebuild = psub.add_parser("rebuild", help="rebuild from the first event into fresh tables, then swap atomically",
                                description="Readers keep the old complete view until the rebuilt one replaces it "
                                "in one transaction. Interrupt it and run it again to resume.")
-    prebuild.add_argument("name", metavar="NAME")
+    prebuild.add_argument("name", metavar="NAME", type=_projection_name)
     prebuild.set_defaults(run=cmd_projections_rebuild)
     pskip = psub.add_parser("skip", help="pass over the poison event a projection stopped at (explicit, logged)")
-    pskip.add_argument("name", metavar="NAME")
+    pskip.add_argument("name", metavar="NAME", type=_projection_name)
     pskip.add_argument("--position", type=int, required=True, help="the poison event's position, as status shows it")
     pskip.add_argument("--reason", default="", help="why it is safe to skip it (kept in the intervention log)")
     pskip.set_defaults(run=cmd_projections_intervene, action="skip")
     pretry = psub.add_parser("retry", help="let a projection stopped at a poison event try it again")
-    pretry.add_argument("name", metavar="NAME")
+    pretry.add_argument("name", metavar="NAME", type=_projection_name)
     pretry.set_defaults(run=cmd_projections_intervene, action="retry")
 
-
-def stuck_fulfilments(datastore: Any) -> list[Any]:
-    """Order fulfilments waiting for a person (empty when the read model was never built)."""
-    from commitline.projections.queries import ReadModels
-    from psycopg.rows import tuple_row
-
-    with datastore.get_connection() as conn:
-        exists = conn.cursor(row_factory=tuple_row).execute(
-            "SELECT to_regclass(%s) IS NOT NULL", (f'"{datastore.schema}"."rm_order_fulfilments"',)).fetchone()[0]
-    return ReadModels(datastore).fulfilments(stuck_only=True) if exists else []

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
-import signal
 import sys
 from uuid import uuid4
 
 from commitline.application.errors import CommitlineError
-from commitline.cli.audit import auditor_for
 from commitline.cli.common import (
     EXIT_OK,
     EXIT_REFUSED,
@@ -22,15 +19,13 @@ from commitline.cli.common import (
 
 
 def cmd_sagas(args: argparse.Namespace) -> int:
-    from commitline.bootstrap import bootstrap
+    from commitline.composition import bootstrap
 
     if args.sagas_command == "run":
         return _run_sagas()
     with bootstrap() as app:
         if args.sagas_command == "list":
-            from commitline.projections import ReadModels
-
-            rows = ReadModels(app.datastore).fulfilments(stuck_only=args.stuck)
+            rows = app.read_models().fulfilments(stuck_only=args.stuck)
             if args.json:
                 print_json([r.__dict__ for r in rows], sys.stdout)
             else:
@@ -38,7 +33,7 @@ def cmd_sagas(args: argparse.Namespace) -> int:
                     print(f"{r.order_id}  {r.state:<12} {r.stuck or r.failure}")
                 print(f"{len(rows)} saga(s){' stuck' if args.stuck else ''}", file=sys.stderr)
             return EXIT_OK
-        from commitline.domain.order import fulfilment_id
+        from commitline.domain.fulfilment import fulfilment_id
 
         if args.sagas_command == "retry":
             from commitline.application.commands import RetryFulfilment
@@ -53,7 +48,7 @@ def cmd_sagas(args: argparse.Namespace) -> int:
                   "the running process manager picks it up")
             return EXIT_OK
         try:
-            history = auditor_for(app).history(fulfilment_id(args.order_id))
+            history = app.auditor().history(fulfilment_id(args.order_id))
         except CommitlineError as e:
             print_error(e)
             return EXIT_USAGE
@@ -68,31 +63,14 @@ def cmd_sagas(args: argparse.Namespace) -> int:
 
 
 def _run_sagas() -> int:
-    from commitline.application.fulfilment import FulfilmentSaga
-    from commitline.bootstrap import bootstrap
-    from commitline.infrastructure.sagas.runner import FulfilmentRunner
-    from commitline.infrastructure.sagas.simulated_gateway import SimulatedGateway
-    from commitline.projections import PROJECTIONS
-    from commitline.projections.projector import Projector
+    from commitline.composition import bootstrap
 
-    async def run() -> None:
-        with bootstrap() as app:
-            logging.getLogger(__name__).warning(
-                "payments go through the SIMULATED gateway (commitline ships no real one; implement "
-                "commitline.application.payment_gateway.PaymentGateway for production)")
-            gateway = SimulatedGateway(app.conninfo, app.settings.schema_name)
-            saga = FulfilmentSaga(app.processor, app.store, gateway)
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, stop.set)
-            runner = FulfilmentRunner(saga, app.recorder, app.conninfo)
-            projector = Projector(PROJECTIONS["order_fulfilments"](), app.recorder, app.conninfo)
-            await asyncio.gather(runner.run(stop), projector.run(stop))
-
-    asyncio.run(run())
+    with bootstrap() as app:
+        logging.getLogger(__name__).warning(
+            "payments go through the SIMULATED gateway (commitline ships no real one; implement "
+            "commitline.application.payment_gateway.PaymentGateway for production)")
+        app.run_until_signalled(app.fulfilment_runner(), app.projector("order_fulfilments"))
     return EXIT_OK
-
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

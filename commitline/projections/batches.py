@@ -15,12 +15,10 @@ from typing import Any
 
 import psycopg
 from eventsourcing.persistence import Notification
-from psycopg.sql import SQL, Identifier
-from psycopg.types.json import Jsonb
 
 from commitline.domain import EVENT_TYPES
 from commitline.infrastructure.store.codec import RecordedEvent, decode_event
-from commitline.infrastructure.followers.lease import POSITIONS_TABLE
+from commitline.infrastructure.followers.positions import Positions
 from commitline.projections.base import Changes, Projection
 from commitline.projections.storage import load_rows, write_changes
 
@@ -76,12 +74,7 @@ def apply_batch(conn: psycopg.Connection[Any], schema: str, projection: Projecti
         changes = _replay_until(projection, changes, decoded, poison["position"])
     with conn.transaction():
         write_changes(conn, schema, changes, suffix)
-        conn.execute(
-            SQL("UPDATE {} SET position = %s, status = %s, error = %s, updated_at = now() WHERE name = %s").format(
-                Identifier(schema, POSITIONS_TABLE)),
-            (position, "failed" if poison else "running", Jsonb(poison) if poison else None,
-             follower),
-        )
+        Positions(schema).save(conn, follower, position, poison=poison)
     return BatchOutcome(position, applied, poison)
 
 

@@ -4,7 +4,7 @@ with a per-payment lookup, and inventory levels. Each is tables plus handlers.""
 from __future__ import annotations
 
 from commitline.domain.inventory import ReservationFulfilled, ReservationReleased, StockReceived, StockReserved
-from commitline.domain.order import (
+from commitline.domain.fulfilment import (
     AFTER_STEP,
     FulfilmentCancelled,
     FulfilmentRetried,

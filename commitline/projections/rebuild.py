@@ -10,21 +10,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from psycopg.rows import tuple_row
-from psycopg.sql import SQL, Identifier
+from eventsourcing.persistence import Notification
 
-from commitline.infrastructure.followers.lease import POSITIONS_TABLE, Lease, instance_id
+from commitline.infrastructure.followers.engine import Follower, Handled
+from commitline.infrastructure.followers.lease import Lease, instance_id
+from commitline.infrastructure.followers.positions import Positions
 from commitline.infrastructure.store.recorder import EventRecorder
 from commitline.projections.base import Projection
-from commitline.projections.batches import BatchOutcome, apply_batch
-from commitline.projections.storage import REBUILD_SUFFIX, create_tables, drop_tables, swap_in
+from commitline.projections.batches import apply_batch
+from commitline.projections.storage import REBUILD_SUFFIX, create_tables, drop_tables, swap_in, table_exists
 
 log = logging.getLogger(__name__)
 
@@ -49,79 +51,80 @@ def rebuild_name(projection: str) -> str:
     return f"{projection}@rebuild"
 
 
+class _Replay(Follower):
+    """Applies batches to the ``*__next`` tables, writing on ``writer`` (the rebuild's lease, then
+    the live one); its position is the rebuild's own row. A poison event ends the rebuild."""
+
+    def __init__(self, projection: Projection, recorder: EventRecorder, conninfo: dict[str, Any], batch_size: int):
+        super().__init__(recorder, conninfo, rebuild_name(projection.name), batch_size=batch_size, poll_interval=0)
+        self.projection = projection
+        self.schema = recorder.datastore.schema
+        self.writer: Lease = self.lease
+        self.applied = 0
+        self.metrics = self  # the loop records ``position`` here
+        self.position = 0
+
+    async def handle(self, batch: Sequence[Notification], position: int) -> Handled:
+        outcome = await asyncio.to_thread(self.writer.run, lambda conn: apply_batch(
+            conn, self.schema, self.projection, self.lease.name, position, batch, REBUILD_SUFFIX))
+        self.applied += outcome.applied
+        if outcome.poison is not None:
+            raise RebuildError(f"poison event at position {outcome.poison['position']} "
+                               f"({outcome.poison['event_type']}): {outcome.poison['message']}")
+        return Handled(outcome.position, saved=True)
+
+
 def rebuild(projection: Projection, recorder: EventRecorder, conninfo: dict[str, Any], *, batch_size: int = 5000,
             progress: Progress | None = None, swap_timeout: float = 60.0) -> RebuildResult:
-    schema = recorder.datastore.schema
-    owner = instance_id()
-    work = Lease(conninfo, schema, rebuild_name(projection.name), owner)
-    if not work.try_acquire():
+    return asyncio.run(_rebuild(projection, recorder, conninfo, batch_size, progress, swap_timeout))
+
+
+async def _rebuild(projection: Projection, recorder: EventRecorder, conninfo: dict[str, Any], batch_size: int,
+                   progress: Progress | None, swap_timeout: float) -> RebuildResult:
+    replay = _Replay(projection, recorder, conninfo, batch_size)
+    work = replay.lease
+    if not await asyncio.to_thread(work.try_acquire):
         raise RebuildError(f"a rebuild of {projection.name} is already running")
     started = time.perf_counter()
+    report = (lambda position, head: progress(position, head, replay.applied)) if progress else None
     try:
-        position = work.run(lambda conn: _prepare(conn, schema, projection, work.name))
-        resumed_from, applied = position, 0
-        position, applied = _catch_up(work, recorder, projection, position, applied, batch_size, progress)
-        live = Lease(conninfo, schema, projection.name, f"rebuild:{owner}")
-        if not live.acquire(swap_timeout):
+        resumed_from = await asyncio.to_thread(work.run, lambda conn: _prepare(conn, replay.schema, projection,
+                                                                              work.name))
+        position = await replay.catch_up(work, resumed_from, report)
+        live = Lease(conninfo, replay.schema, projection.name, f"rebuild:{instance_id()}")
+        if not await asyncio.to_thread(live.acquire, swap_timeout):
             raise RebuildError(f"the live projector of {projection.name} did not yield within {swap_timeout:.0f} s; "
                                f"the rebuilt tables are kept, run the rebuild again to resume")
         try:
-            position, applied = _catch_up(live, recorder, projection, position, applied, batch_size, progress,
-                                          follower=work.name)
-            live.run(lambda conn: _swap(conn, schema, projection, position, work.name))
+            replay.writer = live
+            position = await replay.catch_up(live, position, report)
+            await asyncio.to_thread(live.run, lambda conn: _swap(conn, replay.schema, projection, position, work.name))
         finally:
-            live.release("stopped")
-        log.info("rebuilt %s up to position %d (%d events applied)", projection.name, position, applied)
-        return RebuildResult(projection.name, position, applied, time.perf_counter() - started, resumed_from)
+            await asyncio.to_thread(live.release, "stopped")
+        log.info("rebuilt %s up to position %d (%d events applied)", projection.name, position, replay.applied)
+        return RebuildResult(projection.name, position, replay.applied, time.perf_counter() - started, resumed_from)
     finally:
-        work.release("stopped")
+        await replay.wakeup.close()
+        await asyncio.to_thread(work.release, "stopped")
 
 
 def _prepare(conn: psycopg.Connection[Any], schema: str, projection: Projection, follower: str) -> int:
     """The position to resume from: 0 with fresh tables, or where an interrupted rebuild stopped."""
-    position, status = conn.cursor(row_factory=tuple_row).execute(
-        SQL("SELECT position, status FROM {} WHERE name = %s").format(Identifier(schema, POSITIONS_TABLE)),
-        (follower,)).fetchone()
-    first = projection.tables[0].name + REBUILD_SUFFIX
-    exists = conn.cursor(row_factory=tuple_row).execute(
-        "SELECT to_regclass(%s) IS NOT NULL", (f'"{schema}"."{first}"',)).fetchone()[0]
-    if position == 0 or not exists or status == "failed":
+    positions = Positions(schema)
+    position, status, _ = positions.read(conn, follower)
+    if position == 0 or status == "failed" or not table_exists(conn, schema, projection, REBUILD_SUFFIX):
         with conn.transaction():
             drop_tables(conn, schema, projection, REBUILD_SUFFIX)
             create_tables(conn, schema, projection, REBUILD_SUFFIX)
-            conn.execute(SQL("UPDATE {} SET position = 0, status = 'running', error = NULL WHERE name = %s").format(
-                Identifier(schema, POSITIONS_TABLE)), (follower,))
+            positions.save(conn, follower, 0)
         return 0
-    return int(position)
-
-
-def _catch_up(lease: Lease, recorder: EventRecorder, projection: Projection, position: int, applied: int,
-              batch_size: int, progress: Progress | None, follower: str | None = None) -> tuple[int, int]:
-    schema = recorder.datastore.schema
-    name = follower or lease.name
-    while True:
-        batch = recorder.select_notifications(position + 1, batch_size)
-        head = recorder.max_notification_id() or 0
-        if not batch:
-            if head <= position:
-                return position, applied
-            time.sleep(0.05)  # a gap still being proven at the head
-            continue
-        outcome: BatchOutcome = lease.run(lambda conn: apply_batch(
-            conn, schema, projection, name, position, batch, REBUILD_SUFFIX))
-        position, applied = outcome.position, applied + outcome.applied
-        if progress is not None:
-            progress(position, head, applied)
-        if outcome.poison is not None:
-            raise RebuildError(f"poison event at position {outcome.poison['position']} "
-                               f"({outcome.poison['event_type']}): {outcome.poison['message']}")
+    return position
 
 
 def _swap(conn: psycopg.Connection[Any], schema: str, projection: Projection, position: int, follower: str) -> None:
-    positions = Identifier(schema, POSITIONS_TABLE)
+    positions = Positions(schema)
     with conn.transaction():
         create_tables(conn, schema, projection)  # the first rebuild of a projection that never ran live
         swap_in(conn, schema, projection)
-        conn.execute(SQL("UPDATE {} SET position = %s, status = 'running', error = NULL, updated_at = now() "
-                         "WHERE name = %s").format(positions), (position, projection.name))
-        conn.execute(SQL("DELETE FROM {} WHERE name = %s").format(positions), (follower,))
+        positions.save(conn, projection.name, position)
+        positions.delete(conn, follower)

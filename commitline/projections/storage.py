@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 from psycopg.sql import SQL, Composed, Identifier
 
 from commitline.projections.base import Changes, Key, Projection, Table
@@ -32,6 +32,13 @@ def create_tables(conn: psycopg.Connection[Any], schema: str, projection: Projec
         )
         conn.execute(SQL("CREATE TABLE IF NOT EXISTS {} ({}, PRIMARY KEY ({}))").format(
             table_ident(schema, table, suffix), columns, SQL(", ").join(map(Identifier, table.key))))
+
+
+def table_exists(conn: psycopg.Connection[Any], schema: str, projection: Projection, suffix: str = "") -> bool:
+    """True when the projection's (first) table exists: it has run, or a rebuild has begun."""
+    name = f'"{schema}"."{projection.tables[0].name}{suffix}"'
+    row = conn.cursor(row_factory=tuple_row).execute("SELECT to_regclass(%s) IS NOT NULL", (name,)).fetchone()
+    return bool(row and row[0])
 
 
 def drop_tables(conn: psycopg.Connection[Any], schema: str, projection: Projection, suffix: str) -> None:

@@ -15,17 +15,15 @@ import pytest
 
 from commitline.application.audit import Auditor, AuditQueryError, BeforeCreation, VersionBeyondHead, state_of
 from commitline.application.errors import AggregateNotFound
-from commitline.domain import AGGREGATE_TYPES
 from commitline.domain.inventory import InventoryItem
 from commitline.domain.payment import PaymentTransaction
 from commitline.domain.survey import SurveyAssignment, SurveyTask
-from commitline.infrastructure.store.audit_source import PostgresAuditSource
-from commitline.bootstrap import Commitline, bootstrap
+from commitline.composition import Commitline, bootstrap
 from tests.support import settings_for
 
 
 def auditor(app: Commitline) -> Auditor:
-    return Auditor(PostgresAuditSource(app.recorder), AGGREGATE_TYPES)
+    return app.auditor()
 
 
 def run_commands(app: Commitline, tag: str) -> dict[str, tuple[type, UUID, list[dict]]]:

@@ -12,7 +12,7 @@ import pytest
 
 from commitline.application.errors import CommitlineError, ConcurrencyConflict, InsufficientStock
 from commitline.domain.inventory import InventoryItem
-from commitline.bootstrap import Commitline
+from commitline.composition import Commitline
 from tests.support import count_rows
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from commitline.application.errors import IdempotencyKeyReused
 from commitline.application.results import DispatchResult
-from commitline.bootstrap import Commitline
+from commitline.composition import Commitline
 from tests.integration.test_concurrency import new_payment, run_at_once
 from tests.support import count_rows
 

@@ -15,13 +15,10 @@ import pytest
 
 from commitline.application.fulfilment import FulfilmentSaga
 from commitline.domain.inventory import InventoryItem
-from commitline.domain.order import Order, OrderFulfilment, fulfilment_id, payment_id_for
+from commitline.domain.fulfilment import OrderFulfilment, fulfilment_id, payment_id_for
+from commitline.domain.order import Order
 from commitline.domain.payment import PaymentTransaction
-from commitline.bootstrap import Commitline
-from commitline.infrastructure.sagas.runner import FulfilmentRunner
-from commitline.infrastructure.sagas.simulated_gateway import SimulatedGateway
-from commitline.projections import PROJECTIONS, ReadModels
-from commitline.projections.projector import Projector
+from commitline.composition import Commitline
 from tests.integration.test_concurrency import run_at_once
 from tests.support import FollowerThread
 
@@ -29,17 +26,16 @@ from tests.support import FollowerThread
 class Shop:
     def __init__(self, app: Commitline, stock: int = 10):
         self.app = app
-        self.gateway = SimulatedGateway(app.conninfo, app.settings.schema_name)
+        self.gateway = app.gateway()
         self.item = uuid4()
         app.dispatch({"type": "receive_stock", "item_id": str(self.item), "quantity": stock},
                      idempotency_key=f"stock-{self.item}")
 
     def saga(self, **kwargs: object) -> FulfilmentSaga:
-        return FulfilmentSaga(self.app.processor, self.app.store, self.gateway, backoff=0.01, **kwargs)
+        return self.app.saga(self.gateway, backoff=0.01, **kwargs)
 
     def runner(self) -> FollowerThread:
-        return FollowerThread(lambda: FulfilmentRunner(self.saga(), self.app.recorder, self.app.conninfo,
-                                                       poll_interval=0.2))
+        return FollowerThread(lambda: self.app.fulfilment_runner(self.saga(), poll_interval=0.2))
 
     def place(self, account: str = "acct", quantity: int = 1) -> UUID:
         return self.app.dispatch({"type": "place_order", "item_id": str(self.item), "quantity": quantity,
@@ -102,9 +98,7 @@ def test_the_saga_records_every_step(app: Commitline) -> None:
 KILL_SCRIPT = textwrap.dedent("""
     import asyncio, os, signal, sys
     from commitline.application.fulfilment import FulfilmentSaga
-    from commitline.bootstrap import bootstrap
-    from commitline.infrastructure.sagas.runner import FulfilmentRunner
-    from commitline.infrastructure.sagas.simulated_gateway import SimulatedGateway
+    from commitline.composition import bootstrap
     from tests.support import settings_for
 
     dsn, schema, boundary = sys.argv[1:4]
@@ -112,12 +106,11 @@ KILL_SCRIPT = textwrap.dedent("""
     def crash(at):
         if at == boundary:
             os.kill(os.getpid(), signal.SIGKILL)
-    saga = FulfilmentSaga(app.processor, app.store, SimulatedGateway(app.conninfo, schema), backoff=0.01,
-                          on_boundary=crash)
+    saga = app.saga(backoff=0.01, on_boundary=crash)
     async def main():
         stop = asyncio.Event()
         asyncio.get_running_loop().call_later(30, stop.set)
-        await FulfilmentRunner(saga, app.recorder, app.conninfo, poll_interval=0.2, workers=1).run(stop)
+        await app.fulfilment_runner(saga, poll_interval=0.2, workers=1).run(stop)
     asyncio.run(main())
     sys.exit(3)  # the boundary was never reached
 """)
@@ -169,10 +162,9 @@ def test_a_compensation_that_keeps_failing_is_surfaced_as_stuck(app: Commitline,
     saga = app.store.load(OrderFulfilment, fulfilment_id(order))
     assert saga.state.value == "STUCK" and saga.stuck.startswith("charge: GatewayUnavailable")
     assert any(r.levelname == "CRITICAL" and str(order) in r.getMessage() for r in caplog.records)
-    with FollowerThread(lambda: Projector(PROJECTIONS["order_fulfilments"](), app.recorder, app.conninfo,
-                                          poll_interval=0.2)) as projector:
+    with FollowerThread(lambda: app.projector("order_fulfilments", poll_interval=0.2)) as projector:
         projector.wait_until_at(app.recorder.max_notification_id())
-    stuck = ReadModels(app.datastore).fulfilments(stuck_only=True)
+    stuck = app.read_models().fulfilments(stuck_only=True)
     assert [(r.order_id, r.state) for r in stuck] == [(order, "STUCK")]
     env = {**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn, "COMMITLINE_SCHEMA": schema}
     listed = subprocess.run([sys.executable, "-m", "commitline.cli", "sagas", "list", "--stuck"],

@@ -20,20 +20,16 @@ import pytest
 
 from commitline.domain.payment import PaymentSubmitted
 from commitline.domain.survey import SurveyTask
-from commitline.bootstrap import Commitline, bootstrap
+from commitline.composition import Commitline, bootstrap
 from commitline.infrastructure.store.codec import encode_event
-from commitline.infrastructure.followers.status import follower_statuses
-from commitline.projections import PROJECTIONS, ReadModels
+from commitline.projections import PROJECTIONS
 from commitline.infrastructure.followers.interventions import InterventionRefused, retry, skip
-from commitline.projections.projector import Projector
-from commitline.projections.rebuild import rebuild
 from tests.integration.test_concurrency import run_at_once
 from tests.support import FollowerThread, settings_for
 
 
 def projector(app: Commitline, name: str, **kwargs: object) -> FollowerThread:
-    return FollowerThread(lambda: Projector(PROJECTIONS[name](), app.recorder, app.conninfo, poll_interval=0.2,
-                                            **kwargs))
+    return FollowerThread(lambda: app.projector(name, poll_interval=0.2, **kwargs))
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout: float = 20) -> None:
@@ -51,7 +47,7 @@ def lease_sessions(app: Commitline, projection: str) -> int:
 
 
 def own_status(app: Commitline, name: str) -> tuple[str, int | None]:
-    _, statuses = follower_statuses(app.recorder)
+    statuses = app.status().followers
     (status,) = [s for s in statuses if s.name == name]
     return status.status, (status.error or {}).get("position")
 
@@ -109,10 +105,10 @@ def test_seed_003_load_counts_exactly_without_lock_waits(app: Commitline, pg_dsn
         running.wait_until_at(app.recorder.max_notification_id())
         stop_sampling.set()
         sampler.join(10)
-    counts = ReadModels(app.datastore).task_counts(task_id)
+    counts = app.read_models().task_counts(task_id)
     assert counts == {"PENDING": 13_000, "DONE": 2_000}
     assert counts == recount_tasks(app, task_id)
-    assert ReadModels(app.datastore).tenant_task_counts("default") == {task_id: counts}
+    assert app.read_models().tenant_task_counts("default") == {task_id: counts}
     assert waits == [], f"sessions waited on read-model locks: {waits[:3]}"
 
 
@@ -158,13 +154,13 @@ def test_rebuilt_view_equals_live_view_table_for_table(app: Commitline, pg_dsn: 
         for t in threads:
             t.stop()
     live = {table: table_rows(pg_dsn, schema, table) for table in ALL_TABLES}
-    models = ReadModels(app.datastore)
+    models = app.read_models()
     totals = {(t.state, t.currency): (t.payments, t.amount) for t in models.payment_totals()}
     assert sum(n for n, _ in totals.values()) == 60
     assert totals[("COMPLETED", "USD")] == (10, sum(Decimal(f"{n + 1}.25") for n in range(30) if n % 3 == 1
                                                     and n % 2) * 2)
     for name in PROJECTIONS:
-        rebuild(PROJECTIONS[name](), app.recorder, app.conninfo, batch_size=37)
+        app.rebuild(name, batch_size=37)
     rebuilt = {table: table_rows(pg_dsn, schema, table) for table in ALL_TABLES}
     assert rebuilt == live
     assert all(rows for table, rows in live.items() if table != "rm_order_fulfilments")
@@ -191,7 +187,7 @@ def test_projector_killed_mid_batch_never_double_counts(app: Commitline, pg_dsn:
     with projector(app, "task_statuses") as running:
         running.wait_until_at(app.recorder.max_notification_id())
     assert kills == 5
-    assert ReadModels(app.datastore).task_counts(task_id) == {"PENDING": 0, "DONE": 3000}
+    assert app.read_models().task_counts(task_id) == {"PENDING": 0, "DONE": 3000}
 
 
 def test_two_instances_one_works_the_other_waits(app: Commitline) -> None:
@@ -225,12 +221,12 @@ def test_poison_event_stops_the_projection_until_an_operator_decides(app: Commit
         running.wait_until_at(poison_at - 1)
         wait_for(lambda: running.follower.metrics.poisoned_at is not None, "the projector to meet the poison")
         assert running.follower.metrics.position == poison_at - 1, "it must stop just before the poison event"
-        _, statuses = follower_statuses(app.recorder)
+        statuses = app.status().followers
         (status,) = [s for s in statuses if s.name == "payment_states"]
         assert status.status == "failed" and status.position == poison_at - 1
         assert status.error["position"] == poison_at and status.error["event_type"] == "PaymentSubmitted"
         assert "LookupError" in status.error["message"]
-        assert ReadModels(app.datastore).payment_state(after.aggregate_id) is None
+        assert app.read_models().payment_state(after.aggregate_id) is None
 
         retry(app.datastore, "payment_states")  # same code, same event: it stops again
         wait_for(lambda: own_status(app, "payment_states") == ("failed", poison_at), "the retried event to fail again")
@@ -239,7 +235,7 @@ def test_poison_event_stops_the_projection_until_an_operator_decides(app: Commit
             skip(app.datastore, "payment_states", poison_at + 1, "wrong position")
         skip(app.datastore, "payment_states", poison_at, "orphan event from a bad import, ticket 42")
         running.wait_until_at(app.recorder.max_notification_id())
-    assert ReadModels(app.datastore).payment_state(after.aggregate_id) == "CREATED"
+    assert app.read_models().payment_state(after.aggregate_id) == "CREATED"
     with psycopg.connect(app.settings.database_url.get_secret_value()) as conn:
         actions = conn.execute(f"SELECT action, position FROM {app.settings.schema_name}.follower_interventions "
                                "ORDER BY id").fetchall()
@@ -271,7 +267,7 @@ def test_readers_never_see_a_partial_view_during_rebuild(app: Commitline, pg_dsn
     reader = threading.Thread(target=read)
     reader.start()
     try:
-        rebuild(PROJECTIONS["task_statuses"](), app.recorder, app.conninfo, batch_size=1)
+        app.rebuild("task_statuses", batch_size=1)
         wait_for(lambda: seen[new_total] > 0, "a reader to see the rebuilt view")
     finally:
         stop.set()
@@ -289,14 +285,14 @@ def test_interrupted_rebuild_resumes(app: Commitline, pg_dsn: str, schema: str) 
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        rebuild(PROJECTIONS["payment_states"](), app.recorder, app.conninfo, batch_size=10, progress=interrupt_once)
+        app.rebuild("payment_states", batch_size=10, progress=interrupt_once)
     interrupted_at = calls[-1]
-    result = rebuild(PROJECTIONS["payment_states"](), app.recorder, app.conninfo, batch_size=10)
+    result = app.rebuild("payment_states", batch_size=10)
     assert result.resumed_from == interrupted_at > 0
     with bootstrap(settings_for(pg_dsn, schema)) as other:
         with projector(other, "payment_states") as running:
             running.wait_until_at(other.recorder.max_notification_id())
-    totals = ReadModels(app.datastore).payment_totals()
+    totals = app.read_models().payment_totals()
     assert sum(t.payments for t in totals) == 30
 
 
@@ -317,7 +313,7 @@ def test_rebuild_and_list_commands(app: Commitline, pg_dsn: str, schema: str) ->
     head = app.recorder.max_notification_id()
     assert rows["payment_states"]["position"] == head and rows["payment_states"]["lag_events"] == 0
     assert rows["task_statuses"]["status"] == "never run"
-    assert ReadModels(app.datastore).payment_totals()
+    assert app.read_models().payment_totals()
     unknown = subprocess.run([*cli, "projections", "rebuild", "nope"], env=env, capture_output=True, text=True,
                              timeout=60)
     assert unknown.returncode != 0 and "unknown projection" in unknown.stderr

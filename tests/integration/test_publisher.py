@@ -16,9 +16,8 @@ from uuid import uuid4
 import psycopg
 import pytest
 
-from commitline.bootstrap import Commitline, bootstrap
+from commitline.composition import Commitline, bootstrap
 from commitline.infrastructure.embedded.kafka import EmbeddedKafka
-from commitline.infrastructure.kafka.publisher import KafkaPublisher
 from tests.integration.test_concurrency import run_at_once
 from tests.support import ConsumedRecord, FollowerThread, kafka_settings, read_topics
 
@@ -75,9 +74,7 @@ def writer_workload(app: Commitline, writers: int, commands_each: int, tag: str)
 def test_every_event_exactly_once_in_order_under_concurrent_writers(pg_dsn: str, schema: str,
                                                                      kafka_bootstrap: str) -> None:
     settings = kafka_settings(pg_dsn, schema, kafka_bootstrap, publish_batch_size=500)
-    with bootstrap(settings) as app, FollowerThread(
-        lambda: KafkaPublisher(app.recorder, app.conninfo, settings)
-    ) as background:
+    with bootstrap(settings) as app, FollowerThread(app.publisher) as background:
         writer_workload(app, writers=20, commands_each=250, tag="w")
         head = app.recorder.max_notification_id()
         background.wait_until_at(head)
@@ -155,9 +152,7 @@ def test_broker_outage_delays_but_loses_nothing(pg_dsn: str, schema: str, caplog
     broker.start()
     settings = kafka_settings(pg_dsn, schema, broker.bootstrap_servers, publish_max_backoff_ms=1000)
     try:
-        with bootstrap(settings) as app, FollowerThread(
-            lambda: KafkaPublisher(app.recorder, app.conninfo, settings)
-        ) as background:
+        with bootstrap(settings) as app, FollowerThread(app.publisher) as background:
             writer_workload(app, writers=4, commands_each=50, tag="before")
             head_before = app.recorder.max_notification_id()
             background.wait_until_at(head_before)
@@ -267,9 +262,7 @@ def _publisher_sequences(records: list[ConsumedRecord]) -> dict[tuple[str, int],
 
 def test_a_late_commit_is_published(pg_dsn: str, schema: str, kafka_bootstrap: str) -> None:
     settings = kafka_settings(pg_dsn, schema, kafka_bootstrap)
-    with bootstrap(settings) as app, FollowerThread(
-        lambda: KafkaPublisher(app.recorder, app.conninfo, settings)
-    ) as background:
+    with bootstrap(settings) as app, FollowerThread(app.publisher) as background:
         late_item = uuid4()
         app.dispatch({"type": "receive_stock", "item_id": str(late_item), "quantity": 1}, idempotency_key="late-0")
         release = threading.Event()

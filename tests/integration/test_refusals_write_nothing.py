@@ -7,7 +7,7 @@ from uuid import uuid4
 import pytest
 
 from commitline.application import errors as E
-from commitline.bootstrap import Commitline
+from commitline.composition import Commitline
 from tests.integration.test_concurrency import new_payment
 from tests.support import count_rows
 

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from commitline.application.errors import AggregateAlreadyExists
-from commitline.bootstrap import Commitline
+from commitline.composition import Commitline
 from commitline.infrastructure.store.retention import expire_idempotency_records
 from tests.support import count_rows
 

@@ -14,7 +14,7 @@ import pytest
 
 from commitline.application.errors import ConcurrencyConflict
 from commitline.domain.inventory import InventoryItem
-from commitline.bootstrap import Commitline, bootstrap
+from commitline.composition import Commitline, bootstrap
 from commitline.infrastructure.store.codec import encode_event
 from commitline.infrastructure.store.recorder import EventRecorder
 from tests.integration.test_concurrency import new_payment
@@ -47,7 +47,7 @@ def test_process_killed_before_commit_leaves_nothing(app: Commitline, pg_dsn: st
     before = count_rows(pg_dsn, schema)
     script = textwrap.dedent(f"""
         import os, signal
-        from commitline.bootstrap import bootstrap
+        from commitline.composition import bootstrap
         from tests.support import settings_for
         app = bootstrap(settings_for({pg_dsn!r}, {schema!r}))
         app.recorder.before_commit = lambda: os.kill(os.getpid(), signal.SIGKILL)

@@ -8,7 +8,7 @@ import pytest
 
 from commitline.application.errors import IllegalTransition, UserNotIssued, UsersAlreadyIssued
 from commitline.domain.survey import AssignmentStatus, SurveyAssignment, SurveyTask, assignment_id
-from commitline.bootstrap import Commitline
+from commitline.composition import Commitline
 from tests.integration.test_concurrency import run_at_once
 
 

@@ -71,11 +71,11 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
 from typing import IO
 
 from commitline.infrastructure.embedded.errors import EmbeddedServiceError
 from commitline.infrastructure.embedded.loopback import free_port
+from commitline.infrastructure.embedded.service import EmbeddedService
 
 __all__ = ["EmbeddedKafka", "tansu_binary"]
 
@@ -155,7 +155,7 @@ def _probe_metadata(bootstrap: str, timeout: float, still_running: Callable[[], 
         raise outcome[0]
 
 
-class EmbeddedKafka:
+class EmbeddedKafka(EmbeddedService):
     """A Tansu broker on ``127.0.0.1:port`` with memory storage.
 
     ``start()`` launches it and returns once a Kafka metadata request succeeds;
@@ -236,18 +236,6 @@ class EmbeddedKafka:
         """SIGKILL the broker and reap it (simulated outage). ``start()`` may follow."""
         with self._lock:
             self._terminate(kill_only=True)
-
-    def __enter__(self) -> EmbeddedKafka:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         return f"EmbeddedKafka(bootstrap_servers={self.bootstrap_servers!r}, pid={self.pid})"

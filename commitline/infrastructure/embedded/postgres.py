@@ -78,7 +78,6 @@ import time
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
 
 import psutil
 import psycopg
@@ -86,6 +85,7 @@ from psycopg import sql
 
 from commitline.infrastructure.embedded.errors import EmbeddedServiceError
 from commitline.infrastructure.embedded.loopback import free_port
+from commitline.infrastructure.embedded.service import EmbeddedService
 
 with warnings.catch_warnings():
     # Importing the wheel builds a platformdirs runtime path at class-definition
@@ -202,7 +202,7 @@ def _chown_tree(path: Path, uid: int, gid: int) -> None:
             os.chown(Path(folder, name), uid, gid, follow_symlinks=False)
 
 
-class EmbeddedPostgres:
+class EmbeddedPostgres(EmbeddedService):
     """A PostgreSQL server on ``127.0.0.1:port`` whose cluster lives in *data_dir*.
 
     ``start()`` creates the cluster if needed, starts the server, waits until it
@@ -303,18 +303,6 @@ class EmbeddedPostgres:
             raise EmbeddedServiceError(
                 f"could not stop PostgreSQL in {self._data_dir}:\n{out}\n{out2}\n{self._log_tail()}"
             )
-
-    def __enter__(self) -> EmbeddedPostgres:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         return f"EmbeddedPostgres(data_dir={str(self._data_dir)!r}, port={self._port}, started={self._started})"

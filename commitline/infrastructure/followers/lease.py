@@ -4,9 +4,9 @@ A follower (the Kafka publisher, a projection) works only while it holds its lea
 PostgreSQL session-level advisory lock on a dedicated connection. If the owner dies or
 its connection drops, PostgreSQL releases the lock and a waiting instance takes over.
 
-Positions live in ``follower_positions`` and are written *on the lease connection*, so a
-write made after the session was lost fails instead of moving the position: the lease
-fences its own position. SKIP LOCKED is never used for ordered work (seed 004).
+Positions (``positions.py``) are written *on the lease connection*, so a write made after
+the session was lost fails instead of moving the position: the lease fences its own
+position. SKIP LOCKED is never used for ordered work (seed 004).
 """
 
 from __future__ import annotations
@@ -15,20 +15,16 @@ import logging
 import os
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, TypeVar
 
 import psycopg
 from psycopg.rows import tuple_row
-from psycopg.sql import SQL, Identifier
-from psycopg.types.json import Jsonb
+from psycopg.sql import SQL
+
+from commitline.infrastructure.followers.positions import Positions
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-POSITIONS_TABLE = "follower_positions"
-INTERVENTIONS_TABLE = "follower_interventions"
 
 
 class LeaseLost(RuntimeError):
@@ -39,44 +35,6 @@ def instance_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def create_follower_tables(conn: psycopg.Connection[Any], schema: str) -> None:
-    conn.execute(SQL(
-        "CREATE TABLE IF NOT EXISTS {} ("
-        " name text PRIMARY KEY,"
-        " position bigint NOT NULL DEFAULT 0,"
-        " owner text,"
-        " status text NOT NULL DEFAULT 'idle',"
-        " error jsonb,"
-        " updated_at timestamptz NOT NULL DEFAULT now())"
-    ).format(Identifier(schema, POSITIONS_TABLE)))
-    conn.execute(SQL(
-        "CREATE TABLE IF NOT EXISTS {} ("
-        " id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
-        " name text NOT NULL,"
-        " action text NOT NULL,"
-        " position bigint NOT NULL,"
-        " detail jsonb NOT NULL,"
-        " at timestamptz NOT NULL DEFAULT now())"
-    ).format(Identifier(schema, INTERVENTIONS_TABLE)))
-
-
-@dataclass(frozen=True)
-class FollowerRow:
-    name: str
-    position: int
-    owner: str | None
-    status: str
-    error: dict[str, Any] | None
-    updated_at: datetime
-
-
-def read_followers(conn: psycopg.Connection[Any], schema: str) -> list[FollowerRow]:
-    rows = conn.cursor(row_factory=tuple_row).execute(SQL(
-        "SELECT name, position, owner, status, error, updated_at FROM {} ORDER BY name"
-    ).format(Identifier(schema, POSITIONS_TABLE))).fetchall()
-    return [FollowerRow(*row) for row in rows]
-
-
 class Lease:
     def __init__(self, conninfo: dict[str, Any], schema: str, name: str, owner: str | None = None):
         self.conninfo = conninfo
@@ -84,7 +42,7 @@ class Lease:
         self.name = name
         self.owner = owner or instance_id()
         self._conn: psycopg.Connection[Any] | None = None
-        self._table = Identifier(schema, POSITIONS_TABLE)
+        self.positions = Positions(schema)
         self._lock_key = f"{schema}/{name}"
         self._held = False
 
@@ -114,13 +72,7 @@ class Lease:
 
     def _claim(self) -> None:
         assert self._conn is not None
-        self._conn.execute(
-            # A follower stopped at a poison event stays stopped until an operator decides.
-            SQL("INSERT INTO {} AS t (name, owner, status) VALUES (%s, %s, 'running') "
-                "ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, updated_at = now(), "
-                "status = CASE WHEN t.status = 'failed' THEN 'failed' ELSE 'running' END").format(self._table),
-            (self.name, self.owner),
-        )
+        self.positions.claim(self._conn, self.name, self.owner)
         self._held = True
         log.info("%s: lease taken by %s", self.name, self.owner)
 
@@ -145,18 +97,18 @@ class Lease:
             "AND held.pid = pg_backend_pid() AND held.granted AND NOT waiting.granted)").fetchone()[0])
 
     def position(self) -> int:
-        return self.run(lambda conn: conn.cursor(row_factory=tuple_row).execute(
-            SQL("SELECT position FROM {} WHERE name = %s").format(self._table), (self.name,)).fetchone()[0])
+        return self.own_row()[0]
+
+    def own_row(self) -> tuple[int, str]:
+        """(position, status) of this lease's follower."""
+        position, status, _ = self.run(lambda conn: self.positions.read(conn, self.name))
+        return position, status
 
     def save_position(self, position: int) -> None:
-        self.run(lambda conn: conn.execute(
-            SQL("UPDATE {} SET position = %s, error = NULL, status = 'running', updated_at = now() "
-                "WHERE name = %s").format(self._table), (position, self.name)))
+        self.run(lambda conn: self.positions.save(conn, self.name, position))
 
     def set_status(self, status: str, error: dict[str, Any] | None = None) -> None:
-        self.run(lambda conn: conn.execute(
-            SQL("UPDATE {} SET status = %s, error = %s, updated_at = now() WHERE name = %s").format(self._table),
-            (status, Jsonb(error) if error is not None else None, self.name)))
+        self.run(lambda conn: self.positions.set_status(conn, self.name, status, error))
 
     def run(self, work: Callable[[psycopg.Connection[Any]], T]) -> T:
         """Run ``work`` on the lease connection; any connection failure means the lease is lost."""

@@ -9,9 +9,8 @@ from typing import Any
 import orjson
 from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Identifier
-from rich.table import Table
 
-from commitline.infrastructure.followers.lease import read_followers
+from commitline.infrastructure.followers.positions import Positions
 from commitline.infrastructure.store.recorder import EVENTS_TABLE, EventRecorder
 
 
@@ -39,7 +38,7 @@ def follower_statuses(recorder: EventRecorder) -> tuple[int, list[FollowerStatus
         cur = conn.cursor(row_factory=tuple_row)
         head = cur.execute(SQL("SELECT coalesce(max(notification_id), 0) FROM {}").format(events)).fetchone()[0]
         statuses = []
-        for row in read_followers(conn, schema):
+        for row in Positions(schema).all(conn):
             lag, oldest = cur.execute(SQL(
                 "SELECT count(*), (SELECT state FROM {events} WHERE notification_id > %(p)s "
                 "ORDER BY notification_id LIMIT 1) FROM {events} WHERE notification_id > %(p)s"
@@ -51,15 +50,4 @@ def follower_statuses(recorder: EventRecorder) -> tuple[int, list[FollowerStatus
             statuses.append(FollowerStatus(row.name, row.status, row.owner, row.position, head, lag, lag_seconds,
                                            row.updated_at, row.error))
     return head, statuses
-
-
-def status_table(head: int, statuses: list[FollowerStatus]) -> Table:
-    table = Table(title=f"commitline followers (log head {head})")
-    for column in ("follower", "status", "owner", "position", "lag (events)", "lag (s)", "updated", "error"):
-        table.add_column(column)
-    for s in statuses:
-        error = f"{s.error.get('message', '')} at {s.error.get('position', '?')}" if s.error else ""
-        table.add_row(s.name, s.status, s.owner or "", str(s.position), str(s.lag_events), f"{s.lag_seconds:.1f}",
-                      s.updated_at.strftime("%Y-%m-%d %H:%M:%S"), error)
-    return table
 
