@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from eventsourcing.postgres import PostgresDatastore
 
 from commitline.application.audit import Auditor
 from commitline.application.errors import StoreUnavailable
@@ -26,16 +25,17 @@ from commitline.application.payment_gateway import PaymentGateway
 from commitline.application.processor import CommandProcessor
 from commitline.application.retry import RetryPolicy
 from commitline.domain import AGGREGATE_TYPES
+from commitline.infrastructure import migrations
 from commitline.infrastructure.config import Settings, load_settings
 from commitline.infrastructure.embedded.kafka import EmbeddedKafka
 from commitline.infrastructure.embedded.postgres import EmbeddedPostgres
 from commitline.infrastructure.followers.engine import Follower
-from commitline.infrastructure.followers.positions import Positions
 from commitline.infrastructure.followers.status import FollowerStatus, follower_statuses
 from commitline.infrastructure.kafka.publisher import KafkaPublisher
 from commitline.infrastructure.sagas.runner import FulfilmentRunner
 from commitline.infrastructure.sagas.simulated_gateway import SimulatedGateway
 from commitline.infrastructure.store.audit_source import PostgresAuditSource
+from commitline.infrastructure.store.datastore import StoreDatastore, describe_failure
 from commitline.infrastructure.store.event_store import PostgresEventStore
 from commitline.infrastructure.store.recorder import EventRecorder
 from commitline.projections import PROJECTIONS, ReadModels
@@ -64,7 +64,7 @@ class Commitline:
     """Everything wired together; close it to release connections and stop embedded services."""
 
     settings: Settings
-    datastore: PostgresDatastore
+    datastore: StoreDatastore
     recorder: EventRecorder
     store: PostgresEventStore
     processor: CommandProcessor
@@ -183,39 +183,34 @@ def connection_parts(settings: Settings) -> tuple[dict[str, Any], EmbeddedPostgr
     return Settings(database_url=embedded.dsn).connection_parts(), embedded
 
 
-def bootstrap(settings: Settings | None = None) -> Commitline:
+def bootstrap(settings: Settings | None = None, *, apply_migrations: bool = True) -> Commitline:
+    """Wire everything from ``settings`` (default: the environment), bringing the schema up to date
+    first unless ``apply_migrations`` is False (``commitline migrate --check``)."""
     settings = settings or load_settings()
     logging.getLogger().setLevel(settings.log_level)
     parts, embedded = connection_parts(settings)
     try:
         # One direct connection first: an unreachable server fails in milliseconds here,
         # where the pool would keep retrying until its timeout.
-        psycopg.connect(**parts, connect_timeout=10).close()
-        datastore = PostgresDatastore(
+        with psycopg.connect(**parts, connect_timeout=10, autocommit=True) as conn:
+            if apply_migrations:  # one cheap read when the schema is current; never DDL on hot tables then
+                migrations.migrate(conn, settings.schema_name)
+        datastore = StoreDatastore(
             parts["dbname"], parts["host"], parts["port"], parts["user"], parts["password"],
             pool_size=settings.pool_size,
             max_overflow=settings.pool_max_overflow,
             schema=settings.schema_name,
-            connect_timeout=10,
+            pool_timeout=settings.pool_timeout_s,
         )
         datastore.pool.open(wait=True, timeout=15)
         recorder = EventRecorder(datastore)
-        recorder.create_table()
-        with datastore.get_connection() as conn:
-            Positions(settings.schema_name).create_tables(conn)
     except Exception as e:
         if embedded is not None:
             embedded.stop()
-        raise StoreUnavailable(_describe(e, parts)) from None
+        raise StoreUnavailable(describe_failure(e, parts)) from None
     store = PostgresEventStore(recorder, settings.snapshot_interval)
     retry = RetryPolicy(
         settings.retry_max_attempts, settings.retry_base_delay_ms / 1000, settings.retry_max_delay_ms / 1000
     )
-    return Commitline(settings, datastore, recorder, store, CommandProcessor(store, retry), parts, embedded)
-
-
-def _describe(error: Exception, parts: dict[str, Any]) -> str:
-    text = f"{type(error).__name__}: {error}"
-    if parts.get("password"):
-        text = text.replace(parts["password"], "***")
-    return f"cannot use PostgreSQL at {parts['host']}:{parts['port']}/{parts['dbname']} as {parts['user']}: {text}"
+    return Commitline(settings, datastore, recorder, store, CommandProcessor(store, retry, settings.command_limits()),
+                      parts, embedded)

@@ -3,19 +3,22 @@
 Strict means no silent coercion: a quantity must be an integer (not ``"5"`` or ``5.0``),
 an amount a decimal string or integer (never a binary float), unknown fields are
 rejected. Ids and amounts may arrive as JSON strings. ``parse_command`` accepts a model,
-a mapping or JSON text with a ``"type"`` field and raises typed errors.
+a mapping or JSON text with a ``"type"`` field, passes it through the boundary
+(``application.boundary``: JSON values only, within ``CommandLimits``) and raises typed errors.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from decimal import Decimal
-from typing import Annotated, Any, ClassVar, Literal
+from functools import cache
+from typing import Annotated, Any, ClassVar, Literal, get_args
 from uuid import UUID
 
 import orjson
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
+from commitline.application.boundary import DEFAULT_LIMITS, CommandLimits, check_json, problem, read_json, too_large
 from commitline.application.errors import InvalidCommand, UnknownCommandType
 from commitline.domain.errors import InvalidValue
 from commitline.domain.money import check_amount, check_currency
@@ -229,28 +232,66 @@ def _domain_check(check: Any, *args: Any) -> Any:
         raise ValueError(e.reason) from None
 
 
-def parse_command(command: Command | Mapping[str, Any] | str | bytes) -> Command:
-    """Validate a command given as a model, a mapping or JSON; raise InvalidCommand or UnknownCommandType."""
+def parse_command(command: Command | Mapping[str, Any] | str | bytes, *,
+                  limits: CommandLimits = DEFAULT_LIMITS) -> Command:
+    """Validate a command given as a model, a mapping or JSON; raise InvalidCommand or UnknownCommandType.
+
+    A model is checked like a mapping of its fields and validated again (``model_construct`` skips
+    validation); it is returned itself when valid.
+    """
     if isinstance(command, Command):
-        return command
-    if isinstance(command, (str, bytes)):
-        try:
-            data = orjson.loads(command)
-        except orjson.JSONDecodeError as e:
-            raise InvalidCommand(None, [{"loc": [], "msg": f"not valid JSON: {e}", "type": "json_invalid"}]) from None
-        if not isinstance(data, dict):
-            raise InvalidCommand(None, [{"loc": [], "msg": "a command must be a JSON object", "type": "json_type"}])
-        command = data
-    if not isinstance(command, Mapping):
-        raise InvalidCommand(None, [{"loc": [], "msg": f"cannot read a command from {type(command).__name__}",
-                                     "type": "command_type"}])
-    command_type = command.get("type")
-    cls = COMMAND_TYPES.get(command_type) if isinstance(command_type, str) else None
+        cls: type[Command] | None = type(command)
+        data: dict[Any, Any] = dict(command)
+        check_json(data, limits, command_type=command.type, objects=_object_fields(cls))
+    elif isinstance(command, (str, bytes, bytearray)):
+        value = read_json(command, limits)
+        if not isinstance(value, dict):
+            raise InvalidCommand(None, [problem([], "a command must be a JSON object", "json_type")])
+        data, cls = value, _command_class(value)
+    elif isinstance(command, Mapping):
+        data = dict(command)
+        cls = _command_class(data)
+        objects = _object_fields(cls) if cls else None
+        check_json(data, limits, command_type=data["type"] if cls else None, objects=objects)
+    else:
+        raise InvalidCommand(None, [problem([], f"cannot read a command from {type(command).__name__}",
+                                            "command_type")])
     if cls is None:
-        raise UnknownCommandType(command_type, sorted(COMMAND_TYPES))
+        raise UnknownCommandType(data.get("type"), sorted(COMMAND_TYPES))
     try:
-        # JSON-compatible input is validated in JSON mode, where ids and decimals arrive as strings.
-        return cls.model_validate_json(orjson.dumps(dict(command), default=str))
+        # Validated in JSON mode, where ids and decimals arrive as strings and arrays as lists.
+        text = orjson.dumps(data, default=_json_object)
+    except (TypeError, orjson.JSONEncodeError) as e:  # not expected after check_json: still a typed error
+        raise InvalidCommand(data["type"], [problem([], f"not JSON: {e}", "json_type")]) from None
+    if len(text) > limits.max_bytes:
+        raise InvalidCommand(data["type"], [too_large([], limits)])
+    try:
+        parsed = cls.model_validate_json(text)
     except ValidationError as e:
         errors = [{"loc": list(err["loc"]), "msg": err["msg"], "type": err["type"]} for err in e.errors()]
-        raise InvalidCommand(command_type, errors) from None
+        raise InvalidCommand(data["type"], errors) from None
+    return command if isinstance(command, Command) else parsed
+
+
+def _command_class(data: dict[Any, Any]) -> type[Command] | None:
+    command_type = data.get("type")
+    return COMMAND_TYPES.get(command_type) if isinstance(command_type, str) else None
+
+
+@cache
+def _object_fields(cls: type[Command]) -> dict[str, tuple[type, ...]]:
+    """The fields of ``cls`` that a Python mapping may give as UUID or Decimal objects."""
+    def types(annotation: Any) -> set[Any]:  # through Annotated[...] and X | None
+        return {annotation}.union(*(types(arg) for arg in get_args(annotation)))
+
+    fields = {}
+    for name, info in cls.model_fields.items():
+        if accepted := tuple(t for t in (UUID, Decimal) if t in types(info.annotation)):
+            fields[name] = accepted
+    return fields
+
+
+def _json_object(value: Any) -> str:
+    if isinstance(value, Decimal):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")

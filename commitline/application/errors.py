@@ -2,7 +2,8 @@
 one module: domain refusals, command, configuration and store errors, and audit-query errors.
 
 Each carries ``code`` (stable, machine-readable), ``details()`` (fields) and ``to_dict()``.
-Whenever one of these is raised by ``CommandProcessor.dispatch``, nothing was written.
+Whenever one of these is raised by ``CommandProcessor.dispatch``, nothing was written, except
+``StoreUnavailable`` after a connection lost during COMMIT: retrying with the same key tells.
 """
 
 from __future__ import annotations
@@ -23,8 +24,16 @@ from commitline.domain.errors import (
 )
 
 
+def printable(value: object, limit: int = 100) -> str:
+    """``value`` as text that is safe to show and to encode as JSON: printable text as it is, anything
+    else as its ``repr`` (which escapes control characters and lone surrogates); at most ``limit`` characters."""
+    text = value if isinstance(value, str) and value.isprintable() else repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 class InvalidCommand(CommitlineError):
-    """The command failed validation; ``errors`` lists each field and what was wrong."""
+    """The command failed validation; ``errors`` lists each problem: ``loc`` (the path to the field:
+    keys and list indexes, ``[]`` for the command as a whole), ``msg`` and ``type``."""
 
     code = "invalid_command"
     fields = ("command_type", "errors")
@@ -57,11 +66,26 @@ class MissingIdempotencyKey(CommitlineError):
     message = "{command_type}: {reason}"
 
 
+class InvalidIdempotencyKey(MissingIdempotencyKey):
+    """A key was given but cannot be used (``reason`` says why); a kind of missing key."""
+
+    code = "invalid_idempotency_key"
+    reason = "the idempotency key is not usable"
+
+
 class InvalidTenant(CommitlineError):
+    """``tenant`` is shown escaped and shortened (``printable``), never as the raw input."""
+
     code = "invalid_tenant"
     fields = ("tenant",)
-    text_fields = ("tenant",)
-    message = "tenant {tenant!r} must be 1-64 characters of letters, digits, '.', '_' or '-'"
+    message = "tenant {shown} must be 1-64 characters of letters, digits, '.', '_' or '-'"
+
+    @property
+    def shown(self) -> str:
+        return printable(repr(self.tenant))
+
+    def details(self) -> dict[str, Any]:
+        return {"tenant": printable(self.tenant)}
 
 
 class IdempotencyKeyReused(CommitlineError):
@@ -124,7 +148,9 @@ class ConfigurationError(CommitlineError):
 
 
 class StoreUnavailable(CommitlineError):
-    """The event store could not be reached; the command may be retried with the same key."""
+    """The event store could not be reached or used (refused or lost connection, no pooled connection
+    within ``COMMITLINE_POOL_TIMEOUT_S``); retry with the same key. The command was not applied, or,
+    if the connection died during its COMMIT, may have been: the retry then returns its outcome."""
 
     code = "store_unavailable"
     fields = ("reason",)
@@ -166,6 +192,7 @@ __all__ = [
     "IllegalTransition",
     "InsufficientStock",
     "InvalidCommand",
+    "InvalidIdempotencyKey",
     "InvalidTenant",
     "InvalidValue",
     "MissingIdempotencyKey",

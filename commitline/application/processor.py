@@ -1,6 +1,7 @@
 """``CommandProcessor.dispatch``: validate, deduplicate, load, decide, append, exactly once.
 
-1. Validate the command (pydantic) and the key; a bad one raises before any I/O.
+1. Validate the command (the boundary, then pydantic), the key and the tenant; a bad one raises
+   before any I/O.
 2. Look the (tenant, key) up: a stored outcome with the same fingerprint is returned
    as ``replayed=True``; a different fingerprint raises IdempotencyKeyReused.
 3. Load the aggregate by replaying its events (from a snapshot when there is one).
@@ -16,7 +17,6 @@ No transaction is held open while the domain decides.
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Mapping
 from typing import Any
 from uuid import UUID, uuid5
@@ -24,6 +24,7 @@ from uuid import UUID, uuid5
 import orjson
 from pydantic_core import to_jsonable_python
 
+from commitline.application.boundary import CommandLimits, check_idempotency_key, check_tenant
 from commitline.application.commands import Command, VersionedCommand, parse_command
 from commitline.application.errors import (
     AggregateAlreadyExists,
@@ -31,8 +32,7 @@ from commitline.application.errors import (
     CommitlineError,
     ConcurrencyConflict,
     IdempotencyKeyReused,
-    InvalidTenant,
-    MissingIdempotencyKey,
+    StoreUnavailable,
 )
 from commitline.application.handlers import HANDLERS, Handler, Stream
 from commitline.application.ports import EventStore, IdempotencyRecord, KeyAlreadyRecorded, StreamMoved
@@ -40,9 +40,7 @@ from commitline.application.results import DispatchResult, RecordedEventView
 from commitline.application.retry import RetryPolicy
 from commitline.domain import Aggregate, Event
 
-_TENANT = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _DERIVED_ID_NAMESPACE = UUID("0b7e5a0c-2f4e-4f8e-9d61-6a1f3c2b9e77")
-MAX_KEY_LENGTH = 255
 
 
 def fingerprint(command: Command) -> bytes:
@@ -52,9 +50,10 @@ def fingerprint(command: Command) -> bytes:
 
 
 class CommandProcessor:
-    def __init__(self, store: EventStore, retry: RetryPolicy | None = None):
+    def __init__(self, store: EventStore, retry: RetryPolicy | None = None, limits: CommandLimits | None = None):
         self.store = store
         self.retry = retry or RetryPolicy()
+        self.limits = limits or CommandLimits()
 
     def dispatch(
         self,
@@ -63,10 +62,9 @@ class CommandProcessor:
         idempotency_key: str | None,
         tenant: str = "default",
     ) -> DispatchResult:
-        cmd = parse_command(command)
-        key = self._checked_key(cmd, idempotency_key)
-        if not isinstance(tenant, str) or not _TENANT.match(tenant):
-            raise InvalidTenant(tenant)
+        cmd = parse_command(command, limits=self.limits)
+        key = check_idempotency_key(idempotency_key, cmd.type)
+        tenant = check_tenant(tenant)
         digest = fingerprint(cmd)
         earlier = self._earlier_outcome(tenant, key, digest)
         if earlier is not None:
@@ -79,6 +77,8 @@ class CommandProcessor:
             try:
                 aggregate = self._load_for(handler, aggregate_id, expected)
                 changed = handler.run(aggregate, cmd, self._load_existing)
+            except StoreUnavailable:
+                raise  # not a refusal: looking for a twin would only wait for the store again
             except CommitlineError:
                 # A twin with this key may have committed since our lookup, changing the state we
                 # just refused: its outcome is the answer for this key.
@@ -107,13 +107,6 @@ class CommandProcessor:
         except StreamMoved:  # it moved under every attempt
             attempts = retrying.statistics["attempt_number"]
             raise ConcurrencyConflict(aggregate_id, None, self.store.stream_version(aggregate_id), attempts) from None
-
-    def _checked_key(self, cmd: Command, key: str | None) -> str:
-        if key is None:
-            raise MissingIdempotencyKey(cmd.type)
-        if not isinstance(key, str) or not key.strip() or len(key) > MAX_KEY_LENGTH or not key.isprintable():
-            raise MissingIdempotencyKey(cmd.type, f"the idempotency key must be 1-{MAX_KEY_LENGTH} printable characters")
-        return key
 
     def _earlier_outcome(self, tenant: str, key: str, digest: bytes) -> DispatchResult | None:
         record = self.store.find_outcome(tenant, key)

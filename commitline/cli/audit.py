@@ -15,7 +15,7 @@ from commitline.cli.common import (
     EXIT_USAGE,
     aggregate_id,
     console,
-    print_error,
+    error_exit,
     print_json,
     timestamp,
 )
@@ -62,8 +62,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
                          "events": [asdict(e) for e in diff.events]}, sys.stdout)
             return EXIT_OK
         except CommitlineError as e:
-            print_error(e)
-            return EXIT_USAGE
+            return error_exit(e, EXIT_USAGE)
 
 
 def _verify(auditor, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]

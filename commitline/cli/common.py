@@ -11,7 +11,7 @@ from uuid import UUID
 import orjson
 from rich.console import Console
 
-from commitline.application.errors import CommitlineError
+from commitline.application.errors import CommitlineError, StoreUnavailable
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 
@@ -23,6 +23,12 @@ def print_json(value: Any, stream: TextIO = sys.stdout) -> None:
 
 def print_error(e: CommitlineError) -> None:
     print_json(e.to_dict(), sys.stderr)
+
+
+def error_exit(e: CommitlineError, code: int) -> int:
+    """Print ``e``; return ``code``, or EXIT_UNAVAILABLE when the store could not be used (retry then)."""
+    print_error(e)
+    return EXIT_UNAVAILABLE if isinstance(e, StoreUnavailable) else code
 
 
 def console() -> Console:

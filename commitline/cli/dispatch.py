@@ -5,26 +5,42 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterator
-from typing import Any, TextIO
+from typing import Any, BinaryIO
 
-import orjson
+from commitline.application.boundary import CommandLimits, problem, read_json
+from commitline.application.errors import CommitlineError, InvalidCommand, StoreUnavailable
+from commitline.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE, error_exit, print_json
 
-from commitline.application.errors import CommitlineError, InvalidCommand
-from commitline.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, print_error, print_json
+
+ENVELOPE = ("command", "idempotency_key", "tenant")
 
 
-def _stdin_requests(key_prefix: str | None, tenant: str, lines: TextIO) -> Iterator[tuple[int, Any, str | None, str]]:
-    """Each non-blank line is a command, or an envelope {"command", "idempotency_key", "tenant"}."""
-    for number, line in enumerate(lines, start=1):
+def _lines(stream: BinaryIO, limit: int) -> Iterator[bytes]:
+    """The lines of ``stream``; one longer than ``limit`` bytes is cut after ``limit + 1`` (the rest skipped)."""
+    while line := stream.readline(limit + 1):
+        if len(line) > limit and not line.endswith(b"\n"):
+            while (rest := stream.readline(limit + 1)) and not rest.endswith(b"\n"):
+                pass
+        yield line.rstrip(b"\r\n")
+
+
+def _stdin_requests(key_prefix: str | None, tenant: str, stream: BinaryIO,
+                    limits: CommandLimits) -> Iterator[tuple[int, Any, str | None, str]]:
+    """Each non-blank line is a command, or an envelope {"command", "idempotency_key", "tenant"}. Lines are
+    bytes checked by the boundary, so invalid UTF-8 or JSON, or a line too long, is that line's error."""
+    for number, line in enumerate(_lines(stream, limits.max_bytes), start=1):
         if not line.strip():
             continue
         try:
-            data = orjson.loads(line)
-        except orjson.JSONDecodeError as e:
-            yield number, InvalidCommand(None, [{"loc": [], "msg": f"line {number}: not valid JSON: {e}",
-                                                 "type": "json_invalid"}]), None, tenant
+            data = read_json(line, limits)
+            envelope = isinstance(data, dict) and "command" in data
+            if envelope and (extra := sorted(data.keys() - set(ENVELOPE))):
+                raise InvalidCommand(None, [problem([key], f"an envelope has only {', '.join(ENVELOPE)}",
+                                                    "extra_forbidden") for key in extra])
+        except InvalidCommand as e:
+            yield number, e, None, tenant
             continue
-        if isinstance(data, dict) and "command" in data:
+        if envelope:
             yield number, data["command"], data.get("idempotency_key"), data.get("tenant", tenant)
         else:
             yield number, data, f"{key_prefix}:{number}" if key_prefix else None, tenant
@@ -41,17 +57,20 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
             try:
                 result = app.dispatch(args.command, idempotency_key=args.idempotency_key, tenant=args.tenant)
             except CommitlineError as e:
-                print_error(e)
-                return EXIT_REFUSED
+                return error_exit(e, EXIT_REFUSED)
             print_json(result.model_dump(mode="json"), sys.stdout)
             return EXIT_OK
         failures = 0
-        for number, command, key, tenant in _stdin_requests(args.idempotency_key, args.tenant, sys.stdin):
+        for number, command, key, tenant in _stdin_requests(args.idempotency_key, args.tenant, sys.stdin.buffer,
+                                                              app.processor.limits):
             try:
                 if isinstance(command, CommitlineError):
                     raise command
                 result = app.dispatch(command, idempotency_key=key, tenant=tenant)
                 print_json({"line": number, "result": result.model_dump(mode="json")}, sys.stdout)
+            except StoreUnavailable as e:  # the lines after it are not tried: run them again, same keys
+                print_json({"line": number, **e.to_dict()}, sys.stderr)
+                return EXIT_UNAVAILABLE
             except CommitlineError as e:
                 failures += 1
                 print_json({"line": number, **e.to_dict()}, sys.stderr)

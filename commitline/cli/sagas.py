@@ -13,7 +13,7 @@ from commitline.cli.common import (
     EXIT_REFUSED,
     EXIT_USAGE,
     aggregate_id,
-    print_error,
+    error_exit,
     print_json,
 )
 
@@ -42,16 +42,14 @@ def cmd_sagas(args: argparse.Namespace) -> int:
                 result = app.processor.dispatch(RetryFulfilment(order_id=args.order_id),
                                                 idempotency_key=f"operator-retry/{args.order_id}/{uuid4()}")
             except CommitlineError as e:
-                print_error(e)
-                return EXIT_REFUSED
+                return error_exit(e, EXIT_REFUSED)
             print(f"fulfilment of {args.order_id} set back to COMPENSATING (version {result.version}); "
                   "the running process manager picks it up")
             return EXIT_OK
         try:
             history = app.auditor().history(fulfilment_id(args.order_id))
         except CommitlineError as e:
-            print_error(e)
-            return EXIT_USAGE
+            return error_exit(e, EXIT_USAGE)
         if args.json:
             print_json([{"version": e.version, "at": e.recorded_at, "type": e.type, "payload": e.payload,
                           "state": e.transition} for e in history.entries], sys.stdout)

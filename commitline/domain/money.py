@@ -8,6 +8,12 @@ from iso4217 import Currency
 
 from commitline.domain.errors import InvalidValue
 
+MAX_AMOUNT = Decimal(10) ** 15
+"""Amounts are below 10^15 (at most 15 digits before the point): stored as text and numeric, summed in
+read models with Python's 28-digit decimal context, so sums of many amounts stay exact."""
+MAX_DECIMALS_WITHOUT_MINOR_UNIT = 8
+"""Decimal places allowed for currencies without a minor unit (XAU, XDR, ...), for the same reason."""
+
 
 def check_currency(code: str) -> str:
     """Return the code if it is an active ISO 4217 currency; raise InvalidValue otherwise."""
@@ -19,14 +25,17 @@ def check_currency(code: str) -> str:
 
 
 def check_amount(amount: Decimal, currency: str) -> Decimal:
-    """A payable amount is finite, positive and has no more decimals than the currency allows."""
+    """A payable amount is finite, positive, below ``MAX_AMOUNT`` and has no more decimals than the
+    currency allows (``MAX_DECIMALS_WITHOUT_MINOR_UNIT`` for a currency without a minor unit)."""
     if not amount.is_finite():
         raise InvalidValue("amount", amount, "must be a finite number")
     if amount <= 0:
         raise InvalidValue("amount", amount, "must be greater than zero")
+    if amount >= MAX_AMOUNT:
+        raise InvalidValue("amount", amount, "must be less than 10^15 (at most 15 digits before the decimal point)")
     exponent = Currency(check_currency(currency)).exponent
-    if exponent is not None:
-        decimals = -amount.as_tuple().exponent if amount.as_tuple().exponent < 0 else 0  # type: ignore[operator]
-        if decimals > exponent:
-            raise InvalidValue("amount", amount, f"{currency} allows at most {exponent} decimal places")
+    allowed = MAX_DECIMALS_WITHOUT_MINOR_UNIT if exponent is None else exponent
+    decimals = -amount.as_tuple().exponent if amount.as_tuple().exponent < 0 else 0  # type: ignore[operator]
+    if decimals > allowed:
+        raise InvalidValue("amount", amount, f"{currency} allows at most {allowed} decimal places")
     return amount

@@ -19,6 +19,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings.sources.utils import parse_env_vars
 
+from commitline.application.boundary import CommandLimits
 from commitline.application.errors import ConfigurationError
 
 # Read by the test suite and the benchmarks, not by commitline: documented beside the settings.
@@ -46,6 +47,8 @@ class Settings(BaseSettings):
     """connections kept open"""
     pool_max_overflow: int = Field(40, ge=0, le=1000, validation_alias="COMMITLINE_POOL_MAX_OVERFLOW")
     """extra connections opened under load"""
+    pool_timeout_s: float = Field(5, gt=0, le=600, validation_alias="COMMITLINE_POOL_TIMEOUT_S")
+    """longest wait for a pooled connection; then the call fails with `StoreUnavailable`"""
     snapshot_interval: int = Field(100, ge=0, validation_alias="COMMITLINE_SNAPSHOT_INTERVAL")
     """snapshot every N events of a stream (0 disables)"""
     retry_max_attempts: int = Field(10, ge=1, le=100, validation_alias="COMMITLINE_RETRY_MAX_ATTEMPTS")
@@ -89,6 +92,17 @@ class Settings(BaseSettings):
     """events applied per projection transaction (live and rebuild)"""
     metrics_interval_s: float = Field(30, gt=0, validation_alias="COMMITLINE_METRICS_INTERVAL_S")
     """how often followers log their metrics"""
+    max_command_bytes: int = Field(CommandLimits.max_bytes, ge=1024, le=2**30,
+                                   validation_alias="COMMITLINE_MAX_COMMAND_BYTES")
+    """largest command accepted, in bytes of JSON (also a stdin line of `commitline dispatch`)"""
+    max_string_length: int = Field(CommandLimits.max_string_length, ge=1, le=2**24,
+                                   validation_alias="COMMITLINE_MAX_STRING_LENGTH")
+    """longest string in a command, in characters (fields have their own lower limits)"""
+    max_list_length: int = Field(CommandLimits.max_list_length, ge=1, le=2**24,
+                                 validation_alias="COMMITLINE_MAX_LIST_LENGTH")
+    """longest list in a command (`issue_survey_task` takes up to 100,000 users)"""
+    max_nesting_depth: int = Field(CommandLimits.max_depth, ge=2, le=100, validation_alias="COMMITLINE_MAX_NESTING_DEPTH")
+    """deepest nesting of objects and lists in a command, the command itself being level 1"""
 
     @classmethod
     def settings_customise_sources(
@@ -112,6 +126,10 @@ class Settings(BaseSettings):
             except Exception:
                 raise ValueError("is not a valid PostgreSQL connection URL") from None
         return url
+
+    def command_limits(self) -> CommandLimits:
+        return CommandLimits(self.max_command_bytes, self.max_string_length, self.max_list_length,
+                             self.max_nesting_depth)
 
     def connection_parts(self) -> dict[str, Any]:
         """host, port, dbname, user, password of the configured database (secret included)."""

@@ -195,6 +195,14 @@ def _add_mode_bits(path: Path, bits: int) -> None:
         path.chmod(stat.S_IMODE(mode) | bits)
 
 
+def _alive(process: psutil.Process) -> bool:
+    """Running and not a zombie (a killed process whose parent has not reaped it yet is dead)."""
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _chown_tree(path: Path, uid: int, gid: int) -> None:
     os.chown(path, uid, gid)
     for folder, dirs, files in os.walk(path):
@@ -303,6 +311,26 @@ class EmbeddedPostgres(EmbeddedService):
             raise EmbeddedServiceError(
                 f"could not stop PostgreSQL in {self._data_dir}:\n{out}\n{out2}\n{self._log_tail()}"
             )
+
+    def kill(self) -> None:
+        """SIGKILL the postmaster (a simulated crash); return once it and its backends (which exit on
+        noticing) are dead. A no-op if it is not running. ``start()`` may follow: crash recovery, same port."""
+        with self._lock:
+            self._started = False
+            pid = self._read_pid()
+            if pid is None or self._postmaster_state() != "ours":
+                return
+            try:
+                postmaster = psutil.Process(pid)
+                processes = [postmaster, *postmaster.children()]
+                postmaster.send_signal(signal.SIGKILL)
+            except psutil.NoSuchProcess:
+                return
+            deadline = time.monotonic() + 10
+            while any(_alive(p) for p in processes):
+                if time.monotonic() > deadline:
+                    raise EmbeddedServiceError(f"PostgreSQL (pid {pid}) serving {self._data_dir} survived SIGKILL")
+                time.sleep(0.02)
 
     def __repr__(self) -> str:
         return f"EmbeddedPostgres(data_dir={str(self._data_dir)!r}, port={self._port}, started={self._started})"

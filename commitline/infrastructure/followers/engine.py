@@ -15,7 +15,9 @@ The loop does the rest: waits for the lease (polling, so a standby never blocks 
 reads the gap-safe log after the saved position, saves the position only after ``handle``
 returned (on the lease connection, so a lost lease cannot move it), yields the lease when a
 rebuild waits for it (``yields_to_waiters``), sleeps on LISTEN/NOTIFY or the poll interval,
-re-acquires after a lost lease, and releases everything on the way out.
+re-acquires after a lost lease, and releases everything on the way out. While PostgreSQL
+cannot be used (``StoreUnavailable``) it lets the lease go and tries again with bounded,
+jittered exponential back-off, logging the outage once when it starts and once when it ends.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,6 +34,7 @@ from typing import Any
 from eventsourcing.persistence import Notification
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_random_exponential
 
+from commitline.application.errors import StoreUnavailable
 from commitline.infrastructure.followers.lease import Lease, LeaseLost, instance_id
 from commitline.infrastructure.followers.wakeup import LogWakeup, wait_or_stop
 from commitline.infrastructure.store.recorder import EventRecorder
@@ -68,6 +72,7 @@ class Follower:
         self.wakeup = LogWakeup(conninfo, recorder.channel_name)
         self.on_caught_up: Callable[[], None] | None = None  # e.g. ``publish --drain`` stops here
         self._outage_started: float | None = None
+        self._store_outage: tuple[float, int] | None = None  # (since, failed attempts) while PostgreSQL fails
         self._log = logging.getLogger(type(self).__module__)  # outages are logged under the follower's name
 
     # -- what a follower supplies ------------------------------------------------------
@@ -97,13 +102,16 @@ class Follower:
         gc.freeze()
         try:
             while not stop.is_set():
-                if not await asyncio.to_thread(self.lease.try_acquire):
-                    await wait_or_stop(stop, LEASE_POLL_SECONDS)
-                    continue
                 try:
+                    if not await asyncio.to_thread(self.lease.try_acquire):
+                        self._store_available()
+                        await wait_or_stop(stop, LEASE_POLL_SECONDS)
+                        continue
                     await self._work_while_owner(stop)
                 except LeaseLost as e:
                     log.error("%s; waiting to own %s again", e, self.lease.name)
+                except StoreUnavailable as e:
+                    await self._back_off_store_outage(e, stop)
         finally:
             await self.on_stop()
             await self.wakeup.close()
@@ -125,6 +133,7 @@ class Follower:
                 position, status = await asyncio.to_thread(self.lease.own_row)
                 continue
             handled = await self.step(self.lease, position, stop)
+            self._store_available()
             if handled is None:
                 if self.on_caught_up is not None and await self._caught_up(position):
                     self.on_caught_up()
@@ -166,6 +175,22 @@ class Follower:
             position = handled.position
             if progress is not None:
                 progress(position, head)
+
+    async def _back_off_store_outage(self, error: StoreUnavailable, stop: asyncio.Event) -> None:
+        """Let the lease go (another instance may reach the store) and wait before trying again."""
+        since, failures = self._store_outage or (time.monotonic(), 0)
+        if failures == 0:
+            self._log.error("%s: %s; retrying with back-off up to %.1f s", self.lease.name, error, self.max_backoff)
+        self._store_outage = (since, failures + 1)
+        await asyncio.to_thread(self.lease.release, "retrying")
+        await wait_or_stop(stop, random.uniform(0, min(self.max_backoff, 0.2 * 2 ** min(failures, 16))))
+
+    def _store_available(self) -> None:
+        if self._store_outage is not None:
+            since, failures = self._store_outage
+            self._store_outage = None
+            self._log.warning("%s: PostgreSQL available again after %.1f s and %d failed attempts",
+                              self.lease.name, time.monotonic() - since, failures)
 
     async def _caught_up(self, position: int) -> bool:
         # An empty read can also mean a gap still being proven; only the head tells them apart.

@@ -22,6 +22,7 @@ from psycopg.rows import tuple_row
 from psycopg.sql import SQL
 
 from commitline.infrastructure.followers.positions import Positions
+from commitline.infrastructure.store.datastore import store_failures
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -51,16 +52,17 @@ class Lease:
         return self._held
 
     def try_acquire(self) -> bool:
-        """Take the lease if nobody holds it; never waits."""
-        self._connect()
-        assert self._conn is not None
-        got = self._conn.cursor(row_factory=tuple_row).execute(
-            "SELECT pg_try_advisory_lock(hashtext('commitline'), hashtext(%s))", (self._lock_key,)
-        ).fetchone()[0]
-        if not got:
-            return False
-        self._claim()
-        return True
+        """Take the lease if nobody holds it; never waits. StoreUnavailable if PostgreSQL cannot be used."""
+        with store_failures(self.conninfo, lambda _: self._drop()):
+            self._connect()
+            assert self._conn is not None
+            got = self._conn.cursor(row_factory=tuple_row).execute(
+                "SELECT pg_try_advisory_lock(hashtext('commitline'), hashtext(%s))", (self._lock_key,)
+            ).fetchone()[0]
+            if not got:
+                return False
+            self._claim()
+            return True
 
     def _connect(self) -> None:
         if self._conn is None:
@@ -78,16 +80,18 @@ class Lease:
 
     def acquire(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for the lease; a live projector yields to such a waiter."""
-        self._connect()
-        assert self._conn is not None
-        try:
-            with self._conn.transaction():
-                self._conn.execute(SQL("SET LOCAL lock_timeout = {}").format(int(timeout * 1000)))
-                self._conn.execute("SELECT pg_advisory_lock(hashtext('commitline'), hashtext(%s))", (self._lock_key,))
-        except psycopg.errors.LockNotAvailable:
-            return False
-        self._claim()
-        return True
+        with store_failures(self.conninfo, lambda _: self._drop()):
+            self._connect()
+            assert self._conn is not None
+            try:
+                with self._conn.transaction():
+                    self._conn.execute(SQL("SET LOCAL lock_timeout = {}").format(int(timeout * 1000)))
+                    self._conn.execute("SELECT pg_advisory_lock(hashtext('commitline'), hashtext(%s))",
+                                       (self._lock_key,))
+            except psycopg.errors.LockNotAvailable:
+                return False
+            self._claim()
+            return True
 
     def has_waiters(self) -> bool:
         """True when another session is blocked waiting for this lease (a rebuild about to swap)."""

@@ -45,23 +45,26 @@ class Positions:
     def _sql(self, text: str) -> Composed:
         return SQL(text).format(positions=self.table, interventions=self.interventions)
 
-    def create_tables(self, conn: Connection) -> None:
-        conn.execute(self._sql(
-            "CREATE TABLE IF NOT EXISTS {positions} ("
-            " name text PRIMARY KEY,"
-            " position bigint NOT NULL DEFAULT 0,"
-            " owner text,"
-            " status text NOT NULL DEFAULT 'idle',"
-            " error jsonb,"
-            " updated_at timestamptz NOT NULL DEFAULT now())"))
-        conn.execute(self._sql(
-            "CREATE TABLE IF NOT EXISTS {interventions} ("
-            " id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
-            " name text NOT NULL,"
-            " action text NOT NULL,"
-            " position bigint NOT NULL,"
-            " detail jsonb NOT NULL,"
-            " at timestamptz NOT NULL DEFAULT now())"))
+    def create_statements(self) -> list[Composed]:
+        """The DDL of both tables, for the schema migrations."""
+        return [
+            self._sql(
+                "CREATE TABLE IF NOT EXISTS {positions} ("
+                " name text PRIMARY KEY,"
+                " position bigint NOT NULL DEFAULT 0,"
+                " owner text,"
+                " status text NOT NULL DEFAULT 'idle',"
+                " error jsonb,"
+                " updated_at timestamptz NOT NULL DEFAULT now())"),
+            self._sql(
+                "CREATE TABLE IF NOT EXISTS {interventions} ("
+                " id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+                " name text NOT NULL,"
+                " action text NOT NULL,"
+                " position bigint NOT NULL,"
+                " detail jsonb NOT NULL,"
+                " at timestamptz NOT NULL DEFAULT now())"),
+        ]
 
     def all(self, conn: Connection) -> list[FollowerRow]:
         rows = conn.cursor(row_factory=tuple_row).execute(self._sql(

@@ -24,6 +24,7 @@ from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Identifier
 
 from commitline.application.payment_gateway import GatewayDeclined, GatewayTimeout, GatewayUnavailable
+from commitline.infrastructure.migrations import lock_key
 
 log = logging.getLogger(__name__)
 LEDGER = "simulated_gateway_ledger"
@@ -35,7 +36,9 @@ class SimulatedGateway:
         self.conninfo = conninfo
         self.ledger = Identifier(schema, LEDGER)
         self.calls = Identifier(schema, CALLS)
-        with self._connect() as conn:
+        with self._connect() as conn, conn.transaction():
+            # The demo gateway's own tables, created on first use; the lock makes concurrent first uses safe.
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (lock_key(schema),))
             conn.execute(SQL("CREATE TABLE IF NOT EXISTS {} (key text PRIMARY KEY, amount numeric NOT NULL, "
                              "currency text NOT NULL, account text NOT NULL, status text NOT NULL, "
                              "captures int NOT NULL DEFAULT 0)").format(self.ledger))

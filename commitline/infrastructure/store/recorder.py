@@ -43,7 +43,7 @@ from typing import Any
 from uuid import UUID
 
 from eventsourcing.persistence import Notification, StoredEvent
-from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
+from eventsourcing.postgres import PostgresApplicationRecorder
 from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
@@ -51,6 +51,7 @@ from psycopg.sql import SQL, Composed, Identifier
 
 from commitline.application.chain import GENESIS, chain
 from commitline.application.ports import IdempotencyRecord, KeyAlreadyRecorded, StreamMoved
+from commitline.infrastructure.store.datastore import StoreDatastore
 
 EVENTS_TABLE = "events"
 IDEMPOTENCY_TABLE = "idempotency_keys"
@@ -68,7 +69,9 @@ class Snapshot:
 
 
 class EventRecorder(PostgresApplicationRecorder):
-    def __init__(self, datastore: PostgresDatastore):
+    datastore: StoreDatastore
+
+    def __init__(self, datastore: StoreDatastore):
         super().__init__(datastore, events_table_name=EVENTS_TABLE)
         self._q = _Statements(datastore.schema)
         self.sql_create_statements = self._q.create_statements()
@@ -117,11 +120,12 @@ class EventRecorder(PostgresApplicationRecorder):
             [h for _, h in links],
         )
         try:
-            with self.datastore.pool.connection() as conn:
+            with self.datastore.connection() as conn:
                 try:
                     ids = self._insert_in_one_round_trip(conn, params, idempotency)
                 except BaseException:
-                    if conn.info.transaction_status != TransactionStatus.IDLE:
+                    # A broken connection (UNKNOWN) has no transaction left to roll back: the server ended it.
+                    if conn.info.transaction_status not in (TransactionStatus.IDLE, TransactionStatus.UNKNOWN):
                         conn.rollback()
                     raise
         except pg_errors.UniqueViolation as e:
@@ -158,7 +162,7 @@ class EventRecorder(PostgresApplicationRecorder):
         """The latest snapshot (if wanted), the events after it, and the stream's head hash: one
         statement, so the snapshot and the events come from the same database snapshot."""
         query = self._q.stream_after_snapshot if after_snapshot else self._q.stream_from_start
-        with self.datastore.pool.connection() as conn:
+        with self.datastore.connection() as conn:
             rows = conn.cursor(row_factory=tuple_row).execute(query, {"id": aggregate_id}, prepare=True).fetchall()
         snapshot = None
         if rows and rows[0][0]:
@@ -173,25 +177,25 @@ class EventRecorder(PostgresApplicationRecorder):
         (then the insert of the next version conflicts anyway)."""
         if version <= 0:
             return GENESIS
-        with self.datastore.pool.connection() as conn:
+        with self.datastore.connection() as conn:
             row = conn.cursor(row_factory=tuple_row).execute(
                 self._q.select_hash, (aggregate_id, version), prepare=True).fetchone()
         return bytes(row[0]) if row else GENESIS
 
     def stream_version(self, aggregate_id: UUID) -> int:
-        with self.datastore.pool.connection() as conn:
+        with self.datastore.connection() as conn:
             row = conn.cursor(row_factory=tuple_row).execute(self._q.stream_head, (aggregate_id,)).fetchone()
         return int(row[0]) if row and row[0] is not None else 0
 
     def save_snapshot(self, snapshot: Snapshot) -> None:
-        with self.datastore.pool.connection() as conn:
+        with self.datastore.connection() as conn:
             conn.execute(
                 self._q.insert_snapshot,
                 (snapshot.aggregate_id, snapshot.version, snapshot.aggregate_type, snapshot.state, snapshot.event_hash),
             )
 
     def find_idempotency(self, tenant: str, key: str) -> IdempotencyRecord | None:
-        with self.datastore.pool.connection() as conn:
+        with self.datastore.connection() as conn:
             row = conn.cursor(row_factory=tuple_row).execute(
                 self._q.select_idempotency, (tenant, key), prepare=True).fetchone()
         if row is None:
@@ -211,7 +215,7 @@ class EventRecorder(PostgresApplicationRecorder):
     ) -> Sequence[Notification]:
         """Notifications from ``start`` in id order, ending before any gap not yet proven permanent."""
         first = 1 if start is None else (start if inclusive_of_start else start + 1)
-        with self.datastore.pool.connection() as conn:
+        with self.datastore.connection() as conn:
             # One statement, one snapshot: the rows and the xmin they are judged by agree.
             if stop is None:
                 rows = conn.cursor(row_factory=tuple_row).execute(
@@ -254,15 +258,20 @@ class EventRecorder(PostgresApplicationRecorder):
             return set(self._gaps)
 
     def _fresh_xid(self) -> int:
-        with self.datastore.pool.connection() as conn, conn.cursor(row_factory=tuple_row) as cur:
+        with self.datastore.connection() as conn, conn.cursor(row_factory=tuple_row) as cur:
             with conn.transaction(force_rollback=True):
                 cur.execute(self._q.assign_xid)
                 return int(cur.fetchone()[0])  # type: ignore[index]
 
     def max_notification_id(self) -> int | None:
-        with self.datastore.pool.connection() as conn:
+        with self.datastore.connection() as conn:
             row = conn.cursor(row_factory=tuple_row).execute(self._q.max_notification_id).fetchone()
         return row[0] if row else None
+
+
+def store_schema_statements(schema: str) -> list[Composed]:
+    """The DDL of the event store's tables, for the schema migrations."""
+    return _Statements(schema).create_statements()
 
 
 def _idempotency_params(row: IdempotencyRecord) -> tuple[Any, ...]:

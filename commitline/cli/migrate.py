@@ -1,0 +1,49 @@
+"""``commitline migrate [--check]``: bring the schema to the version this commitline needs, or say how far behind it is."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import psycopg
+
+from commitline.cli.common import EXIT_OK, EXIT_REFUSED, print_json
+
+EXIT_PENDING = EXIT_REFUSED
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from commitline.composition import bootstrap
+    from commitline.infrastructure import migrations
+
+    with bootstrap(apply_migrations=False) as app:
+        schema = app.settings.schema_name
+        with psycopg.connect(**app.conninfo, autocommit=True) as conn:
+            before = migrations.schema_version(conn, schema)
+            todo = migrations.pending(conn, schema)
+            applied = [] if args.check else migrations.migrate(conn, schema)
+            after = migrations.schema_version(conn, schema)
+    report = {"schema": schema, "version": after, "latest": migrations.LATEST, "was": before,
+              "pending": [{"version": m.version, "description": m.description} for m in todo] if args.check else [],
+              "applied": [{"version": m.version, "description": m.description} for m in applied]}
+    if args.json:
+        print_json(report, sys.stdout)
+    elif args.check:
+        state = "up to date" if not todo else f"{len(todo)} migration(s) pending: " + ", ".join(
+            f"{m.version} ({m.description})" for m in todo)
+        print(f"schema {schema}: version {after} of {migrations.LATEST}, {state}")
+    else:
+        for m in applied:
+            print(f"applied migration {m.version}: {m.description}")
+        print(f"schema {schema}: version {after} of {migrations.LATEST}, up to date")
+    return EXIT_PENDING if args.check and todo else EXIT_OK
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    migrate = sub.add_parser(
+        "migrate", help="apply pending schema migrations (every start also does), or --check without applying",
+        description="Migrations are ordered and idempotent and run under the schema's advisory lock, so any number "
+        "of processes may start or migrate at once. --check exits 1 when migrations are pending, 0 otherwise.")
+    migrate.add_argument("--check", action="store_true", help="report only; exit 1 if migrations are pending")
+    migrate.add_argument("--json", action="store_true", help="machine-readable output")
+    migrate.set_defaults(run=cmd_migrate)

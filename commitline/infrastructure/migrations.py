@@ -1,0 +1,96 @@
+"""The versioned schema: ordered migration steps, applied under the schema's advisory lock.
+
+A process start costs one cheap read (``schema_version``): no DDL touches the hot tables, so
+a start never queues behind an open append, and appends never queue behind a start. Only
+when the stored version is behind ``LATEST`` are the missing steps applied, each in its own
+transaction together with its row in ``schema_migrations``, while holding a session advisory
+lock on the schema: any number of processes may start at once on an empty schema; one
+applies the steps, the others wait for it and then find nothing to do.
+
+Every step is idempotent (``IF NOT EXISTS``, ``CREATE OR REPLACE``), so a store created
+before this table existed is adopted by applying the steps it already has as no-ops.
+Steps are only ever appended: a released step never changes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.rows import tuple_row
+from psycopg.sql import SQL, Composed, Identifier
+
+from commitline.infrastructure.followers.positions import Positions
+from commitline.infrastructure.store.recorder import store_schema_statements
+
+log = logging.getLogger(__name__)
+MIGRATIONS_TABLE = "schema_migrations"
+Connection = psycopg.Connection[Any]
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    description: str
+    statements: Callable[[str], Sequence[Composed]]
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "event store: events (append-only, hash-chained), idempotency keys, snapshots",
+              store_schema_statements),
+    Migration(2, "followers: positions and operator interventions", lambda schema: Positions(schema).create_statements()),
+)
+LATEST = MIGRATIONS[-1].version
+
+
+class SchemaTooNew(RuntimeError):
+    """The store was migrated by a newer commitline than this one."""
+
+
+def lock_key(schema: str) -> str:
+    return f"commitline-schema-{schema}"
+
+
+def schema_version(conn: Connection, schema: str) -> int:
+    """The version the store is at; 0 for an empty schema."""
+    cur = conn.cursor(row_factory=tuple_row)
+    table = Identifier(schema, MIGRATIONS_TABLE)
+    exists = cur.execute("SELECT to_regclass(%s) IS NOT NULL", (f'"{schema}"."{MIGRATIONS_TABLE}"',)).fetchone()
+    if not (exists and exists[0]):
+        return 0
+    row = cur.execute(SQL("SELECT coalesce(max(version), 0) FROM {}").format(table)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def pending(conn: Connection, schema: str) -> list[Migration]:
+    current = schema_version(conn, schema)
+    if current > LATEST:
+        raise SchemaTooNew(f"schema {schema} is at version {current}, newer than this commitline knows ({LATEST}); "
+                           "run a commitline at least as new as the one that migrated it")
+    return [m for m in MIGRATIONS if m.version > current]
+
+
+def migrate(conn: Connection, schema: str) -> list[Migration]:
+    """Apply the missing steps (``conn`` in autocommit mode); returns those this call applied."""
+    if not pending(conn, schema):  # the common case: one read, no lock
+        return []
+    conn.execute("SELECT pg_advisory_lock(hashtext(%s))", (lock_key(schema),))
+    try:
+        conn.execute(SQL("CREATE SCHEMA IF NOT EXISTS {}").format(Identifier(schema)))
+        conn.execute(SQL("CREATE TABLE IF NOT EXISTS {} (version int PRIMARY KEY, description text NOT NULL, "
+                         "applied_at timestamptz NOT NULL DEFAULT now())").format(Identifier(schema, MIGRATIONS_TABLE)))
+        applied = []
+        for step in pending(conn, schema):  # read again under the lock: another process may have done it
+            with conn.transaction():
+                for statement in step.statements(schema):
+                    conn.execute(statement)
+                conn.execute(SQL("INSERT INTO {} (version, description) VALUES (%s, %s)").format(
+                    Identifier(schema, MIGRATIONS_TABLE)), (step.version, step.description))
+            log.info("schema %s: applied migration %d (%s)", schema, step.version, step.description)
+            applied.append(step)
+        return applied
+    finally:
+        conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (lock_key(schema),))

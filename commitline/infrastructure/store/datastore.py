@@ -1,0 +1,111 @@
+"""The PostgreSQL datastore: eventsourcing's pool, with every failure to reach or use PostgreSQL
+surfacing as ``StoreUnavailable``.
+
+Underneath, an outage takes many shapes: a refused connection (psycopg ``OperationalError``), a
+session ended by a shutdown or a crash (``AdminShutdown``, "server closed the connection
+unexpectedly"), a connection already closed (``InterfaceError``), no pooled connection within
+``COMMITLINE_POOL_TIMEOUT_S`` (``PoolTimeout``), and eventsourcing's wrappers of all of these.
+Callers see one error, whose message names the server but never the password. It means "retry
+with the same key": if the connection died while a COMMIT was in flight, the command may or may
+not be stored, and its idempotency record (committed with its events or not at all) makes the
+retry return the stored outcome or apply the command once.
+
+Recovery once the server is back is prompt:
+
+- a pooled connection the server has ended (its goodbye is waiting on the socket) is replaced
+  before it is used, so the first calls after a restart do not fail on connections it broke;
+- a call that finds its connection broken has the pool check its idle connections too;
+- the pool gives up replacing a lost connection after the pool timeout and opens one on demand
+  for the next caller, instead of backing off for up to five minutes (psycopg_pool's default).
+"""
+
+from __future__ import annotations
+
+import select
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
+
+import psycopg
+from eventsourcing import persistence
+from eventsourcing.postgres import PostgresDatastore
+from psycopg_pool import ConnectionPool, PoolClosed
+
+from commitline.application.errors import StoreUnavailable
+
+# psycopg_pool's PoolTimeout is a psycopg.OperationalError; eventsourcing's get_connection()
+# re-raises psycopg's errors as its own.
+STORE_FAILURES: tuple[type[Exception], ...] = (
+    psycopg.OperationalError, psycopg.InterfaceError, persistence.OperationalError, persistence.InterfaceError,
+)
+
+
+def describe_failure(error: BaseException, parts: Mapping[str, Any]) -> str:
+    """What failed, where, as whom: never the password."""
+    text = f"{type(error).__name__}: {error}"
+    if parts.get("password"):
+        text = text.replace(str(parts["password"]), "***")
+    return f"cannot use PostgreSQL at {parts['host']}:{parts['port']}/{parts['dbname']} as {parts['user']}: {text}"
+
+
+@contextmanager
+def store_failures(parts: Mapping[str, Any],
+                   on_failure: Callable[[BaseException], None] | None = None) -> Iterator[None]:
+    """Raise ``StoreUnavailable`` for any failure to reach or use PostgreSQL in the block (after
+    ``on_failure``). A closed pool is a caller's mistake, not an outage: it passes unchanged."""
+    try:
+        yield
+    except STORE_FAILURES as e:
+        failure = e.__cause__ if isinstance(e, persistence.PersistenceError) and e.__cause__ is not None else e
+        if isinstance(failure, PoolClosed):
+            raise
+        if on_failure is not None:
+            on_failure(failure)
+        raise StoreUnavailable(describe_failure(failure, parts)) from None
+
+
+class StoreDatastore(PostgresDatastore):
+    """A ``PostgresDatastore`` whose connections raise ``StoreUnavailable`` for every store failure."""
+
+    def __init__(self, dbname: str, host: str, port: int, user: str, password: str, *, pool_timeout: float,
+                 **options: Any):
+        # eventsourcing hands ``connect_timeout`` to the pool as the longest wait for a connection.
+        super().__init__(dbname, host, port, user, password, connect_timeout=pool_timeout, **options)
+        self.pool.reconnect_timeout = pool_timeout
+
+    def connection(self) -> AbstractContextManager[psycopg.Connection[Any]]:
+        """A pooled connection as it is (no type adapters: the recorder's fast path)."""
+        return self._guarded(self.pool.connection)
+
+    def get_connection(self) -> AbstractContextManager[psycopg.Connection[Any]]:  # type: ignore[override]
+        return self._guarded(super().get_connection)
+
+    @contextmanager
+    def _guarded(self, connect: Callable[[], AbstractContextManager[Any]]) -> Iterator[Any]:
+        conn = None
+
+        def check_idle_if_broken(_: BaseException) -> None:
+            if conn is not None and conn.closed:
+                self.pool.check()
+
+        with store_failures(self.pool.kwargs, check_idle_if_broken):
+            for last_try in (False, True):
+                with connect() as conn:
+                    if last_try or not self._ended_by_server(conn):
+                        yield conn
+                        return
+
+    def _ended_by_server(self, conn: psycopg.Connection[Any]) -> bool:
+        """An idle pooled connection has nothing to read, so pending input is the server's goodbye (a
+        shutdown, a crash) or, rarely, a notice: one round trip tells which. Costs a poll(2) per call;
+        a connection the server ended is replaced instead of failing the call after a restart."""
+        try:
+            poller = select.poll()
+            poller.register(conn.fileno(), select.POLLIN)
+            if not poller.poll(0):
+                return False
+            ConnectionPool.check_connection(conn)
+            return False
+        except psycopg.Error:
+            self.pool.check()  # its idle neighbours are most likely gone too
+            return True

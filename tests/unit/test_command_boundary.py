@@ -1,0 +1,312 @@
+"""The command boundary: only JSON values within the limits, from every entry, refused with a typed
+error naming each problem's location, before the store is touched.
+
+``BAD_INPUTS`` and ``assert_refused`` are shared with tests/integration/test_bad_input.py, which sends
+the same table through a real store and the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from typing import Any
+from uuid import UUID, uuid4
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from commitline.application import errors as E
+from commitline.application.boundary import DEFAULT_LIMITS, CommandLimits, check_idempotency_key, check_tenant
+from commitline.application.commands import (
+    COMMAND_TYPES,
+    Command,
+    CreatePayment,
+    CreateSurveyTask,
+    IssueSurveyTask,
+    parse_command,
+)
+from commitline.application.errors import printable
+from commitline.application.processor import CommandProcessor
+from commitline.infrastructure.config import load_settings
+
+ITEM = "5f0c1c1e-0000-4000-8000-000000000001"
+PAYMENT = {"type": "create_payment", "amount": "12.50", "currency": "EUR", "account": "acc-1"}
+TASK = {"type": "create_survey_task", "title": "t"}
+STOCK = {"type": "receive_stock", "item_id": ITEM, "quantity": 1}
+ISSUE = {"type": "issue_survey_task", "task_id": ITEM, "user_ids": ["u1"]}
+LIMITS = DEFAULT_LIMITS
+
+
+def nested(depth: int, leaf: Any = "x") -> Any:
+    for _ in range(depth):
+        leaf = [leaf]
+    return leaf
+
+
+def self_referential() -> dict[str, Any]:
+    loop: dict[str, Any] = {}
+    loop["a"] = loop
+    return loop
+
+
+def payment_text(amount: str) -> str:
+    return '{"type": "create_payment", "amount": %s, "currency": "EUR", "account": "a"}' % amount
+
+
+def task_text(title: str) -> str:
+    return '{"type": "create_survey_task", "title": %s}' % title
+
+
+TOO_DEEP = ["title", *[0] * (LIMITS.max_depth - 1)]  # the first list nested beyond the limit
+IC, KEY, TENANT = E.InvalidCommand, E.InvalidIdempotencyKey, E.InvalidTenant
+
+
+def case(name: str, command: Any, loc: list | None, error: type[E.CommitlineError] = IC, *, key: Any = "k",
+         tenant: Any = "default") -> Any:
+    return pytest.param(command, key, tenant, error, loc, id=name)
+
+
+BAD_INPUTS = [
+    # integers, amounts and quantities beyond what the domain and storage support
+    case("int amount beyond 64 bits", {**PAYMENT, "amount": 10**20}, ["amount"]),
+    case("int amount at the maximum", {**PAYMENT, "amount": 10**15}, ["amount"]),
+    case("decimal string amount beyond the maximum", {**PAYMENT, "amount": "1e15"}, ["amount"]),
+    case("amount with a huge exponent", {**PAYMENT, "amount": "1e100000"}, ["amount"]),
+    case("too many decimals without a minor unit", {**PAYMENT, "currency": "XAU", "amount": "1.123456789"},
+         ["amount"]),
+    case("quantity beyond 64 bits", {**STOCK, "quantity": 10**30}, ["quantity"]),
+    case("quantity beyond the maximum", {**STOCK, "quantity": 10**12 + 1}, ["quantity"]),
+    case("negative int beyond 64 bits", {**STOCK, "expected_version": -(2**63) - 1}, ["expected_version"]),
+    case("float amount", {**PAYMENT, "amount": 12.5}, ["amount"]),
+    case("NaN float", {**PAYMENT, "amount": float("nan")}, ["amount"]),
+    case("infinite float", {**STOCK, "quantity": float("inf")}, ["quantity"]),
+    # fields and types
+    case("unknown field", {**TASK, "surprise": 1}, ["surprise"]),
+    case("unknown type", {"type": "teleport_money"}, None, E.UnknownCommandType),
+    case("no type", {"title": "t"}, None, E.UnknownCommandType),
+    case("int currency", {**PAYMENT, "currency": 978}, ["currency"]),
+    case("string quantity", {**STOCK, "quantity": "5"}, ["quantity"]),
+    case("string where a list goes", {**ISSUE, "user_ids": "u1"}, ["user_ids"]),
+    case("bool quantity", {**STOCK, "quantity": True}, ["quantity"]),
+    case("bool expected_version", {**STOCK, "expected_version": False}, ["expected_version"]),
+    # Python objects that are not JSON: refused, never str()-ed
+    case("set", {**PAYMENT, "account": {"a", "b"}}, ["account"]),
+    case("bytes", {**PAYMENT, "account": b"acc-1"}, ["account"]),
+    case("object", {**PAYMENT, "account": object()}, ["account"]),
+    case("UUID outside an id field", {**PAYMENT, "account": UUID(ITEM)}, ["account"]),
+    case("Decimal outside an amount", {**STOCK, "quantity": Decimal(5)}, ["quantity"]),
+    case("non-string key", {**TASK, 1: "x"}, ["1"]),
+    case("None as a key", {**TASK, None: "x"}, ["None"]),
+    # text PostgreSQL cannot store, and text too long
+    case("lone surrogate in a value", {**TASK, "title": "t\udfff"}, ["title"]),
+    case("lone surrogate in a field name", {**TASK, "x\udfff": 1}, [printable("x\udfff")]),
+    case("lone surrogate in the type", {**TASK, "type": "create_survey_task\udfff"}, ["type"]),
+    case("NUL in a string", {**TASK, "title": "a\x00b"}, ["title"]),
+    case("NUL in a list item", {**ISSUE, "user_ids": ["u1", "u\x00"]}, ["user_ids", 1]),
+    case("overlong string", {**TASK, "title": "x" * (LIMITS.max_string_length + 1)}, ["title"]),
+    case("overlong list", {**ISSUE, "user_ids": ["u"] * (LIMITS.max_list_length + 1)}, ["user_ids"]),
+    # nesting and shape
+    case("deep nesting as a mapping", {**TASK, "title": nested(1000)}, TOO_DEEP),
+    case("self-referential mapping", {**TASK, "x": self_referential()}, ["x", *["a"] * (LIMITS.max_depth - 1)]),
+    case("a list, not a mapping", ["type", "create_survey_task"], []),
+    case("None", None, []),
+    # JSON text and bytes
+    case("NaN in JSON", payment_text("NaN"), ["amount"]),
+    case("Infinity in JSON", payment_text("Infinity"), ["amount"]),
+    case("-Infinity in JSON", payment_text("-Infinity"), ["amount"]),
+    case("1e400 in JSON", payment_text("1e400"), ["amount"]),
+    case("huge integer in JSON", payment_text("100000000000000000000"), ["amount"]),
+    case("integer just beyond 64 bits in JSON", payment_text("9223372036854775808"), ["amount"]),
+    case("deep nesting as JSON text", task_text("[" * 50 + "]" * 50), TOO_DEEP),
+    case("nesting beyond the JSON reader", task_text("[" * 100_000), []),
+    case("oversized JSON text", task_text('"' + "x" * LIMITS.max_bytes + '"'), []),
+    case("key given twice", '{"type": "create_survey_task", "title": "a", "title": "b"}', ["title"]),
+    case("NUL escape in JSON", task_text('"a\\u0000"'), ["title"]),
+    case("lone surrogate escape in JSON", task_text('"t\\udfff"'), ["title"]),
+    case("JSON array", "[1, 2]", []),
+    case("JSON number", "5", []),
+    case("not JSON", "{nope", []),
+    case("invalid UTF-8 in a string", b'{"type": "create_survey_task", "title": "t\xff"}', ["title"]),
+    case("invalid UTF-8 outside strings", b'\xff{"type": "create_survey_task", "title": "t"}', []),
+    case("UTF-16", json.dumps(TASK).encode("utf-16"), []),
+    # the idempotency key and the tenant
+    case("no key", TASK, None, E.MissingIdempotencyKey, key=None),
+    case("empty key", TASK, None, KEY, key=""),
+    case("blank key", TASK, None, KEY, key="   "),
+    case("overlong key", TASK, None, KEY, key="x" * 256),
+    case("lone surrogate in the key", TASK, None, KEY, key="k\udfff"),
+    case("NUL in the key", TASK, None, KEY, key="k\x00"),
+    case("newline in the key", TASK, None, KEY, key="k\n"),
+    case("int key", TASK, None, KEY, key=5),
+    case("bytes key", TASK, None, KEY, key=b"k"),
+    case("lone surrogate in the tenant", TASK, None, TENANT, tenant="t\udfff"),
+    case("NUL in the tenant", TASK, None, TENANT, tenant="t\x00"),
+    case("trailing newline in the tenant", TASK, None, TENANT, tenant="acme\n"),
+    case("empty tenant", TASK, None, TENANT, tenant=""),
+    case("overlong tenant", TASK, None, TENANT, tenant="t" * 65),
+    case("None tenant", TASK, None, TENANT, tenant=None),
+    case("bytes tenant", TASK, None, TENANT, tenant=b"acme"),
+]
+
+
+def assert_refused(error: BaseException, expected: type[E.CommitlineError], loc: list | None) -> None:
+    """``error`` is exactly ``expected``, names ``loc`` first (InvalidCommand) and serialises as JSON."""
+    assert type(error) is expected, repr(error)
+    assert isinstance(error, E.CommitlineError)
+    assert orjson.loads(orjson.dumps(error.to_dict()))["code"] == expected.code
+    if expected is E.InvalidCommand:
+        assert error.errors[0]["loc"] == loc, error.errors
+        assert all(set(problem) == {"loc", "msg", "type"} and problem["msg"] for problem in error.errors)
+    elif expected is E.InvalidIdempotencyKey:
+        assert error.details()["reason"].startswith("the idempotency key")
+    elif expected is E.InvalidTenant:
+        assert error.details()["tenant"].isprintable()
+
+
+class _Untouchable:
+    """A store that fails the test if dispatch reaches it."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"the store was used ({name}) for input that should have been refused")
+
+
+@pytest.mark.parametrize(("command", "key", "tenant", "error", "loc"), BAD_INPUTS)
+def test_bad_input_is_refused_before_the_store(command: Any, key: Any, tenant: Any,
+                                               error: type[E.CommitlineError], loc: list | None) -> None:
+    with pytest.raises(E.CommitlineError) as caught:
+        CommandProcessor(_Untouchable()).dispatch(command, idempotency_key=key, tenant=tenant)  # type: ignore[arg-type]
+    assert_refused(caught.value, error, loc)
+
+
+def test_every_problem_is_listed_with_its_location() -> None:
+    with pytest.raises(E.InvalidCommand) as caught:
+        parse_command({**ISSUE, "user_ids": ["ok", "nul\x00", b"bytes", "x" * 5000], "extra": {1, 2}})
+    assert [(p["loc"], p["type"]) for p in caught.value.errors] == [
+        (["user_ids", 1], "string_invalid"), (["user_ids", 2], "json_type"), (["user_ids", 3], "string_invalid"),
+        (["extra"], "json_type"),
+    ]
+    assert caught.value.command_type == "issue_survey_task"
+    assert "user_ids.1: contains NUL (U+0000) at position 3" in str(caught.value)
+
+
+def test_uuid_and_decimal_objects_are_accepted_in_their_fields_only() -> None:
+    pid = uuid4()
+    from_objects = parse_command({**PAYMENT, "amount": Decimal("12.50"), "payment_id": pid})
+    assert from_objects == parse_command({**PAYMENT, "payment_id": str(pid)})
+    assert isinstance(from_objects, CreatePayment) and from_objects.payment_id == pid
+    with pytest.raises(E.InvalidCommand) as caught:
+        parse_command({**PAYMENT, "account": pid})
+    assert caught.value.errors[0]["msg"] == "UUID is not a JSON value (a UUID object is accepted in payment_id only)"
+    issued = parse_command({**ISSUE, "user_ids": ("u1", "u2")})
+    assert isinstance(issued, IssueSurveyTask) and issued.user_ids == ("u1", "u2")
+
+
+def test_amounts_up_to_the_maximum_are_accepted() -> None:
+    assert parse_command({**PAYMENT, "amount": "999999999999999.99"}).amount == Decimal("999999999999999.99")
+    assert parse_command({**PAYMENT, "amount": 10**15 - 1}).amount == Decimal(10**15 - 1)
+    assert parse_command({**PAYMENT, "currency": "XAU", "amount": "0.12345678"}).amount == Decimal("0.12345678")
+    with pytest.raises(E.InvalidCommand, match="less than 10\\^15"):
+        parse_command(payment_text("9223372036854775807"))
+
+
+def test_models_pass_the_same_boundary() -> None:
+    valid = CreateSurveyTask(title="t")
+    assert parse_command(valid) is valid
+    with pytest.raises(E.InvalidCommand) as nul:
+        parse_command(CreateSurveyTask(title="a\x00"))  # pydantic itself lets NUL through
+    assert nul.value.errors[0]["loc"] == ["title"] and nul.value.command_type == "create_survey_task"
+    with pytest.raises(E.InvalidCommand) as unvalidated:
+        parse_command(CreatePayment.model_construct(amount=12.5, currency="EUR", account="a"))
+    assert unvalidated.value.errors[0]["loc"] == ["amount"]
+
+
+def test_limits_are_parameters() -> None:
+    tight = CommandLimits(max_bytes=1024, max_string_length=40, max_list_length=2, max_depth=2)
+    assert parse_command({**ISSUE, "user_ids": ["x" * 40, "d"]}, limits=tight).user_ids == ("x" * 40, "d")
+    refusals = [({**TASK, "title": "x" * 41}, ["title"]), ({**ISSUE, "user_ids": ["a", "b", "c"]}, ["user_ids"]),
+                ({**ISSUE, "user_ids": [["a"]]}, ["user_ids", 0]), (task_text('"%s"' % ("x" * 1024)), [])]
+    for command, loc in refusals:
+        with pytest.raises(E.InvalidCommand) as caught:
+            parse_command(command, limits=tight)
+        assert caught.value.errors[0]["loc"] == loc
+
+
+def test_limits_come_from_the_environment() -> None:
+    settings = load_settings({"COMMITLINE_MAX_COMMAND_BYTES": "2048", "COMMITLINE_MAX_STRING_LENGTH": "10",
+                              "COMMITLINE_MAX_LIST_LENGTH": "7", "COMMITLINE_MAX_NESTING_DEPTH": "3"})
+    assert settings.command_limits() == CommandLimits(2048, 10, 7, 3)
+    assert load_settings({}).command_limits() == DEFAULT_LIMITS
+    with pytest.raises(E.ConfigurationError) as caught:
+        load_settings({"COMMITLINE_MAX_NESTING_DEPTH": "1"})
+    assert caught.value.variable == "COMMITLINE_MAX_NESTING_DEPTH"
+
+
+def test_usable_keys_and_tenants_pass_unchanged() -> None:
+    assert check_idempotency_key("order-7 payment/é", "create_payment") == "order-7 payment/é"
+    assert check_tenant("acme.eu-1_x") == "acme.eu-1_x"
+
+
+# -- property: whatever comes in, a Command or a typed error, never anything else -----------------------
+
+ODD = ["\x00", "\udfff", "\ud800", "\n", "\u2028", "\ufeff", "é", "💳", "\x7f"]
+text = st.text(st.one_of(st.characters(), st.sampled_from(ODD)), max_size=12)
+field_names = st.sampled_from(sorted({name for cls in COMMAND_TYPES.values() for name in cls.model_fields}))
+scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(10**6), 10**6), st.integers(2**62, 2**70), st.integers(-(2**70), -(2**62)),
+    st.floats(), text, st.binary(max_size=8), st.uuids(), st.uuids().map(str), st.decimals(),
+    st.sampled_from(["12.50", "1e15", "-1", "EUR", "XAU", "0.123456789", ITEM]),
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.lists(inner, max_size=4).map(tuple),
+        st.dictionaries(st.one_of(text, field_names, st.integers()), inner, max_size=4),
+        st.frozensets(st.one_of(st.integers(), text), max_size=3), st.sets(st.integers(), max_size=3),
+    ),
+    max_leaves=12,
+)
+commands = st.one_of(
+    st.builds(lambda kind, fields: {**fields, "type": kind}, st.one_of(st.sampled_from(sorted(COMMAND_TYPES)), text),
+              st.dictionaries(st.one_of(field_names, text), values, max_size=6)),
+    st.builds(lambda valid, name, value: {**valid, name: value}, st.sampled_from([PAYMENT, TASK, STOCK, ISSUE]),
+              field_names, values),
+    st.builds(lambda valid, value: {**valid[0], valid[1]: value},  # one field of a valid command changed
+              st.sampled_from([(PAYMENT, "account"), (PAYMENT, "amount"), (TASK, "title"), (STOCK, "quantity"),
+                               (ISSUE, "user_ids")]),
+              st.one_of(text, scalars, st.lists(text, min_size=1, max_size=3))),
+)
+
+
+def forms(value: Any) -> list[Any]:
+    """The value itself and, where Python's JSON writer can express it, as JSON text and UTF-8 bytes."""
+    try:
+        written = json.dumps(value)
+    except (TypeError, ValueError, RecursionError):
+        return [value]
+    return [value, written, written.encode("utf-8", "surrogatepass")]
+
+
+def assert_command_or_typed_error(value: Any) -> None:
+    try:
+        command = parse_command(value)
+    except E.CommitlineError as e:
+        orjson.dumps(e.to_dict())  # every error can be printed as JSON (no lone surrogates)
+        return
+    assert isinstance(command, Command)
+    stored = orjson.dumps(command.model_dump(mode="json"))  # what would be stored is valid UTF-8 ...
+    assert b"\\u0000" not in stored  # ... without NUL
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(commands, values))
+def test_any_input_gives_a_command_or_a_typed_error(value: Any) -> None:
+    for form in forms(value):
+        assert_command_or_typed_error(form)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=64) | st.text(st.one_of(st.characters(), st.sampled_from(ODD)), max_size=64))
+def test_any_text_gives_a_command_or_a_typed_error(raw: bytes | str) -> None:
+    assert_command_or_typed_error(raw)

@@ -1,0 +1,43 @@
+"""Every shape of a failure to reach or use PostgreSQL becomes StoreUnavailable, without the password."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from eventsourcing import persistence
+from psycopg_pool import PoolClosed, PoolTimeout
+
+from commitline.application.errors import StoreUnavailable
+from commitline.infrastructure.store.datastore import store_failures
+
+PARTS = {"host": "db.example", "port": 5432, "dbname": "ledger", "user": "app", "password": "hunter2"}
+
+
+def _wrapped(error: Exception) -> Exception:
+    try:
+        raise persistence.OperationalError(str(error)) from error
+    except persistence.OperationalError as e:
+        return e
+
+
+@pytest.mark.parametrize("error, shown", [
+    (psycopg.OperationalError("password hunter2 rejected"), "OperationalError: password *** rejected"),
+    (psycopg.errors.AdminShutdown("terminating connection"), "AdminShutdown: terminating connection"),
+    (psycopg.InterfaceError("the connection is closed"), "InterfaceError: the connection is closed"),
+    (PoolTimeout("couldn't get a connection after 5.00 sec"), "PoolTimeout: couldn't get a connection"),
+    (_wrapped(psycopg.errors.AdminShutdown("bye")), "AdminShutdown: bye"),  # eventsourcing's wrapper
+])
+def test_store_failures_become_store_unavailable_without_the_password(error: Exception, shown: str) -> None:
+    seen: list[BaseException] = []
+    with pytest.raises(StoreUnavailable) as raised, store_failures(PARTS, seen.append):
+        raise error
+    message = str(raised.value)
+    assert "hunter2" not in message and shown in message and "db.example:5432/ledger as app" in message
+    assert raised.value.code == "store_unavailable" and len(seen) == 1
+
+
+@pytest.mark.parametrize("error", [PoolClosed("the pool is closed"), _wrapped(PoolClosed("the pool is closed")),
+                                   psycopg.errors.UniqueViolation("duplicate key")])
+def test_a_closed_pool_and_other_errors_pass_unchanged(error: Exception) -> None:
+    with pytest.raises(type(error)), store_failures(PARTS):
+        raise error
