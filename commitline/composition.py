@@ -148,9 +148,15 @@ class Commitline:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)
             if drain:
-                pending = set(range(len(followers)))
-                for i, follower in enumerate(followers):
-                    follower.on_caught_up = lambda i=i: (pending.discard(i), pending or stop.set())
+                behind = set(followers)
+
+                def caught_up(follower: Follower) -> None:
+                    behind.discard(follower)
+                    if not behind:
+                        stop.set()
+
+                for follower in followers:
+                    follower.on_caught_up = lambda f=follower: caught_up(f)
             await asyncio.gather(*(f.run(stop) for f in followers))
 
         asyncio.run(run())

@@ -44,6 +44,12 @@ class RebuildResult:
     resumed_from: int
 
 
+@dataclass
+class RebuildMetrics:
+    position: int = 0
+    applied: int = 0
+
+
 Progress = Callable[[int, int, int], None]  # (position, head, events applied so far)
 
 
@@ -60,14 +66,12 @@ class _Replay(Follower):
         self.projection = projection
         self.schema = recorder.datastore.schema
         self.writer: Lease = self.lease
-        self.applied = 0
-        self.metrics = self  # the loop records ``position`` here
-        self.position = 0
+        self.metrics = RebuildMetrics()
 
     async def handle(self, batch: Sequence[Notification], position: int) -> Handled:
         outcome = await asyncio.to_thread(self.writer.run, lambda conn: apply_batch(
             conn, self.schema, self.projection, self.lease.name, position, batch, REBUILD_SUFFIX))
-        self.applied += outcome.applied
+        self.metrics.applied += outcome.applied
         if outcome.poison is not None:
             raise RebuildError(f"poison event at position {outcome.poison['position']} "
                                f"({outcome.poison['event_type']}): {outcome.poison['message']}")
@@ -86,7 +90,7 @@ async def _rebuild(projection: Projection, recorder: EventRecorder, conninfo: di
     if not await asyncio.to_thread(work.try_acquire):
         raise RebuildError(f"a rebuild of {projection.name} is already running")
     started = time.perf_counter()
-    report = (lambda position, head: progress(position, head, replay.applied)) if progress else None
+    report = (lambda position, head: progress(position, head, replay.metrics.applied)) if progress else None
     try:
         resumed_from = await asyncio.to_thread(work.run, lambda conn: _prepare(conn, replay.schema, projection,
                                                                               work.name))
@@ -101,8 +105,9 @@ async def _rebuild(projection: Projection, recorder: EventRecorder, conninfo: di
             await asyncio.to_thread(live.run, lambda conn: _swap(conn, replay.schema, projection, position, work.name))
         finally:
             await asyncio.to_thread(live.release, "stopped")
-        log.info("rebuilt %s up to position %d (%d events applied)", projection.name, position, replay.applied)
-        return RebuildResult(projection.name, position, replay.applied, time.perf_counter() - started, resumed_from)
+        applied = replay.metrics.applied
+        log.info("rebuilt %s up to position %d (%d events applied)", projection.name, position, applied)
+        return RebuildResult(projection.name, position, applied, time.perf_counter() - started, resumed_from)
     finally:
         await replay.wakeup.close()
         await asyncio.to_thread(work.release, "stopped")

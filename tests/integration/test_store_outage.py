@@ -138,7 +138,7 @@ def test_a_projector_rides_out_a_postgres_restart_and_catches_up(
 
         server.kill()
         wait_for(lambda: logged("retrying with back-off") == 1, "the outage to be logged")
-        wait_for(lambda: follower.follower._store_outage[1] >= 3, "a few attempts in back-off")
+        wait_for(lambda: follower.follower.store_outage.failures >= 3, "a few attempts in back-off")
         server.start()
         app.dispatch({**PAYMENT, "account": "acc-43"}, idempotency_key="pay-2")
         follower.wait_until_at(app.recorder.max_notification_id() or 0)

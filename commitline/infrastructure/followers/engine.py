@@ -8,8 +8,8 @@ runner, a rebuild) is a ``Follower`` that says only two things:
   one that met a poison event returns it (``poison=...``) and the loop then waits for an
   operator's ``retry`` or ``skip``;
 - its failure policy: ``retry_on`` lists the errors after which the same batch is tried
-  again with bounded, jittered exponential back-off (tenacity), status ``retrying`` while it
-  lasts, logged once when it starts and once when it ends; anything else propagates.
+  again with bounded, jittered exponential back-off (``outage.py``), status ``retrying`` while
+  it lasts, logged once when it starts and once when it ends; anything else propagates.
 
 The loop does the rest: waits for the lease (polling, so a standby never blocks the owner),
 reads the gap-safe log after the saved position, saves the position only after ``handle``
@@ -25,17 +25,15 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import random
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from eventsourcing.persistence import Notification
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_random_exponential
 
 from commitline.application.errors import StoreUnavailable
 from commitline.infrastructure.followers.lease import Lease, LeaseLost, instance_id
+from commitline.infrastructure.followers.outage import Outage
 from commitline.infrastructure.followers.wakeup import LogWakeup, wait_or_stop
 from commitline.infrastructure.store.recorder import EventRecorder
 
@@ -56,13 +54,12 @@ class Follower:
     """A follower of the notification log; subclasses supply ``handle`` and their failure policy."""
 
     retry_on: tuple[type[BaseException], ...] = ()
-    max_backoff: float = 10.0
     outage_subject = ""  # what is failing, for the two outage log lines (default: the lease name)
     yields_to_waiters = False
     metrics: Any  # has .position
 
     def __init__(self, recorder: EventRecorder, conninfo: dict[str, Any], name: str, *, batch_size: int,
-                 poll_interval: float, owner: str | None = None):
+                 poll_interval: float, owner: str | None = None, max_backoff: float = 10.0):
         self.recorder = recorder
         self.conninfo = conninfo
         self.batch_size = batch_size
@@ -71,9 +68,9 @@ class Follower:
         self.lease = Lease(conninfo, recorder.datastore.schema, name, self.owner)
         self.wakeup = LogWakeup(conninfo, recorder.channel_name)
         self.on_caught_up: Callable[[], None] | None = None  # e.g. ``publish --drain`` stops here
-        self._outage_started: float | None = None
-        self._store_outage: tuple[float, int] | None = None  # (since, failed attempts) while PostgreSQL fails
-        self._log = logging.getLogger(type(self).__module__)  # outages are logged under the follower's name
+        follower_log = logging.getLogger(type(self).__module__)  # outages are logged under the follower's name
+        self.outage = Outage(follower_log, self.outage_subject or name, max_backoff)
+        self.store_outage = Outage(follower_log, f"{name}: PostgreSQL", max_backoff)
 
     # -- what a follower supplies ------------------------------------------------------
 
@@ -104,14 +101,16 @@ class Follower:
             while not stop.is_set():
                 try:
                     if not await asyncio.to_thread(self.lease.try_acquire):
-                        self._store_available()
+                        self.store_outage.recovered()
                         await wait_or_stop(stop, LEASE_POLL_SECONDS)
                         continue
                     await self._work_while_owner(stop)
                 except LeaseLost as e:
                     log.error("%s; waiting to own %s again", e, self.lease.name)
-                except StoreUnavailable as e:
-                    await self._back_off_store_outage(e, stop)
+                except StoreUnavailable as e:  # let the lease go: another instance may reach the store
+                    delay = self.store_outage.failed(e)
+                    await asyncio.to_thread(self.lease.release, "retrying")
+                    await wait_or_stop(stop, delay)
         finally:
             await self.on_stop()
             await self.wakeup.close()
@@ -133,7 +132,7 @@ class Follower:
                 position, status = await asyncio.to_thread(self.lease.own_row)
                 continue
             handled = await self.step(self.lease, position, stop)
-            self._store_available()
+            self.store_outage.recovered()
             if handled is None:
                 if self.on_caught_up is not None and await self._caught_up(position):
                     self.on_caught_up()
@@ -176,22 +175,6 @@ class Follower:
             if progress is not None:
                 progress(position, head)
 
-    async def _back_off_store_outage(self, error: StoreUnavailable, stop: asyncio.Event) -> None:
-        """Let the lease go (another instance may reach the store) and wait before trying again."""
-        since, failures = self._store_outage or (time.monotonic(), 0)
-        if failures == 0:
-            self._log.error("%s: %s; retrying with back-off up to %.1f s", self.lease.name, error, self.max_backoff)
-        self._store_outage = (since, failures + 1)
-        await asyncio.to_thread(self.lease.release, "retrying")
-        await wait_or_stop(stop, random.uniform(0, min(self.max_backoff, 0.2 * 2 ** min(failures, 16))))
-
-    def _store_available(self) -> None:
-        if self._store_outage is not None:
-            since, failures = self._store_outage
-            self._store_outage = None
-            self._log.warning("%s: PostgreSQL available again after %.1f s and %d failed attempts",
-                              self.lease.name, time.monotonic() - since, failures)
-
     async def _caught_up(self, position: int) -> bool:
         # An empty read can also mean a gap still being proven; only the head tells them apart.
         head = await asyncio.to_thread(self.recorder.max_notification_id)
@@ -199,39 +182,18 @@ class Follower:
 
     async def _handle_retrying(self, batch: Sequence[Notification], position: int, lease: Lease,
                                stop: asyncio.Event) -> Handled | None:
-        async def failed(state: RetryCallState) -> None:
-            error = state.outcome.exception() if state.outcome else None
-            assert error is not None
-            if self._outage_started is None:
-                self._outage_started = time.monotonic()
-                self._log.error("%s unavailable (%s: %s); retrying the batch at position %d with back-off up to "
-                                "%.1f s", self.outage_subject or self.lease.name, type(error).__name__, error,
-                                batch[0].id, self.max_backoff)
-            await asyncio.to_thread(lease.set_status, "retrying",
-                                    {"message": f"{type(error).__name__}: {error}", "position": batch[0].id})
-            await self.on_failure(error, state.attempt_number)
-
-        retrying = AsyncRetrying(
-            retry=retry_if_exception_type(self.retry_on) if self.retry_on else retry_if_exception_type(()),
-            wait=wait_random_exponential(multiplier=0.2, max=self.max_backoff),
-            stop=lambda _: stop.is_set(),
-            before_sleep=failed,
-            sleep=lambda seconds: wait_or_stop(stop, seconds),
-            reraise=True,
-        )
-        attempts = 0
-        try:
-            async for attempt in retrying:
-                with attempt:
-                    attempts = attempt.retry_state.attempt_number
-                    handled = await self.handle(batch, position)
-        except self.retry_on:
-            if stop.is_set():
-                return None
-            raise
-        if attempts > 1:
-            down_for = time.monotonic() - (self._outage_started or time.monotonic())
-            self._log.warning("%s available again after %.1f s and %d failed attempts; catching up",
-                              self.outage_subject or self.lease.name, down_for, attempts - 1)
-        self._outage_started = None
-        return handled
+        """``handle`` the batch, trying it again after each ``retry_on`` error; None if stopped meanwhile."""
+        while True:
+            try:
+                handled = await self.handle(batch, position)
+            except self.retry_on as error:
+                delay = self.outage.failed(error, f" at position {batch[0].id}")
+                await asyncio.to_thread(lease.set_status, "retrying",
+                                        {"message": f"{type(error).__name__}: {error}", "position": batch[0].id})
+                await self.on_failure(error, self.outage.failures)
+                await wait_or_stop(stop, delay)
+                if stop.is_set():
+                    return None
+                continue
+            self.outage.recovered()
+            return handled

@@ -63,9 +63,9 @@ class KafkaPublisher(Follower):
         on_published: Callable[[Sequence[KafkaRecord]], None] | None = None,
     ):
         super().__init__(recorder, conninfo, PUBLISHER, batch_size=settings.publish_batch_size,
-                         poll_interval=settings.publish_poll_interval_ms / 1000, owner=owner)
+                         poll_interval=settings.publish_poll_interval_ms / 1000, owner=owner,
+                         max_backoff=settings.publish_max_backoff_ms / 1000)
         self.settings = settings
-        self.max_backoff = settings.publish_max_backoff_ms / 1000
         self.metrics = PublisherMetrics()
         self.on_published = on_published
         self.topics = [topic_for(settings.kafka_topic_prefix, a.__name__) for a in AGGREGATES]
