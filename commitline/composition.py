@@ -140,7 +140,8 @@ class Commitline:
         return FulfilmentRunner(saga or self.saga(), self.recorder, self.conninfo, **options)
 
     def run_until_signalled(self, *followers: Follower, drain: bool = False) -> None:
-        """Run the followers until SIGINT or SIGTERM (or, with ``drain``, until each has caught up)."""
+        """Run the followers until SIGINT or SIGTERM (or, with ``drain``, until each has caught up or stopped
+        at a poison event: its ``waiting_for_operator`` says which)."""
 
         async def run() -> None:
             stop = asyncio.Event()
@@ -155,8 +156,8 @@ class Commitline:
                     if not behind:
                         stop.set()
 
-                for follower in followers:
-                    follower.on_caught_up = lambda f=follower: caught_up(f)
+                for follower in followers:  # one stopped at a poison event cannot catch up: it is done too
+                    follower.on_caught_up = follower.on_poisoned = lambda f=follower: caught_up(f)
             await asyncio.gather(*(f.run(stop) for f in followers))
 
         asyncio.run(run())
@@ -214,7 +215,7 @@ def bootstrap(settings: Settings | None = None, *, apply_migrations: bool = True
         if embedded is not None:
             embedded.stop()
         raise StoreUnavailable(describe_failure(e, parts)) from None
-    store = PostgresEventStore(recorder, settings.snapshot_interval)
+    store = PostgresEventStore(recorder, settings.snapshot_interval, max_event_bytes=settings.max_event_bytes)
     retry = RetryPolicy(
         settings.retry_max_attempts, settings.retry_base_delay_ms / 1000, settings.retry_max_delay_ms / 1000
     )

@@ -141,6 +141,15 @@ class WrongAggregateType(CommitlineError):
     message = "{aggregate_id} is a {actual}, not a {expected}"
 
 
+class EventTooLarge(CommitlineError):
+    """The command would store an event above ``COMMITLINE_MAX_EVENT_BYTES``; nothing was written."""
+
+    code = "event_too_large"
+    fields = ("command_type", "event_type", "size", "limit")
+    message = ("{command_type} would store a {event_type} event of {size} bytes, above the limit of {limit} "
+               "(COMMITLINE_MAX_EVENT_BYTES); nothing was written")
+
+
 class ConfigurationError(CommitlineError):
     code = "configuration_error"
     fields = ("variable", "reason")
@@ -188,6 +197,7 @@ __all__ = [
     "ConfigurationError",
     "DomainError",
     "DuplicateReservation",
+    "EventTooLarge",
     "IdempotencyKeyReused",
     "IllegalTransition",
     "InsufficientStock",

@@ -40,7 +40,8 @@ class EventStore(Protocol):
     def append(
         self, aggregate: Aggregate, events: Sequence[Event], *, tenant: str, idempotency: IdempotencyRecord | None
     ) -> None:
-        """Atomically store the events and the idempotency record, or raise StreamMoved/KeyAlreadyRecorded."""
+        """Atomically store the events and the idempotency record, or raise StreamMoved/KeyAlreadyRecorded
+        (or EventTooLarge, before writing anything)."""
 
     def find_outcome(self, tenant: str, key: str) -> IdempotencyRecord | None: ...
 

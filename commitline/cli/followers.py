@@ -1,4 +1,4 @@
-"""Follower commands: ``publish``, ``status``, ``project`` and ``projections ...``."""
+"""Follower commands: ``publish``, ``publisher ...``, ``status``, ``project`` and ``projections ...``."""
 
 from __future__ import annotations
 
@@ -24,6 +24,11 @@ def cmd_publish(args: argparse.Namespace) -> int:
                         app.embedded_kafka.bootstrap_servers)
         app.run_until_signalled(publisher, drain=args.drain)
         m = publisher.metrics
+        if publisher.waiting_for_operator:
+            log.error("publisher stopped at a poison record after position %d (%d events published); "
+                      "see `commitline status`, then `commitline publisher retry` or `skip`", m.position,
+                      m.events_published)
+            return EXIT_REFUSED
         log.info("publisher stopped cleanly: %d events in %d batches, position %d", m.events_published, m.batches,
                  m.position)
     return EXIT_OK
@@ -123,11 +128,13 @@ def cmd_projections_rebuild(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_projections_intervene(args: argparse.Namespace) -> int:
+def cmd_intervene(args: argparse.Namespace) -> int:
     from commitline.composition import bootstrap
     from commitline.infrastructure.followers.interventions import InterventionRefused, retry, skip
 
-    name = args.name
+    from commitline.infrastructure.kafka.publisher import PUBLISHER
+
+    name = getattr(args, "name", PUBLISHER)
     with bootstrap() as app:
         try:
             if args.action == "skip":
@@ -160,6 +167,17 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     publish.add_argument("--drain", action="store_true", help="exit once everything stored so far is published")
     publish.set_defaults(run=cmd_publish)
 
+    publisher = sub.add_parser("publisher", help="skip or retry the record the publisher stopped at")
+    pubsub = publisher.add_subparsers(dest="publisher_command", required=True, metavar="ACTION")
+    pubskip = pubsub.add_parser("skip", help="never publish the poison record the publisher stopped at (explicit, "
+                                "logged); it continues after it")
+    pubskip.add_argument("--position", type=int, required=True, help="the record's position, as status shows it")
+    pubskip.add_argument("--reason", default="", help="why it is safe to skip it (kept in the intervention log)")
+    pubskip.set_defaults(run=cmd_intervene, action="skip")
+    pubretry = pubsub.add_parser("retry", help="try the record the publisher stopped at again (e.g. after raising "
+                                 "COMMITLINE_KAFKA_MAX_MESSAGE_BYTES to the broker's limit)")
+    pubretry.set_defaults(run=cmd_intervene, action="retry")
+
     status = sub.add_parser("status", help="show each follower's position, the log head and the lag")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(run=cmd_status)
@@ -186,8 +204,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     pskip.add_argument("name", metavar="NAME", type=_projection_name)
     pskip.add_argument("--position", type=int, required=True, help="the poison event's position, as status shows it")
     pskip.add_argument("--reason", default="", help="why it is safe to skip it (kept in the intervention log)")
-    pskip.set_defaults(run=cmd_projections_intervene, action="skip")
+    pskip.set_defaults(run=cmd_intervene, action="skip")
     pretry = psub.add_parser("retry", help="let a projection stopped at a poison event try it again")
     pretry.add_argument("name", metavar="NAME", type=_projection_name)
-    pretry.set_defaults(run=cmd_projections_intervene, action="retry")
+    pretry.set_defaults(run=cmd_intervene, action="retry")
 

@@ -6,10 +6,17 @@ the task's own stream, so thousands of users answering at once never contend for
 stream version, and a re-issue never blocks an answer. The task stream holds who was
 issued; the assignment stream holds that user's answer. Task-status counters are
 built from both by a projection, never updated on the command path.
+
+A large issue (up to 100,000 users) is recorded as several ``SurveyTaskIssued`` events of
+one round (``part`` of ``parts``), each holding at most ``ISSUE_EVENT_BUDGET`` bytes of user
+ids, all appended atomically by the one command: every stored event, and every Kafka record
+made from it, stays well below Kafka's default 1 MB message limit.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from uuid import UUID, uuid5
@@ -19,6 +26,9 @@ from commitline.domain.errors import InvalidValue, TaskClosed, UserNotIssued, Us
 from commitline.domain.fsm import table
 
 MAX_USERS_PER_ISSUE = 100_000
+ISSUE_EVENT_BUDGET = 256 * 1024
+"""largest size of one ``SurveyTaskIssued`` event's user ids, as JSON bytes"""
+_ESCAPED_IN_JSON = re.compile(r'[\x00-\x1f"\\]')
 _ASSIGNMENT_NAMESPACE = UUID("6f1c3a52-9d7e-4c39-8a0e-2b5d1e7c9f40")
 
 
@@ -45,6 +55,8 @@ class SurveyTaskCreated(Event):
 class SurveyTaskIssued(Event):
     round: int
     user_ids: tuple[str, ...]
+    part: int = 1  # this event's share of the round's users ...
+    parts: int = 1  # ... of this many events, appended together
 
 
 class SurveyTaskClosed(Event):
@@ -54,6 +66,29 @@ class SurveyTaskClosed(Event):
 class SurveyTaskAnswered(Event):
     task_id: UUID
     user_id: str
+
+
+def json_size(user_id: str) -> int:
+    """An upper bound of the id's size in a JSON list: UTF-8 bytes, quotes, comma, escapes."""
+    size = len(user_id.encode("utf-8", "surrogatepass")) + 3
+    if _ESCAPED_IN_JSON.search(user_id):
+        size += 5 * len(_ESCAPED_IN_JSON.findall(user_id))
+    return size
+
+
+def in_parts(user_ids: Sequence[str], budget: int = ISSUE_EVENT_BUDGET) -> Iterator[tuple[str, ...]]:
+    """The ids in order, cut into runs of at most ``budget`` JSON bytes (a longer id goes alone)."""
+    part: list[str] = []
+    size = 0
+    for user_id in user_ids:
+        cost = json_size(user_id)
+        if part and size + cost > budget:
+            yield tuple(part)
+            part, size = [], 0
+        part.append(user_id)
+        size += cost
+    if part:
+        yield tuple(part)
 
 
 def assignment_id(task_id: UUID, user_id: str) -> UUID:
@@ -92,7 +127,10 @@ class SurveyTask(Aggregate):
         already = unique & self.issued
         if already:
             raise UsersAlreadyIssued(str(self.id), already)
-        self._emit(SurveyTaskIssued, round=self.rounds + 1, user_ids=tuple(user_ids))
+        round_ = self.rounds + 1
+        parts = list(in_parts(user_ids))
+        for number, part in enumerate(parts, start=1):
+            self._emit(SurveyTaskIssued, round=round_, user_ids=part, part=number, parts=len(parts))
 
     def close(self) -> None:
         self._move(TaskState.CLOSED, SurveyTaskClosed)

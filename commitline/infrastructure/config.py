@@ -92,6 +92,12 @@ class Settings(BaseSettings):
     """events applied per projection transaction (live and rebuild)"""
     metrics_interval_s: float = Field(30, gt=0, validation_alias="COMMITLINE_METRICS_INTERVAL_S")
     """how often followers log their metrics"""
+    max_event_bytes: int = Field(900_000, ge=300_000, le=64 * 1024 * 1024,
+                                 validation_alias="COMMITLINE_MAX_EVENT_BYTES")
+    """largest stored event in bytes (at least 300000); a larger one is refused with `EventTooLarge`"""
+    kafka_max_message_bytes: int = Field(1_048_588, ge=1024, le=2**31 - 1,
+                                         validation_alias="COMMITLINE_KAFKA_MAX_MESSAGE_BYTES")
+    """the broker's `message.max.bytes`: the publisher stops at a larger record for `commitline publisher skip`/`retry`"""
     max_command_bytes: int = Field(CommandLimits.max_bytes, ge=1024, le=2**30,
                                    validation_alias="COMMITLINE_MAX_COMMAND_BYTES")
     """largest command accepted, in bytes of JSON (also a stdin line of `commitline dispatch`)"""

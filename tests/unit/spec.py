@@ -12,6 +12,8 @@ that the aggregate did not change. Both return what they checked for further ass
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -38,7 +40,10 @@ class Fact:
 
 
 def event(event_type: type[Event], **payload: Any) -> Fact:
-    return Fact(event_type, payload)
+    """The payload as stated; fields the statement leaves out take their declared defaults."""
+    defaults = {f.name: f.default for f in dataclasses.fields(event_type)
+                if f.default is not dataclasses.MISSING and f.name not in Event.ENVELOPE}
+    return Fact(event_type, {**defaults, **payload})
 
 
 def recorded(aggregate_id: UUID, facts: tuple[Fact, ...], after: int = 0) -> list[Event]:

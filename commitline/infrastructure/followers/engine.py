@@ -68,6 +68,8 @@ class Follower:
         self.lease = Lease(conninfo, recorder.datastore.schema, name, self.owner)
         self.wakeup = LogWakeup(conninfo, recorder.channel_name)
         self.on_caught_up: Callable[[], None] | None = None  # e.g. ``publish --drain`` stops here
+        self.on_poisoned: Callable[[], None] | None = None  # stopped at a poison event (``--drain`` stops too)
+        self.waiting_for_operator = False
         follower_log = logging.getLogger(type(self).__module__)  # outages are logged under the follower's name
         self.outage = Outage(follower_log, self.outage_subject or name, max_backoff)
         self.store_outage = Outage(follower_log, f"{name}: PostgreSQL", max_backoff)
@@ -127,7 +129,10 @@ class Follower:
                 await asyncio.to_thread(self.lease.release, "yielded")
                 await wait_or_stop(stop, OPERATOR_POLL_SECONDS)
                 return
+            self.waiting_for_operator = status == "failed"
             if status == "failed":  # stopped at a poison event: wait for an operator's retry or skip
+                if self.on_poisoned is not None:
+                    self.on_poisoned()
                 await wait_or_stop(stop, OPERATOR_POLL_SECONDS)
                 position, status = await asyncio.to_thread(self.lease.own_row)
                 continue
@@ -155,7 +160,7 @@ class Follower:
         if handled is None:  # asked to stop during an outage
             return Handled(position, saved=True)
         if not handled.saved:
-            await asyncio.to_thread(lease.save_position, handled.position)
+            await asyncio.to_thread(lease.save_position, handled.position, handled.poison)
         self.metrics.position = handled.position
         await self.on_saved(batch, handled)
         return handled

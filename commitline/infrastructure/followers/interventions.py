@@ -1,4 +1,5 @@
-"""Operator decisions about a projection stopped at a poison event: skip it or retry it.
+"""Operator decisions about a follower (a projection, the publisher) stopped at a poison event: skip it or
+retry it.
 
 Both are explicit: a skip must name the exact position the projection stopped at, and
 every decision is logged and kept in ``follower_interventions`` with the error it answered.
@@ -36,9 +37,9 @@ def skip(datastore: PostgresDatastore, name: str, position: int, reason: str = "
                 f"{name} stopped at position {error['position']}, not {position}: refusing to skip anything else")
         positions.save(conn, name, position)
         positions.record_intervention(conn, name, "skip", position, {"error": error, "reason": reason})
-    log.warning("projection %s: operator skipped poison event at position %d (%s): %s", name, position,
+    log.warning("%s: operator skipped poison event at position %d (%s): %s", name, position,
                 error["event_type"], reason or "no reason given")
-    return f"{name}: skipped the {error['event_type']} event at position {position}; the projector continues after it"
+    return f"{name}: skipped the {error['event_type']} event at position {position}; it continues after it"
 
 
 def retry(datastore: PostgresDatastore, name: str) -> str:
@@ -47,5 +48,5 @@ def retry(datastore: PostgresDatastore, name: str) -> str:
         error = _stopped_at(positions, conn, name)
         positions.set_status(conn, name, "running")
         positions.record_intervention(conn, name, "retry", error["position"], {"error": error})
-    log.warning("projection %s: operator asked to retry the event at position %d", name, error["position"])
+    log.warning("%s: operator asked to retry the event at position %d", name, error["position"])
     return f"{name}: will retry the event at position {error['position']}"

@@ -108,8 +108,9 @@ class Lease:
         position, status, _ = self.run(lambda conn: self.positions.read(conn, self.name))
         return position, status
 
-    def save_position(self, position: int) -> None:
-        self.run(lambda conn: self.positions.save(conn, self.name, position))
+    def save_position(self, position: int, poison: dict[str, Any] | None = None) -> None:
+        """Move the position; with ``poison`` the follower stops there for an operator."""
+        self.run(lambda conn: self.positions.save(conn, self.name, position, poison=poison))
 
     def set_status(self, status: str, error: dict[str, Any] | None = None) -> None:
         self.run(lambda conn: self.positions.set_status(conn, self.name, status, error))
@@ -128,7 +129,7 @@ class Lease:
         if self._conn is None:
             return
         try:
-            self.set_status(status)
+            self.run(lambda conn: self.positions.released(conn, self.name, status))
             self._conn.execute("SELECT pg_advisory_unlock(hashtext('commitline'), hashtext(%s))", (self._lock_key,))
         except (LeaseLost, psycopg.Error):
             pass

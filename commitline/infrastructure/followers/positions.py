@@ -95,6 +95,13 @@ class Positions:
         conn.execute(self._sql("UPDATE {positions} SET status = %s, error = %s, updated_at = now() WHERE name = %s"),
                      (status, Jsonb(error) if error is not None else None, name))
 
+    def released(self, conn: Connection, name: str, status: str) -> None:
+        """The owner let go: ``status`` unless the follower is stopped at a poison event, which stays on record
+        (with its error) until an operator's ``retry`` or ``skip``."""
+        conn.execute(self._sql(
+            "UPDATE {positions} SET status = CASE WHEN status = 'failed' THEN status ELSE %s END, "
+            "error = CASE WHEN status = 'failed' THEN error END, updated_at = now() WHERE name = %s"), (status, name))
+
     def delete(self, conn: Connection, name: str) -> None:
         conn.execute(self._sql("DELETE FROM {positions} WHERE name = %s"), (name,))
 

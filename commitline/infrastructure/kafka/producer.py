@@ -6,6 +6,11 @@ partition would hold event 3 without event 2. ``send_in_order`` therefore sends 
 waves: at most one record batch per partition per wave (a record batch is appended
 atomically), and the next wave only after every batch of this one is acknowledged. A
 failure stops the sending before anything later of that partition leaves the process.
+
+Size: a record batch never exceeds the broker's ``message.max.bytes``
+(``COMMITLINE_KAFKA_MAX_MESSAGE_BYTES``): batches of several records stay below it, and
+``record_size`` lets the publisher hold back a single record that is larger. A batch the
+broker refuses as too large anyway raises ``RecordRefused`` naming its first record.
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import MessageSizeTooLargeError, RecordListTooLargeError, RecordTooLargeError
 from aiokafka.partitioner import murmur2
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from commitline.infrastructure.config import Settings
 from commitline.infrastructure.kafka.envelope import KafkaRecord
@@ -27,8 +34,26 @@ BATCH_BYTES = 512 * 1024
 TOPIC_ALREADY_EXISTS = 36
 
 
+TOO_LARGE = (MessageSizeTooLargeError, RecordListTooLargeError, RecordTooLargeError)
+
+
 class TopicSetupFailed(RuntimeError):
     pass
+
+
+class RecordRefused(Exception):
+    """The broker refused the record batch starting with ``record`` as too large."""
+
+    def __init__(self, record: KafkaRecord, error: BaseException):
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.record = record
+        self.error = error
+
+
+def record_size(record: KafkaRecord) -> int:
+    """An upper bound of the record's size in a record batch of its own: what the broker compares
+    with ``message.max.bytes``."""
+    return DefaultRecordBatchBuilder.estimate_size_in_bytes(record.key, record.value, record.headers)
 
 
 def client_options(settings: Settings) -> dict[str, Any]:
@@ -50,8 +75,8 @@ def new_producer(settings: Settings, client_id: str) -> AIOKafkaProducer:
         client_id=client_id,
         acks="all",
         enable_idempotence=settings.kafka_idempotence,
-        max_batch_size=BATCH_BYTES,
-        max_request_size=4 * BATCH_BYTES,
+        max_batch_size=min(BATCH_BYTES, settings.kafka_max_message_bytes),
+        max_request_size=max(4 * BATCH_BYTES, settings.kafka_max_message_bytes),
         linger_ms=0,
         request_timeout_ms=10_000,
         retry_backoff_ms=200,
@@ -79,7 +104,8 @@ def partition_for(key: bytes, partitions: int) -> int:
 
 
 async def send_in_order(producer: AIOKafkaProducer, records: Sequence[KafkaRecord]) -> None:
-    """Send and wait for every record's acknowledgement; raise on the first failure."""
+    """Send and wait for every record's acknowledgement; raise on the first failure (``RecordRefused``
+    when the broker refused a batch as too large)."""
     counts: dict[str, int] = {}
     queues: dict[tuple[str, int], deque[KafkaRecord]] = {}
     for record in records:
@@ -88,16 +114,24 @@ async def send_in_order(producer: AIOKafkaProducer, records: Sequence[KafkaRecor
         tp = (record.topic, partition_for(record.key, counts[record.topic]))
         queues.setdefault(tp, deque()).append(record)
     while queues:
+        firsts: list[KafkaRecord] = []
         acks = []
         for tp, queue in list(queues.items()):
             batch = producer.create_batch()
+            firsts.append(queue[0])
+            # An empty batch takes its first record whatever its size: the caller checked it with record_size.
             while queue and batch.append(
                 key=queue[0].key, value=queue[0].value, timestamp=queue[0].timestamp_ms, headers=queue[0].headers
             ) is not None:
                 queue.popleft()
-            if batch.record_count() == 0:
-                raise ValueError(f"event {queue[0].event_id} is larger than a record batch ({BATCH_BYTES} bytes)")
             acks.append(await producer.send_batch(batch, tp[0], partition=tp[1]))
             if not queue:
                 del queues[tp]
-        await asyncio.gather(*acks)
+        outcomes = await asyncio.gather(*acks, return_exceptions=True)
+        refused = [(first, o) for first, o in zip(firsts, outcomes) if isinstance(o, TOO_LARGE)]
+        if refused:
+            first, error = min(refused, key=lambda r: r[0].notification_id)
+            raise RecordRefused(first, error)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome

@@ -10,6 +10,12 @@ reordered per aggregate. Each record carries its event id for consumer deduplica
 While the broker fails, the batch is retried with bounded exponential back-off; the
 outage is logged once when it starts and once when it ends. Commands keep working: the
 command path never talks to Kafka.
+
+A record the broker cannot take (larger than ``COMMITLINE_KAFKA_MAX_MESSAGE_BYTES``, or
+refused by the broker as too large) is a poison record, never retried on its own: the
+events before it are published, the publisher stops at it with the reason in ``status``,
+and waits for an operator: ``commitline publisher retry`` (after raising the limit) or
+``commitline publisher skip --position N`` (kept in the intervention log).
 """
 
 from __future__ import annotations
@@ -30,7 +36,13 @@ from commitline.infrastructure.config import Settings
 from commitline.infrastructure.kafka.envelope import KafkaRecord, to_record, topic_for
 from commitline.infrastructure.followers.engine import Follower, Handled
 from commitline.infrastructure.followers.wakeup import wait_or_stop
-from commitline.infrastructure.kafka.producer import ensure_topics, new_producer, send_in_order
+from commitline.infrastructure.kafka.producer import (
+    RecordRefused,
+    ensure_topics,
+    new_producer,
+    record_size,
+    send_in_order,
+)
 from commitline.infrastructure.store.recorder import EventRecorder
 
 log = logging.getLogger(__name__)
@@ -82,9 +94,29 @@ class KafkaPublisher(Follower):
 
     async def handle(self, batch: Sequence[Notification], position: int) -> Handled:
         records = [to_record(n, self.settings.kafka_topic_prefix, self.owner) for n in batch]
-        await send_in_order(await self._producer_ready(), records)
-        self._acked = records
-        return Handled(batch[-1].id)
+        end, reason = len(records), ""
+        limit = self.settings.kafka_max_message_bytes
+        for i, record in enumerate(records):
+            if (size := record_size(record)) > limit:
+                end, reason = i, (f"record of {size} bytes is larger than the broker's limit of {limit} bytes "
+                                  "(COMMITLINE_KAFKA_MAX_MESSAGE_BYTES)")
+                break
+        producer = await self._producer_ready()
+        while True:  # send everything before the first record the broker cannot take
+            try:
+                await send_in_order(producer, records[:end])
+                break
+            except RecordRefused as refused:
+                end = records.index(refused.record)
+                reason = (f"the broker refused the record batch starting here as too large ({refused}); "
+                          "set COMMITLINE_KAFKA_MAX_MESSAGE_BYTES to the broker's message.max.bytes")
+        self._acked = records[:end]
+        if end == len(records):
+            return Handled(batch[-1].id)
+        stopped = batch[end]
+        poison = {"position": stopped.id, "event_type": stopped.topic, "aggregate_id": str(stopped.originator_id),
+                  "version": stopped.originator_version, "message": reason}
+        return Handled(batch[end - 1].id if end else position, poison=poison)
 
     async def on_failure(self, error: BaseException, attempt: int) -> None:
         self.metrics.retries += 1
@@ -92,7 +124,7 @@ class KafkaPublisher(Follower):
 
     async def on_saved(self, batch: Sequence[Notification], handled: Handled) -> None:
         m = self.metrics
-        m.events_published += len(batch)
+        m.events_published += len(self._acked)
         m.batches += 1
         if self.on_published is not None:
             self.on_published(self._acked)

@@ -1,6 +1,10 @@
 """The application's ``EventStore`` on PostgreSQL: loading aggregates (snapshot + replay),
 appending their events, idempotency records, and taking snapshots of long streams.
 
+No stored event may exceed ``max_event_bytes`` (a Kafka record is made of each one): a
+command that would write a larger one is refused with ``EventTooLarge`` before anything
+is written.
+
 It remembers the chain hash of each recently loaded or written stream head, so appending
 the next events continues the hash chain without another read in the common case.
 """
@@ -15,7 +19,7 @@ from typing import TypeVar
 from uuid import UUID
 
 from commitline.application.chain import chain
-from commitline.application.errors import WrongAggregateType
+from commitline.application.errors import EventTooLarge, WrongAggregateType
 from commitline.application.ports import IdempotencyRecord
 from commitline.domain import Aggregate, Event
 from commitline.infrastructure.store.codec import decode_event, decode_snapshot, encode_event, encode_snapshot
@@ -26,9 +30,11 @@ log = logging.getLogger(__name__)
 
 
 class PostgresEventStore:
-    def __init__(self, recorder: EventRecorder, snapshot_interval: int = 100, remembered_heads: int = 100_000):
+    def __init__(self, recorder: EventRecorder, snapshot_interval: int = 100, remembered_heads: int = 100_000, *,
+                 max_event_bytes: int = 900_000):
         self.recorder = recorder
         self.snapshot_interval = snapshot_interval
+        self.max_event_bytes = max_event_bytes
         self._heads: OrderedDict[UUID, tuple[int, bytes]] = OrderedDict()
         self._heads_limit = remembered_heads
         self._heads_lock = threading.Lock()
@@ -52,6 +58,10 @@ class PostgresEventStore:
         self, aggregate: Aggregate, events: Sequence[Event], *, tenant: str, idempotency: IdempotencyRecord | None
     ) -> None:
         stored = [encode_event(e, tenant) for e in events]
+        for s in stored:
+            if len(s.state) > self.max_event_bytes:
+                raise EventTooLarge(idempotency.command_type if idempotency else "the command", s.topic, len(s.state),
+                                    self.max_event_bytes)
         before = stored[0].originator_version - 1
         links = chain(self._head_hash(aggregate.id, before), stored)
         self.recorder.append(stored, idempotency, links=links)

@@ -57,6 +57,12 @@ EVENTS_TABLE = "events"
 IDEMPOTENCY_TABLE = "idempotency_keys"
 SNAPSHOTS_TABLE = "snapshots"
 _MAX_TRACKED_GAPS = 100_000
+# Appends whose event states add up to more than this are sent statement by statement instead of in
+# one pipeline. psycopg's pipeline stops flushing once its last command is queued and then waits only
+# for replies; what the kernel's socket buffers could not take by then is never sent, so the server
+# waits for the rest of the message and the client for a reply, forever, with the transaction open.
+# Below Linux's initial TCP send buffer (16 KiB, net.ipv4.tcp_wmem) everything is always taken at once.
+PIPELINE_MAX_BYTES = 8 * 1024
 
 
 @dataclass(frozen=True)
@@ -119,10 +125,12 @@ class EventRecorder(PostgresApplicationRecorder):
             [p for p, _ in links],
             [h for _, h in links],
         )
+        size = sum(len(e.state) for e in stored_events)
+        insert = self._insert_in_one_round_trip if size <= PIPELINE_MAX_BYTES else self._insert_in_steps
         try:
             with self.datastore.connection() as conn:
                 try:
-                    ids = self._insert_in_one_round_trip(conn, params, idempotency)
+                    ids = insert(conn, params, idempotency)
                 except BaseException:
                     # A broken connection (UNKNOWN) has no transaction left to roll back: the server ended it.
                     if conn.info.transaction_status not in (TransactionStatus.IDLE, TransactionStatus.UNKNOWN):
@@ -155,6 +163,20 @@ class EventRecorder(PostgresApplicationRecorder):
             cur.execute(self._q.notify)
             pipeline.sync()
             return [row[0] for row in inserted.fetchall()]
+
+    def _insert_in_steps(self, conn: Any, params: tuple[Any, ...], idempotency: IdempotencyRecord | None) -> list[int]:
+        # The same statements without the pipeline: each one is sent completely before its reply is awaited.
+        cur = conn.cursor(row_factory=tuple_row)
+        cur.execute("BEGIN")
+        cur.execute(self._q.assign_xid)
+        if idempotency is not None:
+            cur.execute(self._q.insert_idempotency, _idempotency_params(idempotency))
+        ids = [row[0] for row in cur.execute(self._q.insert_events, params).fetchall()]
+        if self.before_commit is not None:
+            self.before_commit()
+        cur.execute("COMMIT")
+        cur.execute(self._q.notify)
+        return ids
 
     # -- per-stream reads ---------------------------------------------------------
 

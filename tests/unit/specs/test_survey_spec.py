@@ -9,6 +9,7 @@ import pytest
 
 from commitline.domain.errors import IllegalTransition, InvalidValue, TaskClosed, UserNotIssued, UsersAlreadyIssued
 from commitline.domain.survey import (
+    ISSUE_EVENT_BUDGET,
     MAX_USERS_PER_ISSUE,
     AssignmentStatus,
     SurveyAssignment,
@@ -19,6 +20,8 @@ from commitline.domain.survey import (
     SurveyTaskIssued,
     TaskState,
     assignment_id,
+    in_parts,
+    json_size,
 )
 from tests.unit.spec import event, given
 
@@ -127,3 +130,23 @@ def test_an_assignment_only_takes_its_own_user_and_task() -> None:
     assignment_of("u1").when(lambda a: a.answer(task, "u2")).then_raises(InvalidValue, field="assignment")
     other_task = given(SurveyTask, CREATED, ISSUED).aggregate()
     assignment_of("u1").when(lambda a: a.answer(other_task, "u1")).then_raises(InvalidValue, field="assignment")
+
+
+def test_a_large_issue_is_recorded_as_parts_of_one_round_each_within_the_budget() -> None:
+    users = [f"{i:0128d}" for i in range(MAX_USERS_PER_ISSUE)]
+    per_part = ISSUE_EVENT_BUDGET // (128 + 3)
+    parts = [tuple(users[i:i + per_part]) for i in range(0, len(users), per_part)]
+    task = given(SurveyTask, CREATED).when(lambda t: t.issue(users)).then(*(
+        event(SurveyTaskIssued, round=1, user_ids=part, part=n, parts=len(parts)) for n, part in enumerate(parts, 1)))
+    assert len(parts) == 50 and (task.rounds, len(task.issued)) == (1, MAX_USERS_PER_ISSUE)
+
+
+@pytest.mark.parametrize(("user_id", "size"), [("abc", 6), ("é", 5), ('a"b', 11), ("\x01", 9), ("x" * 128, 131)])
+def test_the_size_of_a_user_id_in_json_is_bounded_from_above(user_id: str, size: int) -> None:
+    import json
+
+    assert json_size(user_id) == size >= len(json.dumps(user_id, ensure_ascii=False).encode()) + 1
+
+
+def test_a_user_id_larger_than_the_budget_goes_alone() -> None:
+    assert list(in_parts(["a", "b" * 20, "c"], budget=10)) == [("a",), ("b" * 20,), ("c",)]
