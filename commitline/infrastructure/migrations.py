@@ -9,7 +9,10 @@ applies the steps, the others wait for it and then find nothing to do.
 
 Every step is idempotent (``IF NOT EXISTS``, ``CREATE OR REPLACE``), so a store created
 before this table existed is adopted by applying the steps it already has as no-ops.
-Steps are only ever appended: a released step never changes.
+Steps are only ever appended: a released step never changes. A step may also ``run`` code
+before its statements, for work too big for one transaction: step 3 upgrades a store from
+before the audit's hash chains, computing every event's hashes in bounded batches while the
+append-only trigger stays in force for every other session (``store/hash_backfill.py`` says how).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Composed, Identifier
 
 from commitline.infrastructure.followers.positions import Positions
+from commitline.infrastructure.store import hash_backfill
 from commitline.infrastructure.store.recorder import store_schema_statements
 
 log = logging.getLogger(__name__)
@@ -35,13 +39,18 @@ Connection = psycopg.Connection[Any]
 class Migration:
     version: int
     description: str
-    statements: Callable[[str], Sequence[Composed]]
+    statements: Callable[[str], Sequence[Composed]] = lambda schema: ()
+    #: work done before ``statements`` in bounded transactions of its own (a backfill), with ``conn`` in
+    #: autocommit mode; idempotent and safe to run again after a crash mid-way, as every step is
+    run: Callable[[Connection, str], None] | None = None
 
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "event store: events (append-only, hash-chained), idempotency keys, snapshots",
               store_schema_statements),
     Migration(2, "followers: positions and operator interventions", lambda schema: Positions(schema).create_statements()),
+    Migration(3, "event store from before the audit: hash-chain columns computed in stream order, idempotency "
+              "stream versions, snapshot hashes", run=hash_backfill.upgrade),
 )
 LATEST = MIGRATIONS[-1].version
 
@@ -84,6 +93,8 @@ def migrate(conn: Connection, schema: str) -> list[Migration]:
                          "applied_at timestamptz NOT NULL DEFAULT now())").format(Identifier(schema, MIGRATIONS_TABLE)))
         applied = []
         for step in pending(conn, schema):  # read again under the lock: another process may have done it
+            if step.run is not None:
+                step.run(conn, schema)
             with conn.transaction():
                 for statement in step.statements(schema):
                     conn.execute(statement)

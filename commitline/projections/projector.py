@@ -4,8 +4,9 @@ While it holds the projection's lease it reads the gap-safe log after its positi
 applies each batch and moves the position in one transaction on the lease's own
 connection (so a lost lease cannot write). A second instance waits for the lease. When a
 rebuild is waiting to swap its tables in, the projector yields the lease and takes it
-back afterwards. At a poison event it stops and waits for ``projections retry`` or
-``projections skip``; it never passes the event by itself.
+back afterwards. Tables found with another shape than declared stop it at start with
+``ProjectionNeedsRebuild`` (it never writes into them). At a poison event it stops and waits
+for ``projections retry`` or ``projections skip``; it never passes the event by itself.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from eventsourcing.persistence import Notification
 
@@ -20,7 +22,7 @@ from commitline.infrastructure.followers.engine import Follower, Handled
 from commitline.infrastructure.store.recorder import EventRecorder
 from commitline.projections.base import Projection
 from commitline.projections.batches import apply_batch
-from commitline.projections.storage import create_tables
+from commitline.projections.storage import ProjectionNeedsRebuild, check_shape, create_tables
 
 
 @dataclass
@@ -43,7 +45,26 @@ class Projector(Follower):
         self.metrics = ProjectorMetrics()
 
     async def on_owner(self) -> None:
-        await asyncio.to_thread(self.lease.run, lambda conn: create_tables(conn, self.schema, self.projection))
+        """Create the tables on a first start; refuse (``ProjectionNeedsRebuild``) when they exist with another
+        shape than declared, recording it as the follower's error so ``status`` and ``projections list`` show it."""
+
+        def prepare(conn: Any) -> list[str]:
+            with conn.transaction():
+                differences = check_shape(conn, self.schema, self.projection)
+                if not differences:
+                    create_tables(conn, self.schema, self.projection)
+                return differences
+
+        differences = await asyncio.to_thread(self.lease.run, prepare)
+        if differences:
+            refused = ProjectionNeedsRebuild(self.projection.name, differences)
+            position = await asyncio.to_thread(self.lease.position)
+            # 'failed' survives the lease's release (a plain status would become 'stopped'); the rebuild's swap
+            # moves the position and so sets it back to 'running'.
+            await asyncio.to_thread(self.lease.set_status, "failed", {
+                "message": str(refused), "position": position, "needs_rebuild": differences,
+                "command": refused.command})
+            raise refused
 
     async def handle(self, batch: Sequence[Notification], position: int) -> Handled:
         outcome = await asyncio.to_thread(self.lease.run, lambda conn: apply_batch(

@@ -26,7 +26,16 @@ from commitline.infrastructure.followers.positions import Positions
 from commitline.infrastructure.store.recorder import EventRecorder
 from commitline.projections.base import Projection
 from commitline.projections.batches import apply_batch
-from commitline.projections.storage import REBUILD_SUFFIX, create_tables, drop_tables, swap_in, table_exists
+from commitline.projections.storage import (
+    REBUILD_SUFFIX,
+    create_tables,
+    declared_shape,
+    drop_tables,
+    shape_differences,
+    stored_shape,
+    swap_in,
+    table_exists,
+)
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +126,11 @@ def _prepare(conn: psycopg.Connection[Any], schema: str, projection: Projection,
     """The position to resume from: 0 with fresh tables, or where an interrupted rebuild stopped."""
     positions = Positions(schema)
     position, status, _ = positions.read(conn, follower)
-    if position == 0 or status == "failed" or not table_exists(conn, schema, projection, REBUILD_SUFFIX):
+    # Tables of another shape were left by an interrupted rebuild of another commitline version: start afresh.
+    other_shape = bool(shape_differences(declared_shape(conn, projection),
+                                         stored_shape(conn, schema, projection, REBUILD_SUFFIX)))
+    if position == 0 or status == "failed" or other_shape or not table_exists(conn, schema, projection,
+                                                                              REBUILD_SUFFIX):
         with conn.transaction():
             drop_tables(conn, schema, projection, REBUILD_SUFFIX)
             create_tables(conn, schema, projection, REBUILD_SUFFIX)

@@ -4,6 +4,11 @@ A batch is written as one ``INSERT ... SELECT FROM unnest(...) ON CONFLICT DO UP
 per table: counters add (``t.c + excluded.c``), values overwrite when given
 (``COALESCE(excluded.v, t.v)``). Only the projector of a projection writes its tables,
 so these upserts never wait on one another.
+
+A projection whose stored tables have another shape than it declares (a column added,
+removed or retyped by another commitline version) is detected by comparing the declaration
+with ``information_schema.columns`` (``check_shape``); the projector then refuses to start
+with ``ProjectionNeedsRebuild``, which names the differences and the rebuild command.
 """
 
 from __future__ import annotations
@@ -32,6 +37,69 @@ def create_tables(conn: psycopg.Connection[Any], schema: str, projection: Projec
         )
         conn.execute(SQL("CREATE TABLE IF NOT EXISTS {} ({}, PRIMARY KEY ({}))").format(
             table_ident(schema, table, suffix), columns, SQL(", ").join(map(Identifier, table.key))))
+
+
+class ProjectionNeedsRebuild(RuntimeError):
+    """A projection's tables exist with another shape than it declares (a newer or older commitline made
+    them): it must not write into them. The message names the projection, the differences and the command."""
+
+    def __init__(self, projection: str, differences: list[str]):
+        self.projection, self.differences = projection, differences
+        self.command = rebuild_command(projection)
+        super().__init__(f"projection {projection} needs a rebuild: its tables differ from what it declares "
+                         f"({'; '.join(differences)}); run `{self.command}`")
+
+
+def rebuild_command(projection: str) -> str:
+    return f"commitline projections rebuild {projection}"
+
+
+Shape = dict[str, dict[str, str]]  # table -> column -> type (PostgreSQL's internal type name, e.g. int8)
+
+
+def shape_differences(declared: Shape, stored: Shape) -> list[str]:
+    """What differs between the declared and the stored tables; nothing when no table is stored yet (a
+    first start creates them all) or when they match. Types are compared as PostgreSQL names them."""
+    if not stored:
+        return []
+    differences = []
+    for table, columns in declared.items():
+        found = stored.get(table)
+        if found is None:
+            differences.append(f"table {table} is missing")
+            continue
+        differences += [f"{table}.{c} is missing" for c in columns if c not in found]
+        differences += [f"{table}.{c} is not declared" for c in found if c not in columns]
+        differences += [f"{table}.{c} is {found[c]}, declared {t}" for c, t in columns.items()
+                        if c in found and found[c] != t]
+    return differences
+
+
+def declared_shape(conn: psycopg.Connection[Any], projection: Projection) -> Shape:
+    """The declared columns, with each type resolved by PostgreSQL (``bigint`` -> ``int8``)."""
+    types = sorted({t for table in projection.tables for t in table.columns.values()})
+    rows = conn.cursor(row_factory=tuple_row).execute(
+        "SELECT t, coalesce((SELECT typname FROM pg_type WHERE oid = to_regtype(t)), t) "
+        "FROM unnest(%s::text[]) AS t", (types,)).fetchall()
+    resolved = dict(rows)
+    return {table.name: {c: resolved[t] for c, t in table.columns.items()} for table in projection.tables}
+
+
+def stored_shape(conn: psycopg.Connection[Any], schema: str, projection: Projection, suffix: str = "") -> Shape:
+    """The columns of those of the projection's tables that exist (``information_schema.columns``)."""
+    names = {table.name + suffix: table.name for table in projection.tables}
+    shape: Shape = {}
+    for table, column, udt in conn.cursor(row_factory=tuple_row).execute(
+            "SELECT table_name, column_name, udt_name FROM information_schema.columns "
+            "WHERE table_schema = %s AND table_name = ANY(%s) ORDER BY ordinal_position",
+            (schema, list(names))).fetchall():
+        shape.setdefault(names[table], {})[column] = udt
+    return shape
+
+
+def check_shape(conn: psycopg.Connection[Any], schema: str, projection: Projection) -> list[str]:
+    """The differences between the projection's live tables and its declaration (see ``shape_differences``)."""
+    return shape_differences(declared_shape(conn, projection), stored_shape(conn, schema, projection))
 
 
 def table_exists(conn: psycopg.Connection[Any], schema: str, projection: Projection, suffix: str = "") -> bool:

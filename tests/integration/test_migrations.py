@@ -6,17 +6,20 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 import orjson
 import psycopg
 import pytest
+from eventsourcing.persistence import StoredEvent
 from eventsourcing.postgres import PostgresDatastore
 
+from commitline.application.chain import GENESIS, chain
 from commitline.application.errors import StoreUnavailable
 from commitline.composition import Commitline, bootstrap
 from commitline.infrastructure import migrations
 from commitline.infrastructure.followers.positions import Positions
+from commitline.infrastructure.store import hash_backfill
 from commitline.infrastructure.store.recorder import EventRecorder
 from tests.integration.test_cli import commitline
 from tests.support import count_rows, settings_for
@@ -134,3 +137,171 @@ def test_a_new_process_never_waits_on_an_open_append(app: Commitline, pg_dsn: st
         held.join(30)
         app.recorder.before_commit = None
     assert count_rows(pg_dsn, schema)["events"] == 2
+
+
+# -- a store from before the audit's hash chains ---------------------------------------------------------
+# The DDL and inserts of commitline before the audit (commit 6f7b4cf, infrastructure/recorder.py): events
+# without prev_hash/event_hash, idempotency records without stream_version, snapshots without event_hash.
+PRE_AUDIT_DDL = [
+    'CREATE TABLE IF NOT EXISTS {s}.events ('
+    ' notification_id bigint GENERATED ALWAYS AS IDENTITY (CACHE 1),'
+    ' originator_id uuid NOT NULL,'
+    ' originator_version bigint NOT NULL CHECK (originator_version > 0),'
+    ' topic text NOT NULL,'
+    ' state bytea NOT NULL,'
+    ' txid xid8 NOT NULL DEFAULT pg_current_xact_id(),'
+    ' PRIMARY KEY (originator_id, originator_version))',
+    'CREATE UNIQUE INDEX IF NOT EXISTS events_notification_id_idx ON {s}.events (notification_id)',
+    "CREATE OR REPLACE FUNCTION {s}.reject_event_change() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+    "RAISE EXCEPTION 'events are append-only: % on %.% rejected', TG_OP, TG_TABLE_SCHEMA, TG_TABLE_NAME "
+    "USING ERRCODE = 'restrict_violation'; END $$",
+    'CREATE OR REPLACE TRIGGER events_append_only BEFORE UPDATE OR DELETE ON {s}.events '
+    'FOR EACH ROW EXECUTE FUNCTION {s}.reject_event_change()',
+    'CREATE OR REPLACE TRIGGER events_no_truncate BEFORE TRUNCATE ON {s}.events '
+    'FOR EACH STATEMENT EXECUTE FUNCTION {s}.reject_event_change()',
+    'CREATE TABLE IF NOT EXISTS {s}.idempotency_keys ('
+    ' tenant text NOT NULL, key text NOT NULL, fingerprint bytea NOT NULL, command_type text NOT NULL,'
+    ' aggregate_id uuid NOT NULL, outcome bytea NOT NULL, recorded_at timestamptz NOT NULL DEFAULT now(),'
+    ' PRIMARY KEY (tenant, key))',
+    'CREATE TABLE IF NOT EXISTS {s}.snapshots ('
+    ' aggregate_id uuid NOT NULL, version bigint NOT NULL, aggregate_type text NOT NULL, state bytea NOT NULL,'
+    ' taken_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (aggregate_id, version))',
+]
+PRE_AUDIT_INSERT_EVENTS = ("INSERT INTO {s}.events (originator_id, originator_version, topic, state) "
+                           "SELECT * FROM unnest(%s::uuid[], %s::int8[], %s::text[], %s::bytea[]) "
+                           "RETURNING notification_id")
+EVENT_ROWS = "SELECT notification_id, originator_id, originator_version, topic, state FROM {s}.events ORDER BY 1"
+
+
+def workload(app: Commitline) -> dict[str, UUID]:
+    """Commands over several streams of several versions, with idempotency keys and snapshots."""
+    payments = []
+    for i in range(3):
+        created = app.dispatch({"type": "create_payment", "amount": f"{i + 1}.50", "currency": "EUR",
+                                "account": f"acct-{i}"}, idempotency_key=f"create-{i}")
+        payments.append(created.aggregate_id)
+        app.dispatch({"type": "submit_payment", "payment_id": str(created.aggregate_id)}, idempotency_key=f"submit-{i}")
+    app.dispatch({"type": "complete_payment", "payment_id": str(payments[0])}, idempotency_key="complete-0")
+    item = uuid4()
+    for n in range(5):
+        app.dispatch({"type": "receive_stock", "item_id": str(item), "quantity": n + 1}, idempotency_key=f"stock-{n}")
+    return {"payment": payments[0], "item": item}
+
+
+def create_pre_audit_store(pg_dsn: str, schema: str) -> dict[str, UUID]:
+    """The test's schema as commitline left it before the audit: the old DDL, and the events, idempotency
+    records and snapshots of a workload inserted the way that version inserted them."""
+    source = f"{schema}_src"
+    try:
+        with bootstrap(settings_for(pg_dsn, source, snapshot_interval=2)) as app:
+            ids = workload(app)
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            events = conn.execute(EVENT_ROWS.format(s=source)).fetchall()
+            keys = conn.execute(f"SELECT tenant, key, fingerprint, command_type, aggregate_id, outcome "
+                                f"FROM {source}.idempotency_keys").fetchall()
+            snapshots = conn.execute(f"SELECT aggregate_id, version, aggregate_type, state FROM {source}.snapshots"
+                                     ).fetchall()
+            assert snapshots, "the workload must leave snapshots to upgrade"
+            conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+            for statement in PRE_AUDIT_DDL:
+                conn.execute(statement.format(s=schema))
+            for _, originator_id, version, topic, state in events:  # one append per event, as commands did
+                conn.execute(PRE_AUDIT_INSERT_EVENTS.format(s=schema), ([originator_id], [version], [topic], [state]))
+            conn.cursor().executemany(f"INSERT INTO {schema}.idempotency_keys (tenant, key, fingerprint, "
+                                      "command_type, aggregate_id, outcome) VALUES (%s, %s, %s, %s, %s, %s)", keys)
+            conn.cursor().executemany(f"INSERT INTO {schema}.snapshots (aggregate_id, version, aggregate_type, "
+                                      "state) VALUES (%s, %s, %s, %s)", snapshots)
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {source} CASCADE")
+    return ids
+
+
+def event_rows(pg_dsn: str, schema: str) -> list[tuple]:
+    with psycopg.connect(pg_dsn) as conn:
+        return conn.execute(EVENT_ROWS.format(s=schema)).fetchall()
+
+
+def expected_links(rows: list[tuple]) -> dict[tuple[UUID, int], tuple[bytes, bytes]]:
+    """Every event's (prev_hash, event_hash), derived independently from the rows, stream by stream."""
+    links = {}
+    for stream in {r[1] for r in rows}:
+        ordered = sorted((r for r in rows if r[1] == stream), key=lambda r: r[2])
+        records = [StoredEvent(r[1], r[2], r[3], bytes(r[4])) for r in ordered]
+        for r, link in zip(ordered, chain(GENESIS, records)):
+            links[(r[1], r[2])] = link
+    return links
+
+
+def stored_links(pg_dsn: str, schema: str) -> dict[tuple[UUID, int], tuple[bytes, bytes]]:
+    with psycopg.connect(pg_dsn) as conn:
+        return {(i, v): (bytes(p), bytes(h)) for i, v, p, h in conn.execute(
+            f"SELECT originator_id, originator_version, prev_hash, event_hash FROM {schema}.events "
+            "WHERE event_hash IS NOT NULL").fetchall()}
+
+
+def assert_upgraded(pg_dsn: str, schema: str, before: list[tuple]) -> None:
+    assert version(pg_dsn, schema) == migrations.LATEST
+    assert event_rows(pg_dsn, schema) == before, "an event was lost or changed"
+    assert stored_links(pg_dsn, schema) == expected_links(before)
+    with psycopg.connect(pg_dsn) as conn:
+        nullable = conn.execute(
+            "SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = %s "
+            "AND column_name IN ('prev_hash', 'event_hash', 'stream_version') AND is_nullable = 'YES'",
+            (schema,)).fetchall()
+        assert nullable == [], nullable
+    verified = commitline(["audit", "verify", "--all"], pg_dsn, schema)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_a_store_from_before_the_hash_chains_is_upgraded_in_place_after_a_crash_mid_backfill(
+        pg_dsn: str, schema: str) -> None:
+    ids = create_pre_audit_store(pg_dsn, schema)
+    before = event_rows(pg_dsn, schema)
+    assert len({r[1] for r in before}) == 4 and len(before) == 12
+    # A first run that crashed after two batches of three: hashes committed for the first six events only.
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        hash_backfill.add_columns(conn, schema)
+        after = hash_backfill.hash_batch(conn, schema, None, 3)
+        hash_backfill.hash_batch(conn, schema, after, 3)
+    partial = stored_links(pg_dsn, schema)
+    assert len(partial) == 6 and partial.items() <= expected_links(before).items()
+
+    upgraded = commitline(["migrate"], pg_dsn, schema)
+    assert upgraded.returncode == 0, upgraded.stderr
+    assert "applied migration 3" in upgraded.stdout
+    assert_upgraded(pg_dsn, schema, before)
+
+    with bootstrap(settings_for(pg_dsn, schema)) as app:  # new appends continue the chains
+        head = app.recorder.event_hash(ids["payment"], 3)
+        app.dispatch({"type": "receive_stock", "item_id": str(ids["item"]), "quantity": 9}, idempotency_key="after")
+        replay = app.dispatch({"type": "submit_payment", "payment_id": str(ids["payment"])},
+                              idempotency_key="submit-0")
+        assert replay.replayed and replay.version == 2  # the old idempotency records still answer
+        assert head == stored_links(pg_dsn, schema)[(ids["payment"], 3)][1]
+        new = stored_links(pg_dsn, schema)[(ids["item"], 6)]
+        assert new[0] == stored_links(pg_dsn, schema)[(ids["item"], 5)][1]
+        assert app.auditor().verify().ok
+    assert event_rows(pg_dsn, schema)[: len(before)] == before
+
+
+def test_starting_commitline_on_a_store_from_before_the_hash_chains_upgrades_it(pg_dsn: str, schema: str) -> None:
+    create_pre_audit_store(pg_dsn, schema)
+    before = event_rows(pg_dsn, schema)
+    with psycopg.connect(pg_dsn) as conn:
+        witnessed = conn.execute(f"SELECT tenant, key, aggregate_id, convert_from(outcome, 'UTF8')::jsonb->>'version'"
+                                 f" FROM {schema}.idempotency_keys ORDER BY 1, 2").fetchall()
+    with bootstrap(settings_for(pg_dsn, schema)) as app:
+        assert app.auditor().verify().ok
+    assert_upgraded(pg_dsn, schema, before)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        assert conn.execute(f"SELECT tenant, key, aggregate_id, stream_version::text FROM {schema}.idempotency_keys "
+                            "ORDER BY 1, 2").fetchall() == witnessed
+        hashed = conn.execute(f"SELECT count(*) FROM {schema}.snapshots s JOIN {schema}.events e ON "
+                              "e.originator_id = s.aggregate_id AND e.originator_version = s.version "
+                              "WHERE s.event_hash = e.event_hash").fetchone()[0]
+        assert hashed == count_rows(pg_dsn, schema)["snapshots"] > 0
+        with pytest.raises(psycopg.errors.RestrictViolation, match="append-only"):  # the trigger is back in force
+            conn.execute(f"UPDATE {schema}.events SET topic = 'x' WHERE originator_version = 1")
+        hash_backfill.upgrade(conn, schema, batch_rows=2)  # running it again changes nothing
+    assert event_rows(pg_dsn, schema) == before
