@@ -3,6 +3,10 @@ of the tamper-evident hash chain. Returns typed objects; the CLI only renders th
 
 State at a version or time is always rebuilt by replaying events from the first one, never
 from a snapshot, so a snapshot can never leak into a historical answer.
+
+Every question about one aggregate is asked as a tenant (default ``"default"``, as for dispatch): an
+aggregate of another tenant (the tenant of its first event) is not found, with the same error as an id
+nobody uses. ``verify()`` of the whole store is the operator's check and covers every tenant.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from uuid import UUID
 from pydantic import TypeAdapter
 from pydantic_core import to_jsonable_python
 
+from commitline.application.boundary import check_tenant
 from commitline.application.chain import GENESIS, content, link
 from commitline.application.errors import AggregateNotFound, AuditQueryError, BeforeCreation, VersionBeyondHead
 from commitline.domain import Aggregate, Event
@@ -117,6 +122,7 @@ class VerificationReport:
 
 
 Progress = Callable[[int, int], None]  # (events verified, total)
+RecordTenant = Callable[[bytes], str]  # the tenant named in a stored event's state
 
 LARGE_COLLECTION = 50
 
@@ -147,18 +153,21 @@ def transition(before: Mapping[str, str], after: Mapping[str, str]) -> str | Non
 
 
 class Auditor:
-    def __init__(self, source: AuditSource, aggregate_types: Mapping[str, type[Aggregate]]):
+    def __init__(self, source: AuditSource, aggregate_types: Mapping[str, type[Aggregate]],
+                 record_tenant: RecordTenant):
         self.source = source
         self.aggregate_types = aggregate_types
+        self.record_tenant = record_tenant
 
-    def _events(self, aggregate_id: UUID) -> tuple[type[Aggregate], list[StoredHistoryEvent]]:
+    def _events(self, aggregate_id: UUID, tenant: str) -> tuple[type[Aggregate], list[StoredHistoryEvent]]:
+        check_tenant(tenant)
         stored = self.source.stream(aggregate_id)
-        if not stored:
+        if not stored or stored[0].tenant != tenant:
             raise AggregateNotFound("aggregate", aggregate_id)
         return self.aggregate_types[stored[0].aggregate_type], stored
 
-    def history(self, aggregate_id: UUID, *, compact: bool = True) -> AggregateHistory:
-        cls, stored = self._events(aggregate_id)
+    def history(self, aggregate_id: UUID, *, compact: bool = True, tenant: str = "default") -> AggregateHistory:
+        cls, stored = self._events(aggregate_id, tenant)
         return AggregateHistory(aggregate_id, cls.__name__, stored[0].tenant,
                                 tuple(self._entries(cls, aggregate_id, stored, compact)))
 
@@ -172,17 +181,17 @@ class Auditor:
                                TypeAdapter(dict).dump_python(s.event.payload(), mode="json"),
                                transition(before, aggregate.fsm_states()), state_of(aggregate, compact=compact))
 
-    def state_at_version(self, aggregate_id: UUID, version: int) -> StateAt:
-        cls, stored = self._events(aggregate_id)
+    def state_at_version(self, aggregate_id: UUID, version: int, *, tenant: str = "default") -> StateAt:
+        cls, stored = self._events(aggregate_id, tenant)
         if version < 1 or version > len(stored):
             raise VersionBeyondHead(f"{aggregate_id} has versions 1 to {len(stored)}; there is no version {version}",
                                     aggregate_id=aggregate_id, version=version, head=len(stored))
         return self._state(cls, aggregate_id, stored[:version])
 
-    def state_as_of(self, aggregate_id: UUID, moment: datetime) -> StateAt:
+    def state_as_of(self, aggregate_id: UUID, moment: datetime, *, tenant: str = "default") -> StateAt:
         if moment.tzinfo is None:
             raise AuditQueryError("the time must carry a UTC offset, e.g. 2026-11-21T05:42:00+00:00", time=moment)
-        cls, stored = self._events(aggregate_id)
+        cls, stored = self._events(aggregate_id, tenant)
         prefix = [s for s in stored if s.event.occurred_at <= moment]
         if not prefix:
             raise BeforeCreation(f"{aggregate_id} did not exist yet at {moment.isoformat()}; "
@@ -194,10 +203,10 @@ class Auditor:
         aggregate = cls.replay(aggregate_id, [s.event for s in stored])
         return StateAt(aggregate_id, cls.__name__, aggregate.version, stored[-1].event.occurred_at, state_of(aggregate))
 
-    def diff(self, aggregate_id: UUID, from_version: int, to_version: int) -> StateDiff:
+    def diff(self, aggregate_id: UUID, from_version: int, to_version: int, *, tenant: str = "default") -> StateDiff:
         if from_version > to_version:
             raise AuditQueryError(f"--from {from_version} is after --to {to_version}")
-        cls, stored = self._events(aggregate_id)
+        cls, stored = self._events(aggregate_id, tenant)
         if to_version > len(stored) or from_version < 0:
             raise VersionBeyondHead(f"{aggregate_id} has versions 1 to {len(stored)}",
                                     aggregate_id=aggregate_id, version=to_version, head=len(stored))
@@ -208,13 +217,21 @@ class Auditor:
         changed = {k: (old.get(k), new.get(k)) for k in new if old.get(k) != new.get(k)}
         return StateDiff(aggregate_id, cls.__name__, from_version, to_version, changed, entries)
 
-    def verify(self, aggregate_id: UUID | None = None, progress: Progress | None = None) -> VerificationReport:
+    def verify(self, aggregate_id: UUID | None = None, progress: Progress | None = None, *,
+               tenant: str = "default") -> VerificationReport:
+        """Verify one aggregate of ``tenant``, or (``aggregate_id`` None) every stream of every tenant."""
         started = time.perf_counter()
         total = self.source.event_count() if aggregate_id is None else 0
+        records: Iterable[ChainRecord] = self.source.chain_records(aggregate_id)
+        if aggregate_id is not None:
+            check_tenant(tenant)
+            records = list(records)
+            if not records or self._tenant_of(records[0]) != tenant:
+                raise AggregateNotFound("aggregate", aggregate_id)
         witnesses = self.source.witnessed_versions(aggregate_id)
         broken: list[StreamVerdict] = []
         streams = events = 0
-        for verdict in verify_streams(self.source.chain_records(aggregate_id), witnesses):
+        for verdict in verify_streams(records, witnesses):
             streams += 1
             events += verdict.events
             if not verdict.ok:
@@ -224,6 +241,13 @@ class Auditor:
         if aggregate_id is not None and streams == 0:
             raise AggregateNotFound("aggregate", aggregate_id)
         return VerificationReport(streams, events, time.perf_counter() - started, tuple(broken))
+
+    def _tenant_of(self, first: ChainRecord) -> str | None:
+        # The first stored event names the owner; one too damaged to read proves no ownership.
+        try:
+            return self.record_tenant(first.state)
+        except (ValueError, KeyError, TypeError):
+            return None
 
 
 def verify_streams(records: Iterable[ChainRecord], witnesses: Mapping[UUID, int]) -> Iterator[StreamVerdict]:

@@ -7,12 +7,17 @@ call with an idempotency key derived from the order, so a repeat replays the fir
 (a payment is never charged twice), and every outcome is recorded as a saga event before the
 next step starts. A compensation that keeps failing marks the saga STUCK and raises a
 critical alert; nothing is dropped.
+
+Everything a saga does happens as the order's tenant (``advance`` is given the tenant recorded in the
+order's events): each step and compensation is dispatched, and each aggregate read, under it, so a
+saga never sees or touches another tenant's streams.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TypeVar
 from uuid import UUID
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
@@ -20,14 +25,16 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait
 from commitline.application import commands as c
 from commitline.application.errors import AggregateNotFound, DomainError, IllegalTransition, UnknownReservation
 from commitline.application.payment_gateway import GatewayDeclined, GatewayUnavailable, PaymentGateway
-from commitline.application.ports import EventStore
+from commitline.application.ports import EventStore, ForeignStream
 from commitline.application.processor import CommandProcessor
+from commitline.domain import Aggregate
 from commitline.domain.fulfilment import OrderFulfilment, SagaState, fulfilment_id, payment_id_for
 from commitline.domain.order import Order, OrderState
 from commitline.domain.payment import PaymentState, PaymentTransaction
 
 log = logging.getLogger(__name__)
 Boundary = Callable[[str], None]
+A = TypeVar("A", bound=Aggregate)
 
 
 class FulfilmentSaga:
@@ -41,19 +48,21 @@ class FulfilmentSaga:
         self.on_boundary = on_boundary or (lambda _: None)
 
     def advance(self, order_id: UUID, tenant: str = "default") -> SagaState:
+        """Move the saga of ``order_id`` (an order of ``tenant``) as far as it goes; AggregateNotFound if
+        the tenant has no such order."""
         def do(command: c.Command, action: str) -> None:
             self.processor.dispatch(command, idempotency_key=f"fulfilment/{order_id}/{action}", tenant=tenant)
 
-        saga = self.store.load(OrderFulfilment, fulfilment_id(order_id))
+        saga = self._load(OrderFulfilment, fulfilment_id(order_id), tenant)
         if not saga.exists:
             do(c.StartFulfilment(order_id=order_id), "start")
         while True:
-            saga = self.store.load(OrderFulfilment, fulfilment_id(order_id))
-            order = self.store.load(Order, order_id)
+            saga = self._load(OrderFulfilment, fulfilment_id(order_id), tenant)
+            order = self._load(Order, order_id, tenant)
             if saga.state in (SagaState.COMPLETED, SagaState.COMPENSATED, SagaState.STUCK):
                 return saga.state
             if saga.state is SagaState.COMPENSATING:
-                self._compensate(saga, order, do)
+                self._compensate(saga, order, do, tenant)
             elif saga.next_step == "reserve":
                 self._reserve(order, do)
             elif saga.next_step == "charge":
@@ -108,11 +117,13 @@ class FulfilmentSaga:
 
     # -- compensation -------------------------------------------------------------
 
-    def _compensate(self, saga: OrderFulfilment, order: Order, do: Callable[[c.Command, str], None]) -> None:
+    def _compensate(self, saga: OrderFulfilment, order: Order, do: Callable[[c.Command, str], None],
+                    tenant: str) -> None:
         for step in saga.to_compensate:
-            undo = {"reserve": self._release, "charge": self._void, "confirm": lambda o: "order to be cancelled"}[step]
+            undo = {"reserve": self._release, "charge": self._void,
+                    "confirm": lambda o, t: "order to be cancelled"}[step]
             try:
-                detail = self._retrying(lambda: undo(order), retry_on=Exception)
+                detail = self._retrying(lambda: undo(order, tenant), retry_on=Exception)
             except Exception as e:
                 reason = f"{type(e).__name__}: {e}"
                 log.critical("fulfilment of order %s is STUCK undoing %s after %d attempts: %s; manual "
@@ -121,30 +132,37 @@ class FulfilmentSaga:
                           f"stuck-{step}-at-{saga.version}")
             self.on_boundary(f"compensate:{step}")
             do(c.RecordCompensation(order_id=order.id, step=step, detail=detail), f"undone-{step}")
-        if self.store.load(Order, order.id).state is not OrderState.CANCELLED:
+        if self._load(Order, order.id, tenant).state is not OrderState.CANCELLED:
             try:
                 do(c.CancelOrder(order_id=order.id, reason=saga.failure or "fulfilment failed"), "cancel")
             except IllegalTransition:
                 pass  # cancelled meanwhile by the customer
         do(c.RecordFulfilmentCancelled(order_id=order.id, reason=saga.failure or "fulfilment failed"), "cancelled")
 
-    def _release(self, order: Order) -> str:
+    def _release(self, order: Order, tenant: str) -> str:
         try:
             self.processor.dispatch(c.ReleaseReservation(item_id=order.item_id, reservation_id=str(order.id)),
-                                    idempotency_key=f"fulfilment/{order.id}/release")
-        except (UnknownReservation, IllegalTransition):
+                                    idempotency_key=f"fulfilment/{order.id}/release", tenant=tenant)
+        except (UnknownReservation, IllegalTransition, AggregateNotFound):  # no such item for this tenant
             return "nothing reserved"
         return f"{order.quantity} released"
 
-    def _void(self, order: Order) -> str:
+    def _void(self, order: Order, tenant: str) -> str:
         self.gateway.void(self.gateway_key(order.id))
-        payment = self.store.load(PaymentTransaction, payment_id_for(order.id))
+        payment = self._load(PaymentTransaction, payment_id_for(order.id), tenant)
         if payment.state is PaymentState.PENDING:
             self.processor.dispatch(c.FailPayment(payment_id=payment.id, reason="order cancelled: authorization voided"),
-                                    idempotency_key=f"fulfilment/{order.id}/payment-void")
+                                    idempotency_key=f"fulfilment/{order.id}/payment-void", tenant=tenant)
         return "authorization voided"
 
     # -- helpers ------------------------------------------------------------------
+
+    def _load(self, cls: type[A], aggregate_id: UUID, tenant: str) -> A:
+        """``cls`` as the tenant sees it: another tenant's stream does not exist (AggregateNotFound)."""
+        try:
+            return self.store.load(cls, aggregate_id, tenant=tenant)
+        except ForeignStream:
+            raise AggregateNotFound(cls.__name__, aggregate_id) from None
 
     @staticmethod
     def gateway_key(order_id: UUID) -> str:

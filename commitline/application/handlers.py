@@ -1,8 +1,9 @@
 """Command handlers: which aggregate each command changes, and the domain call it makes.
 
 A handler receives the loaded aggregate (blank when its stream is empty) and a loader
-for reading other, existing aggregates (it raises AggregateNotFound); it calls one domain method and returns the aggregate
-holding the new events. Loading, concurrency and idempotency are the processor's job.
+for reading other, existing aggregates of the command's tenant (it raises AggregateNotFound for one
+that does not exist or belongs to another tenant); it calls one domain method and returns the aggregate
+holding the new events. Loading, tenancy, concurrency and idempotency are the processor's job.
 """
 
 from __future__ import annotations

@@ -20,6 +20,12 @@ class KeyAlreadyRecorded(Exception):
     """Raised by ``append`` when the idempotency key was committed by a concurrent twin."""
 
 
+class ForeignStream(Exception):
+    """Raised by ``load(..., tenant=...)`` when the stream belongs to another tenant. Raised before
+    anything of the stream is decoded or type-checked, so a caller learns nothing else about it;
+    the processor turns it into the same refusal as for a stream that does not exist."""
+
+
 @dataclass(frozen=True)
 class IdempotencyRecord:
     """What a key stands for: the request's fingerprint and the outcome it produced."""
@@ -34,8 +40,11 @@ class IdempotencyRecord:
 
 
 class EventStore(Protocol):
-    def load(self, cls: type[A], aggregate_id: UUID) -> A:
-        """The aggregate as of its latest event; a blank one (version 0) if it has none."""
+    def load(self, cls: type[A], aggregate_id: UUID, *, tenant: str | None = None) -> A:
+        """The aggregate as of its latest event; a blank one (version 0) if it has none.
+
+        A stream belongs to the tenant of its first event. With ``tenant``, a stream owned by another
+        tenant raises ForeignStream; without it the load is not tenant-scoped (operators, tests)."""
 
     def append(
         self, aggregate: Aggregate, events: Sequence[Event], *, tenant: str, idempotency: IdempotencyRecord | None

@@ -4,7 +4,8 @@
    before any I/O.
 2. Look the (tenant, key) up: a stored outcome with the same fingerprint is returned
    as ``replayed=True``; a different fingerprint raises IdempotencyKeyReused.
-3. Load the aggregate by replaying its events (from a snapshot when there is one).
+3. Load the aggregate by replaying its events (from a snapshot when there is one), and any other
+   aggregate the command reads, all tenant-scoped (below).
 4. Run the domain method; it raises on an illegal transition or a broken invariant
    (unless a twin with the same key committed meanwhile: then the twin's outcome is returned).
 5. Append the events and the idempotency record in one short transaction. If the
@@ -12,6 +13,17 @@
    it reload and decide again after a jittered back-off, a bounded number of times.
    If a concurrent twin with the same key committed first, return its outcome.
 No transaction is held open while the domain decides.
+
+Tenants: a stream belongs to the tenant that created it (the tenant of its first event). To any other
+tenant it does not exist: a command on it, or reading it, is refused with ``AggregateNotFound``, with
+the same error and message as for an id nobody uses, and nothing is written. A stream that only exists
+for another tenant is treated as empty until the command has been decided (so every other refusal
+comes out exactly as for an unused id); a command that would then start it is refused instead:
+``AggregateNotFound`` for commands that may start a stream or continue it (``receive_stock``,
+``answer_survey_task``), and for creation commands ``InvalidCommand`` on the id field (type
+``id_unavailable``). One id space is shared by all tenants, so the id being unusable cannot be hidden
+from someone who already knows it; the refusal says no more than that: not that it exists, nor its
+type, owner, version or content (``AggregateAlreadyExists`` stays for the tenant's own streams).
 """
 
 from __future__ import annotations
@@ -24,7 +36,7 @@ from uuid import UUID, uuid5
 import orjson
 from pydantic_core import to_jsonable_python
 
-from commitline.application.boundary import CommandLimits, check_idempotency_key, check_tenant
+from commitline.application.boundary import CommandLimits, check_idempotency_key, check_tenant, problem
 from commitline.application.commands import Command, VersionedCommand, parse_command
 from commitline.application.errors import (
     AggregateAlreadyExists,
@@ -32,10 +44,17 @@ from commitline.application.errors import (
     CommitlineError,
     ConcurrencyConflict,
     IdempotencyKeyReused,
+    InvalidCommand,
     StoreUnavailable,
 )
 from commitline.application.handlers import HANDLERS, Handler, Stream
-from commitline.application.ports import EventStore, IdempotencyRecord, KeyAlreadyRecorded, StreamMoved
+from commitline.application.ports import (
+    EventStore,
+    ForeignStream,
+    IdempotencyRecord,
+    KeyAlreadyRecorded,
+    StreamMoved,
+)
 from commitline.application.results import DispatchResult, RecordedEventView
 from commitline.application.retry import RetryPolicy
 from commitline.domain import Aggregate, Event
@@ -73,10 +92,15 @@ class CommandProcessor:
         aggregate_id = handler.target(cmd) or uuid5(_DERIVED_ID_NAMESPACE, f"{tenant}\x00{key}")
         expected = cmd.expected_version if isinstance(cmd, VersionedCommand) else None
 
+        def load(cls: type[Aggregate], other_id: UUID) -> Aggregate:
+            return self._load_existing(cls, other_id, tenant)
+
         def attempt() -> DispatchResult:
             try:
-                aggregate = self._load_for(handler, aggregate_id, expected)
-                changed = handler.run(aggregate, cmd, self._load_existing)
+                aggregate, foreign = self._load_for(handler, aggregate_id, expected, tenant)
+                changed = handler.run(aggregate, cmd, load)
+                if foreign:  # decided as if the stream were empty; it is another tenant's: not ours to start
+                    raise self._unavailable(handler, cmd, aggregate_id)
             except StoreUnavailable:
                 raise  # not a refusal: looking for a twin would only wait for the store again
             except CommitlineError:
@@ -98,7 +122,7 @@ class CommandProcessor:
                 return twin
             except StreamMoved:
                 if expected is not None:
-                    raise ConcurrencyConflict(aggregate_id, expected, self.store.stream_version(aggregate_id)) from None
+                    raise self._lost_race(handler, aggregate_id, expected, tenant) from None
                 raise  # re-run by ``retrying`` after a jittered back-off
 
         retrying = self.retry.retrying(StreamMoved)
@@ -116,14 +140,24 @@ class CommandProcessor:
             raise IdempotencyKeyReused(tenant, key, record.command_type)
         return DispatchResult.from_outcome(record.outcome)
 
-    def _load_existing(self, cls: type[Aggregate], aggregate_id: UUID) -> Aggregate:
-        aggregate = self.store.load(cls, aggregate_id)
+    def _load_existing(self, cls: type[Aggregate], aggregate_id: UUID, tenant: str) -> Aggregate:
+        """Another aggregate a command reads: it must exist and be the tenant's own."""
+        try:
+            aggregate = self.store.load(cls, aggregate_id, tenant=tenant)
+        except ForeignStream:
+            raise AggregateNotFound(cls.__name__, aggregate_id) from None
         if not aggregate.exists:
             raise AggregateNotFound(cls.__name__, aggregate_id)
         return aggregate
 
-    def _load_for(self, handler: Handler, aggregate_id: UUID, expected: int | None) -> Aggregate:
-        aggregate = self.store.load(handler.aggregate, aggregate_id)
+    def _load_for(self, handler: Handler, aggregate_id: UUID, expected: int | None,
+                  tenant: str) -> tuple[Aggregate, bool]:
+        """The aggregate the command changes, and whether its stream is another tenant's (then a blank
+        stand-in is returned, so every check below behaves exactly as for an unused id)."""
+        try:
+            aggregate, foreign = self.store.load(handler.aggregate, aggregate_id, tenant=tenant), False
+        except ForeignStream:
+            aggregate, foreign = handler.aggregate.blank(aggregate_id), True
         name = handler.aggregate.__name__
         if handler.stream is Stream.NEW and aggregate.exists:
             raise AggregateAlreadyExists(name, aggregate_id)
@@ -131,7 +165,26 @@ class CommandProcessor:
             raise AggregateNotFound(name, aggregate_id)
         if expected is not None and aggregate.version != expected:
             raise ConcurrencyConflict(aggregate_id, expected, aggregate.version)
-        return aggregate
+        return aggregate, foreign
+
+    @staticmethod
+    def _unavailable(handler: Handler, cmd: Command, aggregate_id: UUID) -> CommitlineError:
+        """The refusal of a command that would start a stream at an id another tenant's stream has."""
+        if handler.stream is not Stream.NEW:
+            return AggregateNotFound(handler.aggregate.__name__, aggregate_id)
+        loc: list[str | int] = [name for name, value in cmd if value == aggregate_id][:1]
+        return InvalidCommand(cmd.type, [problem(
+            loc, "this id cannot be used: choose another one, or leave it out to have one derived from the "
+            "idempotency key", "id_unavailable")])
+
+    def _lost_race(self, handler: Handler, aggregate_id: UUID, expected: int, tenant: str) -> CommitlineError:
+        """The refusal of a command with ``expected_version`` whose append lost the stream's next version:
+        the version it lost to, read tenant-scoped, so a stream another tenant started meanwhile stays unseen."""
+        try:
+            actual = self.store.load(handler.aggregate, aggregate_id, tenant=tenant).version
+        except ForeignStream:
+            return AggregateNotFound(handler.aggregate.__name__, aggregate_id)
+        return ConcurrencyConflict(aggregate_id, expected, actual)
 
     @staticmethod
     def _result(cmd: Command, tenant: str, aggregate: Aggregate, events: list[Event]) -> DispatchResult:

@@ -1,4 +1,7 @@
-"""``commitline audit ...``: history, state at a version or time, diff, and chain verification."""
+"""``commitline audit ...``: history, state at a version or time, diff, and chain verification.
+
+Questions about one aggregate are asked as a tenant (``--tenant/-t``, default ``default``, as for
+``dispatch``): another tenant's aggregate is not found. ``verify --all`` checks every tenant's streams."""
 
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
             if args.audit_command == "verify":
                 return _verify(auditor, args)
             if args.audit_command == "history":
-                history = auditor.history(args.aggregate_id, compact=not args.json)
+                history = auditor.history(args.aggregate_id, compact=not args.json, tenant=args.tenant)
                 if args.json:
                     print_json(asdict(history), sys.stdout)
                     return EXIT_OK
@@ -51,11 +54,12 @@ def cmd_audit(args: argparse.Namespace) -> int:
                 console().print(table)
                 return EXIT_OK
             if args.audit_command == "state":
-                state = (auditor.state_at_version(args.aggregate_id, args.at_version) if args.at_version is not None
-                         else auditor.state_as_of(args.aggregate_id, args.as_of))
+                state = (auditor.state_at_version(args.aggregate_id, args.at_version, tenant=args.tenant)
+                         if args.at_version is not None
+                         else auditor.state_as_of(args.aggregate_id, args.as_of, tenant=args.tenant))
                 print_json(asdict(state), sys.stdout)
                 return EXIT_OK
-            diff = auditor.diff(args.aggregate_id, args.from_version, args.to_version)
+            diff = auditor.diff(args.aggregate_id, args.from_version, args.to_version, tenant=args.tenant)
             print_json({"aggregate_id": diff.aggregate_id, "aggregate_type": diff.aggregate_type,
                          "from_version": diff.from_version, "to_version": diff.to_version,
                          "changed": {k: {"from": a, "to": b} for k, (a, b) in diff.changed.items()},
@@ -72,7 +76,8 @@ def _verify(auditor, args: argparse.Namespace) -> int:  # type: ignore[no-untype
         print("audit verify: name --aggregate ID or --all", file=sys.stderr)
         return EXIT_USAGE
     with progress_reporter("verify") as progress:
-        report = auditor.verify(args.aggregate, progress=progress if args.aggregate is None else None)
+        report = auditor.verify(args.aggregate, progress=progress if args.aggregate is None else None,
+                                tenant=args.tenant)
     rate = report.events / report.seconds if report.seconds else 0
     summary = {"ok": report.ok, "streams": report.streams, "events": report.events,
                "seconds": round(report.seconds, 3), "broken": [
@@ -113,4 +118,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     adiff.add_argument("--from", dest="from_version", type=int, required=True, metavar="N")
     adiff.add_argument("--to", dest="to_version", type=int, required=True, metavar="M")
     for parser_ in (averify, ahistory, astate, adiff):
+        parser_.add_argument("--tenant", "-t", default="default",
+                             help="the tenant asking; another tenant's aggregate is not found (default: default)"
+                             + ("; --all covers every tenant" if parser_ is averify else ""))
         parser_.set_defaults(run=cmd_audit)

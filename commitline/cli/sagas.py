@@ -1,4 +1,7 @@
-"""``commitline sagas ...``: run the order-fulfilment process manager, show, list, retry."""
+"""``commitline sagas ...``: run the order-fulfilment process manager, show, list, retry.
+
+``show`` and ``retry`` act as the order's tenant (``--tenant/-t``, default ``default``): another
+tenant's order is not found. ``list`` shows every tenant's sagas unless given ``--tenant``."""
 
 from __future__ import annotations
 
@@ -25,7 +28,10 @@ def cmd_sagas(args: argparse.Namespace) -> int:
         return _run_sagas()
     with bootstrap() as app:
         if args.sagas_command == "list":
-            rows = app.read_models().fulfilments(stuck_only=args.stuck)
+            try:
+                rows = app.read_models().fulfilments(stuck_only=args.stuck, tenant=args.tenant)
+            except CommitlineError as e:
+                return error_exit(e, EXIT_USAGE)
             if args.json:
                 print_json([r.__dict__ for r in rows], sys.stdout)
             else:
@@ -40,14 +46,15 @@ def cmd_sagas(args: argparse.Namespace) -> int:
 
             try:
                 result = app.processor.dispatch(RetryFulfilment(order_id=args.order_id),
-                                                idempotency_key=f"operator-retry/{args.order_id}/{uuid4()}")
+                                                idempotency_key=f"operator-retry/{args.order_id}/{uuid4()}",
+                                                tenant=args.tenant)
             except CommitlineError as e:
                 return error_exit(e, EXIT_REFUSED)
             print(f"fulfilment of {args.order_id} set back to COMPENSATING (version {result.version}); "
                   "the running process manager picks it up")
             return EXIT_OK
         try:
-            history = app.auditor().history(fulfilment_id(args.order_id))
+            history = app.auditor().history(fulfilment_id(args.order_id), tenant=args.tenant)
         except CommitlineError as e:
             return error_exit(e, EXIT_USAGE)
         if args.json:
@@ -85,4 +92,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     slist.add_argument("--json", action="store_true")
     sretry = ssub.add_parser("retry", help="retry the compensations of a STUCK fulfilment after fixing the cause")
     sretry.add_argument("order_id", type=aggregate_id, metavar="ORDER_ID")
+    for parser_, default in ((sshow, "default"), (sretry, "default"), (slist, None)):
+        parser_.add_argument("--tenant", "-t", default=default,
+                             help="the order's tenant (default: default)" if default else "only this tenant's sagas")
     sagas.set_defaults(run=cmd_sagas)

@@ -5,6 +5,9 @@ No stored event may exceed ``max_event_bytes`` (a Kafka record is made of each o
 command that would write a larger one is refused with ``EventTooLarge`` before anything
 is written.
 
+A stream belongs to the tenant of its first event; a load given a tenant refuses another tenant's
+stream (``ForeignStream``), reading the owner in the same single round trip as the events.
+
 It remembers the chain hash of each recently loaded or written stream head, so appending
 the next events continues the hash chain without another read in the common case.
 """
@@ -18,9 +21,12 @@ from collections.abc import Sequence
 from typing import TypeVar
 from uuid import UUID
 
+import orjson
+from eventsourcing.persistence import StoredEvent
+
 from commitline.application.chain import chain
 from commitline.application.errors import EventTooLarge, WrongAggregateType
-from commitline.application.ports import IdempotencyRecord
+from commitline.application.ports import ForeignStream, IdempotencyRecord
 from commitline.domain import Aggregate, Event
 from commitline.infrastructure.store.codec import decode_event, decode_snapshot, encode_event, encode_snapshot
 from commitline.infrastructure.store.recorder import EventRecorder, Snapshot
@@ -39,9 +45,15 @@ class PostgresEventStore:
         self._heads_limit = remembered_heads
         self._heads_lock = threading.Lock()
 
-    def load(self, cls: type[A], aggregate_id: UUID, *, use_snapshot: bool = True) -> A:
+    def load(self, cls: type[A], aggregate_id: UUID, *, tenant: str | None = None, use_snapshot: bool = True) -> A:
+        """The aggregate as of its latest event (blank if it has none). With ``tenant``, a stream another
+        tenant owns raises ForeignStream before anything of it is decoded (not even its type is checked)."""
         snapshot, stored, head_hash = self.recorder.load_stream(
             aggregate_id, after_snapshot=use_snapshot and self.snapshot_interval > 0)
+        if tenant is not None:
+            owner = stream_owner(snapshot, stored)
+            if owner is not None and owner != tenant:
+                raise ForeignStream(aggregate_id)
         start: A | None = None
         if snapshot is not None:
             if snapshot.aggregate_type != cls.__name__:
@@ -101,3 +113,17 @@ class PostgresEventStore:
                 self._head_hash(aggregate.id, aggregate.version)))
         except Exception:
             log.warning("snapshot of %s at version %d not saved", aggregate.id, aggregate.version, exc_info=True)
+
+
+def stream_owner(snapshot: Snapshot | None, stored: Sequence[StoredEvent]) -> str | None:
+    """The tenant that owns a stream: the one recorded in its first event (``codec.encode_event`` puts
+    ``"tenant"`` in every stored state). None for an empty stream."""
+    first = snapshot.first_event_state if snapshot is not None else None
+    if first is None and stored:
+        first = stored[0].state  # version 1 unless a snapshot precedes it (then ``first`` was read with it)
+    return stored_tenant(first) if first is not None else None
+
+
+def stored_tenant(state: bytes) -> str:
+    """The tenant recorded in one stored event's state."""
+    return orjson.loads(state)["tenant"]

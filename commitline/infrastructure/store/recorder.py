@@ -72,6 +72,9 @@ class Snapshot:
     aggregate_type: str
     state: bytes
     event_hash: bytes  # the chain hash of the event at ``version``
+    # Read with the snapshot (never stored in it): the stored state of the stream's first event, which
+    # names the tenant that owns the stream, so a snapshot-based load knows the owner in the same round trip.
+    first_event_state: bytes | None = None
 
 
 class EventRecorder(PostgresApplicationRecorder):
@@ -181,16 +184,18 @@ class EventRecorder(PostgresApplicationRecorder):
     # -- per-stream reads ---------------------------------------------------------
 
     def load_stream(self, aggregate_id: UUID, after_snapshot: bool) -> tuple[Snapshot | None, list[StoredEvent], bytes]:
-        """The latest snapshot (if wanted), the events after it, and the stream's head hash: one
-        statement, so the snapshot and the events come from the same database snapshot."""
+        """The latest snapshot (if wanted, with the state of the stream's first event, which names its
+        tenant), the events after it, and the stream's head hash: one statement, so the snapshot and the
+        events come from the same database snapshot."""
         query = self._q.stream_after_snapshot if after_snapshot else self._q.stream_from_start
         with self.datastore.connection() as conn:
             rows = conn.cursor(row_factory=tuple_row).execute(query, {"id": aggregate_id}, prepare=True).fetchall()
         snapshot = None
         if rows and rows[0][0]:
-            _, version, aggregate_type, state, event_hash = rows.pop(0)
-            snapshot = Snapshot(aggregate_id, version, aggregate_type, bytes(state), bytes(event_hash))
-        events = [StoredEvent(aggregate_id, v, t, bytes(s)) for _, v, t, s, _ in rows]
+            _, version, aggregate_type, state, event_hash, first = rows.pop(0)
+            snapshot = Snapshot(aggregate_id, version, aggregate_type, bytes(state), bytes(event_hash),
+                                bytes(first) if first is not None else None)
+        events = [StoredEvent(aggregate_id, v, t, bytes(s)) for _, v, t, s, _, _ in rows]
         head_hash = bytes(rows[-1][4]) if rows else snapshot.event_hash if snapshot else GENESIS
         return snapshot, events, head_hash
 
@@ -334,13 +339,15 @@ class _Statements:
         self.stream_after_snapshot = q(
             "WITH s AS (SELECT version, aggregate_type, state, event_hash FROM {snaps} WHERE aggregate_id = %(id)s "
             "ORDER BY version DESC LIMIT 1) "
-            "SELECT true, version, aggregate_type, state, event_hash FROM s UNION ALL "
-            "SELECT false, originator_version, topic, state, event_hash FROM {events} WHERE originator_id = %(id)s "
-            "AND originator_version > coalesce((SELECT version FROM s), 0) ORDER BY 1 DESC, 2"
+            "SELECT true, version, aggregate_type, state, event_hash, (SELECT state FROM {events} "
+            "WHERE originator_id = %(id)s AND originator_version = 1) FROM s UNION ALL "
+            "SELECT false, originator_version, topic, state, event_hash, NULL FROM {events} "
+            "WHERE originator_id = %(id)s AND originator_version > coalesce((SELECT version FROM s), 0) "
+            "ORDER BY 1 DESC, 2"
         )
         self.stream_from_start = q(
-            "SELECT false, originator_version, topic, state, event_hash FROM {events} WHERE originator_id = %(id)s "
-            "ORDER BY originator_version"
+            "SELECT false, originator_version, topic, state, event_hash, NULL FROM {events} "
+            "WHERE originator_id = %(id)s ORDER BY originator_version"
         )
         self.stream_head = q("SELECT max(originator_version) FROM {events} WHERE originator_id = %s")
         self.insert_snapshot = q(
