@@ -1,8 +1,15 @@
-"""The scripted demonstration behind ``make demo``: a short workload on the configured (or
-embedded) store, showing each guarantee happen, then a summary."""
+"""The scripted demonstration behind ``make demo``: a short workload on the embedded store (or, only
+when asked, its own schema of the configured database), showing each guarantee happen, then a summary.
+
+The store is append-only, so rows the demo writes can never be removed: with ``COMMITLINE_DATABASE_URL``
+set it refuses unless given ``--into-configured-database``, and then writes only into the schema
+``<COMMITLINE_SCHEMA>_demo`` (and Kafka topics under ``<COMMITLINE_KAFKA_TOPIC_PREFIX>demo.``), never
+into the configured schema.
+"""
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import Counter
@@ -20,9 +27,10 @@ from commitline.domain.fulfilment import OrderFulfilment, fulfilment_id, payment
 from commitline.domain.order import Order
 from commitline.domain.payment import PaymentTransaction
 from commitline.composition import Commitline, bootstrap
-from commitline.infrastructure.config import Settings
+from commitline.infrastructure.config import Settings, load_settings
 from commitline.infrastructure.followers.thread import FollowerThread
 from commitline.infrastructure.kafka.reader import read_topics
+from commitline.cli.common import EXIT_USAGE
 from commitline.cli.followers import status_table
 from commitline.application.fulfilment import FulfilmentSaga
 from commitline.projections import PROJECTIONS
@@ -254,14 +262,33 @@ def orders(app: Commitline, run: str) -> list[tuple[str, str]]:
                                       "(only confirmed orders hold stock)")]
 
 
-def run_demo() -> int:
+FLAG = "--into-configured-database"
+
+
+def demo_settings(configured: Settings) -> Settings:
+    """Where the demo writes in a configured database: its own schema and topics, beside the configured ones."""
+    return configured.model_copy(update={"schema_name": f"{configured.schema_name}_demo",
+                                         "kafka_topic_prefix": f"{configured.kafka_topic_prefix}demo."})
+
+
+def run_demo(into_configured_database: bool = False) -> int:
+    settings = load_settings()
+    if settings.database_url is not None:
+        demo = demo_settings(settings)
+        if not into_configured_database:
+            print(f"demo: refused: COMMITLINE_DATABASE_URL is set, and the demo's rows could never be removed "
+                  f"from that database (the store is append-only). Unset it to run the demo on an embedded "
+                  f"PostgreSQL, or pass {FLAG} to write into the schema {demo.schema_name} of the configured "
+                  f"database (never into {settings.schema_name}).", file=sys.stderr)
+            return EXIT_USAGE
+        settings = demo
     run = uuid4().hex[:8]
     console.print(f"[bold]commitline demo[/bold] (run {run})")
     started = time.perf_counter()
-    with bootstrap() as app:
+    with bootstrap(settings) as app:
         settings = app.start_embedded_kafka_if_unset()
         where = "embedded PostgreSQL " + app.embedded_postgres.dsn if app.embedded_postgres else "configured PostgreSQL"
-        broker = "embedded Tansu broker" if app.embedded_kafka else "configured Kafka"
+        broker = "configured Kafka" if app.settings.kafka_bootstrap_servers else "embedded Tansu broker (in memory)"
         console.print(f"event store: {where}, schema {app.settings.schema_name}; "
                       f"publishing to {broker} at {settings.kafka_bootstrap_servers}")
         projectors = [FollowerThread(lambda name=name: app.projector(name, poll_interval=0.2)).start()

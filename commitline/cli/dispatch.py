@@ -1,18 +1,59 @@
-"""``commitline dispatch``: apply commands given as a JSON argument or JSON lines on stdin."""
+"""``commitline dispatch``: apply commands given as a JSON argument or JSON lines on stdin.
+
+A stdin line's idempotency key never depends on where the line is: an envelope carries its own key,
+and a plain command line's key is derived from its content (``derived_key``), so running the same
+input again, with lines added, moved or repeated, never applies a command twice.
+"""
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import sys
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
-from commitline.application.boundary import CommandLimits, problem, read_json
-from commitline.application.errors import CommitlineError, InvalidCommand, StoreUnavailable
+from commitline.application.boundary import MAX_KEY_LENGTH, CommandLimits, check_idempotency_key, problem, read_json
+from commitline.application.errors import (
+    CommitlineError,
+    InvalidCommand,
+    InvalidIdempotencyKey,
+    MissingIdempotencyKey,
+    StoreUnavailable,
+)
 from commitline.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE, error_exit, print_json
 
 
 ENVELOPE = ("command", "idempotency_key", "tenant")
+DERIVED_PREFIX = "sha256:"
+DERIVED_LENGTH = len(DERIVED_PREFIX) + 64
+MAX_NAMESPACE_LENGTH = MAX_KEY_LENGTH - DERIVED_LENGTH - 1  # room for "K:" in front of the derived key
+
+
+def canonical_json(value: Any) -> bytes:
+    """``value`` as JSON with sorted keys and no whitespace: the same command written differently
+    (key order, spacing) gives the same bytes."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode("utf-8", "surrogatepass")
+
+
+def derived_key(command: Any, tenant: str, namespace: str | None = None) -> str:
+    """The idempotency key of a plain stdin line: ``sha256:`` + hex SHA-256 over the tenant and the
+    command's canonical JSON, after ``namespace:`` when one is given (``-k``)."""
+    digest = hashlib.sha256(tenant.encode("utf-8", "surrogatepass") + b"\x00" + canonical_json(command)).hexdigest()
+    key = DERIVED_PREFIX + digest
+    return f"{namespace}:{key}" if namespace is not None else key
+
+
+def check_namespace(namespace: str) -> str:
+    """``-k`` given with stdin input: usable as a key itself and short enough to prefix a derived key."""
+    check_idempotency_key(namespace, "dispatch (stdin)")
+    if len(namespace) > MAX_NAMESPACE_LENGTH:
+        raise InvalidIdempotencyKey("dispatch (stdin)", f"with stdin input -k is a namespace of at most "
+                                    f"{MAX_NAMESPACE_LENGTH} characters (it prefixes each line's derived key), "
+                                    f"not {len(namespace)}")
+    return namespace
 
 
 def _lines(stream: BinaryIO, limit: int) -> Iterator[bytes]:
@@ -24,10 +65,11 @@ def _lines(stream: BinaryIO, limit: int) -> Iterator[bytes]:
         yield line.rstrip(b"\r\n")
 
 
-def _stdin_requests(key_prefix: str | None, tenant: str, stream: BinaryIO,
+def _stdin_requests(namespace: str | None, tenant: str, stream: BinaryIO,
                     limits: CommandLimits) -> Iterator[tuple[int, Any, str | None, str]]:
-    """Each non-blank line is a command, or an envelope {"command", "idempotency_key", "tenant"}. Lines are
-    bytes checked by the boundary, so invalid UTF-8 or JSON, or a line too long, is that line's error."""
+    """Each non-blank line is a command (its key is ``derived_key``), or an envelope {"command",
+    "idempotency_key", "tenant"} (its own key). Lines are bytes checked by the boundary, so invalid UTF-8
+    or JSON, or a line too long, is that line's error. The line number is only for the operator."""
     for number, line in enumerate(_lines(stream, limits.max_bytes), start=1):
         if not line.strip():
             continue
@@ -43,7 +85,16 @@ def _stdin_requests(key_prefix: str | None, tenant: str, stream: BinaryIO,
         if envelope:
             yield number, data["command"], data.get("idempotency_key"), data.get("tenant", tenant)
         else:
-            yield number, data, f"{key_prefix}:{number}" if key_prefix else None, tenant
+            yield number, data, derived_key(data, tenant, namespace), tenant
+
+
+def _usable(key: Any) -> bool:
+    """Whether ``key`` can be printed as the line's key (an unusable one is the line's error instead)."""
+    try:
+        check_idempotency_key(key, "")
+    except MissingIdempotencyKey:  # InvalidIdempotencyKey included
+        return False
+    return True
 
 
 def cmd_dispatch(args: argparse.Namespace) -> int:
@@ -52,6 +103,11 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
     if args.command is None and sys.stdin.isatty():
         print("dispatch: give a command as JSON, or JSON lines on stdin", file=sys.stderr)
         return EXIT_USAGE
+    if args.command is None and args.idempotency_key is not None:
+        try:
+            check_namespace(args.idempotency_key)
+        except InvalidIdempotencyKey as e:
+            return error_exit(e, EXIT_USAGE)
     with bootstrap() as app:
         if args.command is not None:
             try:
@@ -63,17 +119,19 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
         failures = 0
         for number, command, key, tenant in _stdin_requests(args.idempotency_key, args.tenant, sys.stdin.buffer,
                                                               app.processor.limits):
+            where = {"line": number, "idempotency_key": key} if _usable(key) else {"line": number}
             try:
                 if isinstance(command, CommitlineError):
                     raise command
                 result = app.dispatch(command, idempotency_key=key, tenant=tenant)
-                print_json({"line": number, "result": result.model_dump(mode="json")}, sys.stdout)
+                print_json({**where, "replayed": result.replayed, "result": result.model_dump(mode="json")},
+                           sys.stdout)
             except StoreUnavailable as e:  # the lines after it are not tried: run them again, same keys
-                print_json({"line": number, **e.to_dict()}, sys.stderr)
+                print_json({**where, **e.to_dict()}, sys.stderr)
                 return EXIT_UNAVAILABLE
             except CommitlineError as e:
                 failures += 1
-                print_json({"line": number, **e.to_dict()}, sys.stderr)
+                print_json({**where, **e.to_dict()}, sys.stderr)
         return EXIT_REFUSED if failures else EXIT_OK
 
 
@@ -99,11 +157,20 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "dispatch",
         help="validate and apply one command (JSON argument) or many (JSON lines on stdin)",
         description="Apply commands exactly once. The result is printed as JSON on stdout; a refused command "
-        "prints its typed error as JSON on stderr and exits 1. On stdin, each line is a command (its key is "
-        "KEY:<line number>) or an envelope {\"command\": {...}, \"idempotency_key\": \"...\", \"tenant\": \"...\"}.",
+        "prints its typed error as JSON on stderr and exits 1. On stdin, each line is an envelope "
+        "{\"command\": {...}, \"idempotency_key\": \"...\", \"tenant\": \"...\"}, which uses its own key, or a "
+        "plain command, whose key is derived from its content: sha256:<hex of SHA-256 over the tenant and the "
+        "command's JSON with sorted keys and no whitespace>, never from its line number. Running the same input "
+        "again (blank lines added, lines moved or repeated) never applies a command twice: a repeated line is "
+        "reported \"replayed\": true. So two intentionally identical commands in one input need envelope lines "
+        "with distinct keys. Each stdin result or error is printed with its line number and the key used.",
     )
     dispatch.add_argument("command", nargs="?", help='the command as JSON, e.g. \'{"type": "submit_payment", ...}\'')
-    dispatch.add_argument("--idempotency-key", "-k", help="retrying with the same key never applies it twice")
+    dispatch.add_argument("--idempotency-key", "-k", metavar="KEY",
+                          help="with a JSON argument: the command's key; retrying with the same key never applies "
+                          "it twice. With stdin: a namespace, each plain line's key becoming KEY:sha256:<hex>, "
+                          f"so the same input can deliberately be applied again under a new namespace (at most "
+                          f"{MAX_NAMESPACE_LENGTH} characters; envelope keys are used as given)")
     dispatch.add_argument("--tenant", "-t", default="default", help="tenant the key belongs to (default: default)")
     dispatch.set_defaults(run=cmd_dispatch)
 

@@ -61,9 +61,16 @@ def test_json_lines_on_stdin(pg_dsn: str, schema: str) -> None:
     results = [orjson.loads(line) for line in out.stdout.splitlines()]
     assert [r["line"] for r in results] == [1, 2]
     assert [r["result"]["version"] for r in results] == [1, 2]
+    assert [r["replayed"] for r in results] == [False, False]
+    # a plain line's key comes from its content, under the -k namespace; an envelope keeps its own
+    plain_key = results[0]["idempotency_key"]
+    assert plain_key.startswith("batch:sha256:") and len(plain_key) == len("batch:sha256:") + 64
+    assert results[1]["idempotency_key"] == "explicit"
     errors = [orjson.loads(line) for line in out.stderr.splitlines() if line.startswith("{")]
-    assert errors == [{"line": 3, "error": "InsufficientStock", "code": "insufficient_stock",
-                       "message": f"item {item}: requested 2, available 1",
+    third_key = errors[0].get("idempotency_key", "")
+    assert third_key.startswith("batch:sha256:") and third_key != plain_key
+    assert errors == [{"line": 3, "idempotency_key": third_key, "error": "InsufficientStock",
+                       "code": "insufficient_stock", "message": f"item {item}: requested 2, available 1",
                        "details": {"item_id": item, "requested": 2, "available": 1}}]
 
 
@@ -85,7 +92,8 @@ def test_status_shows_followers_with_lag(pg_dsn: str, schema: str, kafka_bootstr
         commitline(["dispatch", "-k", f"s{n}", '{"type": "receive_stock", "item_id": "%s", "quantity": 1}' % uuid4()],
                    pg_dsn, schema)
     empty = orjson.loads(commitline(["status", "--json"], pg_dsn, schema).stdout)
-    assert empty == {"head": 3, "followers": [], "stuck_fulfilments": []}
+    assert (empty["head"], empty["stuck_fulfilments"]) == (3, [])
+    assert {f["status"] for f in empty["followers"]} == {"never run"}  # every known follower is listed
     env = {**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn, "COMMITLINE_SCHEMA": schema,
            "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap, "COMMITLINE_KAFKA_IDEMPOTENCE": "false",
            "COMMITLINE_KAFKA_TOPIC_PREFIX": f"{schema}."}
@@ -95,7 +103,7 @@ def test_status_shows_followers_with_lag(pg_dsn: str, schema: str, kafka_bootstr
     commitline(["dispatch", "-k", "s9", '{"type": "receive_stock", "item_id": "%s", "quantity": 1}' % uuid4()],
                pg_dsn, schema)
     status = orjson.loads(commitline(["status", "--json"], pg_dsn, schema).stdout)
-    (publisher,) = status["followers"]
+    (publisher,) = [f for f in status["followers"] if f["status"] != "never run"]
     assert (publisher["name"], publisher["status"], publisher["position"]) == ("kafka-publisher", "stopped", 3)
     assert (status["head"], publisher["lag_events"]) == (4, 1) and publisher["lag_seconds"] >= 0
     table = commitline(["status"], pg_dsn, schema)
