@@ -1,7 +1,15 @@
-"""Where every follower stands: position, the log head, and the lag in events and seconds."""
+"""Where every follower stands, as PostgreSQL sees it right now: its position, lag and live owner.
+
+A follower's row (``positions.py``) says what its last owner wrote; a process killed with
+SIGKILL leaves ``running`` behind. So liveness is read from PostgreSQL itself: the session
+that holds the follower's advisory lock (``lease.py``), found in ``pg_locks`` and
+``pg_stat_activity``. A row that says ``running`` or ``retrying`` whose lock nobody holds is
+``dead``; a follower with no row is ``never run``. Judging what is unhealthy is ``health.py``.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -10,44 +18,123 @@ import orjson
 from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Identifier
 
-from commitline.infrastructure.followers.positions import Positions
+from commitline.infrastructure.followers.positions import POSITIONS_TABLE
 from commitline.infrastructure.store.recorder import EVENTS_TABLE, EventRecorder
+
+NEVER_RUN, DEAD = "never run", "dead"
+_OWNED = {"running", "retrying", "failed"}  # recorded statuses that a live lock holder keeps as they are
+_WORKING = {"running", "retrying"}  # recorded statuses that claim a live owner
+
+# The lease locks pg_try_advisory_lock(hashtext('commitline'), hashtext('<schema>/<name>')) (lease.py):
+# the two-int4 form, shown in pg_locks as classid/objid with objsubid = 2. hashtext() is an int4 and
+# classid/objid are oids; the int4 -> oid cast keeps the bits, so negative hashes match too.
+_HOLDERS = SQL("""
+SELECT DISTINCT ON (k.name) k.name, l.pid, a.application_name, a.backend_start, a.client_addr::text
+FROM unnest(%(names)s::text[]) AS k(name)
+JOIN pg_locks l ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+ AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+ AND l.classid = hashtext('commitline')::oid
+ AND l.objid = hashtext(%(schema)s || '/' || k.name)::oid
+LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+ORDER BY k.name, l.pid
+""")
+
+_ROWS = SQL("""
+SELECT name, position, owner, status, error, updated_at,
+       extract(epoch FROM clock_timestamp() - updated_at)::float8
+FROM {positions}
+""")
+
+_LAG = SQL("""
+SELECT count(*), (SELECT state FROM {events} WHERE notification_id > %(p)s ORDER BY notification_id LIMIT 1)
+FROM {events} WHERE notification_id > %(p)s
+""")
+
+
+@dataclass(frozen=True)
+class Backend:
+    """The live PostgreSQL session holding a follower's lease."""
+
+    pid: int
+    application: str | None
+    started_at: datetime | None
+    client: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"pid": self.pid, "application": self.application, "client": self.client,
+                "started_at": self.started_at.isoformat() if self.started_at else None}
 
 
 @dataclass(frozen=True)
 class FollowerStatus:
     name: str
-    status: str
-    owner: str | None
+    status: str  # derived: running, retrying, failed, stopped, yielded, dead, never run
+    owner: str | None  # the owner its row names (for a dead follower: the one it last had)
     position: int
     head: int
     lag_events: int
     lag_seconds: float
-    updated_at: datetime
+    updated_at: datetime | None
     error: dict[str, Any] | None
+    recorded_status: str | None = None  # what the row says; None when it never ran
+    backend: Backend | None = None  # the session holding its lease now, if any
+    last_moved_seconds: float | None = None  # since its row last changed (position, status or owner)
+
+    @property
+    def alive(self) -> bool:
+        return self.backend is not None
 
     def as_dict(self) -> dict[str, Any]:
-        return {**self.__dict__, "updated_at": self.updated_at.isoformat()}
+        return {**self.__dict__, "alive": self.alive,
+                "updated_at": self.updated_at.isoformat() if self.updated_at else None,
+                "backend": self.backend.as_dict() if self.backend else None}
 
 
-def follower_statuses(recorder: EventRecorder) -> tuple[int, list[FollowerStatus]]:
-    """The log head and the status of every follower that has ever run."""
+def derive_status(recorded: str | None, held: bool) -> str:
+    """A follower's status from its row's status (None: no row) and whether a live session holds its lease."""
+    if recorded is None:
+        return "running" if held else NEVER_RUN  # held without a row: it is claiming it right now
+    if held:
+        return recorded if recorded in _OWNED else "running"
+    return DEAD if recorded in _WORKING else recorded
+
+
+def lease_holders(conn: Any, schema: str, names: list[str]) -> dict[str, Backend]:
+    """The live session holding each named follower's lease, for those whose lease is held."""
+    rows = conn.cursor(row_factory=tuple_row).execute(_HOLDERS, {"names": names, "schema": schema}).fetchall()
+    return {name: Backend(pid, application, started, client) for name, pid, application, started, client in rows}
+
+
+def follower_statuses(recorder: EventRecorder, known: Iterable[str] = ()) -> tuple[int, list[FollowerStatus]]:
+    """The log head and the status of every ``known`` follower (in that order, ``never run`` if it never
+    ran), then of every other follower that has a row (a rebuild, say), by name."""
     schema = recorder.datastore.schema
     events = Identifier(schema, EVENTS_TABLE)
     with recorder.datastore.get_connection() as conn:
         cur = conn.cursor(row_factory=tuple_row)
         head = cur.execute(SQL("SELECT coalesce(max(notification_id), 0) FROM {}").format(events)).fetchone()[0]
-        statuses = []
-        for row in Positions(schema).all(conn):
-            lag, oldest = cur.execute(SQL(
-                "SELECT count(*), (SELECT state FROM {events} WHERE notification_id > %(p)s "
-                "ORDER BY notification_id LIMIT 1) FROM {events} WHERE notification_id > %(p)s"
-            ).format(events=events), {"p": row.position}).fetchone()
-            lag_seconds = 0.0
-            if oldest is not None:
-                recorded = datetime.fromisoformat(orjson.loads(bytes(oldest))["at"])
-                lag_seconds = max(0.0, (datetime.now(timezone.utc) - recorded).total_seconds())
-            statuses.append(FollowerStatus(row.name, row.status, row.owner, row.position, head, lag, lag_seconds,
-                                           row.updated_at, row.error))
+        rows = {r[0]: r for r in cur.execute(_ROWS.format(positions=Identifier(schema, POSITIONS_TABLE))).fetchall()}
+        names = list(dict.fromkeys([*known, *sorted(rows)]))
+        holders = lease_holders(conn, schema, names)
+        lags = {position: _lag(cur, events, position)
+                for position in {rows[n][1] if n in rows else 0 for n in names}}
+    statuses = []
+    for name in names:
+        backend = holders.get(name)
+        if name in rows:
+            _, position, owner, recorded, error, updated_at, moved = rows[name]
+        else:
+            position, owner, recorded, error, updated_at, moved = 0, None, None, None, None, None
+        lag_events, lag_seconds = lags[position]
+        statuses.append(FollowerStatus(name, derive_status(recorded, backend is not None), owner, position, head,
+                                       lag_events, lag_seconds, updated_at, error, recorded, backend, moved))
     return head, statuses
 
+
+def _lag(cur: Any, events: Identifier, position: int) -> tuple[int, float]:
+    """(events after ``position``, age in seconds of the first of them)."""
+    count, oldest = cur.execute(_LAG.format(events=events), {"p": position}).fetchone()
+    if oldest is None:
+        return count, 0.0
+    recorded = datetime.fromisoformat(orjson.loads(bytes(oldest))["at"])
+    return count, max(0.0, (datetime.now(timezone.utc) - recorded).total_seconds())

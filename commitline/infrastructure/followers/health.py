@@ -1,0 +1,77 @@
+"""What counts as unhealthy, and why: the judgement behind ``commitline status --check``.
+
+Pure logic over ``FollowerStatus`` rows and stuck sagas, no I/O. Unhealthy, always:
+
+- a follower ``dead`` (its row says it works, but no live session holds its lease);
+- a follower stopped at a poison event (``failed``) or ``retrying`` a failing batch;
+- a live follower (not a rebuild, which lags by design) lagging beyond either threshold;
+- a STUCK saga, when all followers are judged or the saga runner is named.
+
+A follower ``stopped`` cleanly or ``never run`` is a deployment's choice, not a fault: it is
+unhealthy only when ``only`` names it, i.e. when the caller says it should be running.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from commitline.infrastructure.followers.status import DEAD, NEVER_RUN, FollowerStatus
+
+REBUILD_MARK = "@rebuild"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    max_lag_events: int
+    max_lag_seconds: float
+
+
+@dataclass(frozen=True)
+class StuckSaga:
+    order_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Problem:
+    subject: str  # a follower's name, or "order <id>"
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.subject}: {self.reason}"
+
+
+def follower_reasons(s: FollowerStatus, limits: Thresholds, *, required: bool = False) -> list[str]:
+    """Why ``s`` is unhealthy (empty: it is not); ``required`` means it should be running."""
+    reasons = []
+    error = s.error or {}
+    if s.status == DEAD:
+        reasons.append(f"dead: no live session holds its lease (last owner {s.owner or 'unknown'}, "
+                       f"recorded {s.recorded_status})")
+    elif s.status == "failed":
+        event = f" ({error['event_type']})" if error.get("event_type") else ""
+        reasons.append(f"stopped at poison event {error.get('position', '?')}{event}: {error.get('message', '')}; "
+                       "waiting for an operator's retry or skip")
+    elif s.status == "retrying":
+        reasons.append(f"retrying at position {error.get('position', '?')}: {error.get('message', '')}")
+    elif required and s.status == NEVER_RUN:
+        reasons.append("never run")
+    elif required and not s.alive:
+        reasons.append(f"{s.status}: not running (last owner {s.owner or 'unknown'})")
+    if s.alive and not s.name.endswith(REBUILD_MARK) and (
+            s.lag_events > limits.max_lag_events or s.lag_seconds > limits.max_lag_seconds):
+        reasons.append(f"lagging by {s.lag_events} events / {s.lag_seconds:.1f} s "
+                       f"(limits {limits.max_lag_events} events / {limits.max_lag_seconds:g} s)")
+    return reasons
+
+
+def judge(followers: Sequence[FollowerStatus], stuck: Sequence[StuckSaga], limits: Thresholds, *,
+          only: Collection[str] | None = None, saga_runner: str = "") -> list[Problem]:
+    """Every problem among ``followers`` (only those named in ``only``, when given) and ``stuck`` sagas
+    (counted when ``only`` is None or names ``saga_runner``)."""
+    problems = [Problem(s.name, reason) for s in followers if only is None or s.name in only
+                for reason in follower_reasons(s, limits, required=only is not None)]
+    if only is None or saga_runner in only:
+        problems += [Problem(f"order {saga.order_id}", f"fulfilment STUCK: {saga.reason}") for saga in stuck]
+    return problems

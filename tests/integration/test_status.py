@@ -1,0 +1,221 @@
+"""``commitline status`` as a health check, against real processes: liveness comes from the advisory
+locks PostgreSQL holds for live sessions, never from a row a killed process left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from uuid import uuid4
+
+import orjson
+import pytest
+
+from commitline.composition import Commitline
+from commitline.infrastructure.followers.lease import Lease
+from commitline.infrastructure.kafka.publisher import PUBLISHER
+from commitline.infrastructure.sagas.runner import RUNNER
+from commitline.projections import PROJECTIONS
+from tests.integration.test_order_saga import Shop
+from tests.integration.test_projections import inject_orphan_payment_event
+from tests.support import FollowerThread
+
+CLI = [sys.executable, "-m", "commitline.cli"]
+
+
+def environment(pg_dsn: str, schema: str, **extra: str) -> dict[str, str]:
+    return {**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn, "COMMITLINE_SCHEMA": schema, **extra}
+
+
+def status(pg_dsn: str, schema: str, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, "status", *args], env=environment(pg_dsn, schema, **extra), capture_output=True,
+                          text=True, timeout=120)
+
+
+def status_json(pg_dsn: str, schema: str, **extra: str) -> dict[str, Any]:
+    out = status(pg_dsn, schema, "--json", **extra)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return orjson.loads(out.stdout)
+
+
+def follower(report: dict[str, Any], name: str) -> dict[str, Any]:
+    (row,) = [f for f in report["followers"] if f["name"] == name]
+    return row
+
+
+def wait_until(condition: Callable[[], Any], what: str, timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (result := condition()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+    return result
+
+
+def add_tasks(app: Commitline, n: int) -> None:
+    for i in range(n):
+        app.dispatch({"type": "create_survey_task", "title": f"t{i}"}, idempotency_key=f"task-{uuid4()}")
+
+
+@pytest.fixture
+def projector_process(pg_dsn: str, schema: str, tmp_path: Path) -> Iterator[Callable[[], subprocess.Popen[bytes]]]:
+    """Starts ``commitline project task_statuses`` processes; any still running at the end are killed."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start() -> subprocess.Popen[bytes]:
+        log = (tmp_path / f"project-{len(started)}.log").open("wb")
+        process = subprocess.Popen([*CLI, "project", "task_statuses"], env=environment(pg_dsn, schema),
+                                   stdout=log, stderr=subprocess.STDOUT)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+            process.wait(30)
+
+
+def test_a_fresh_store_lists_every_follower_as_never_run(pg_dsn: str, schema: str) -> None:
+    report = status_json(pg_dsn, schema)
+    names = [f["name"] for f in report["followers"]]
+    assert names == [PUBLISHER, RUNNER, *sorted(PROJECTIONS)]
+    assert {f["status"] for f in report["followers"]} == {"never run"}
+    assert all(not f["alive"] and f["backend"] is None and f["updated_at"] is None for f in report["followers"])
+    assert report["healthy"] is True and report["problems"] == [] and report["stuck_fulfilments"] == []
+
+    everything = status(pg_dsn, schema, "--check")
+    assert everything.returncode == 0, everything.stderr  # nothing runs, so nothing is broken
+    assert everything.stdout.startswith("healthy")
+    named = status(pg_dsn, schema, "--check", "publisher,task_statuses")
+    assert named.returncode == 1  # named followers must be running
+    lines = named.stderr.strip().splitlines()
+    assert lines == [f"unhealthy: {PUBLISHER}: never run", "unhealthy: task_statuses: never run"]
+    unknown = status(pg_dsn, schema, "--check", "task_statuses,nope")
+    assert unknown.returncode == 2 and "unknown follower(s) nope" in unknown.stderr
+    table = status(pg_dsn, schema)
+    assert table.returncode == 0 and "never run" in table.stdout and "order-fulfilment" in table.stdout
+
+
+def test_a_killed_projector_is_shown_dead_and_fails_the_check(app: Commitline, pg_dsn: str, schema: str,
+                                                               projector_process: Callable[[], subprocess.Popen[bytes]]
+                                                               ) -> None:
+    add_tasks(app, 3)
+    process = projector_process()
+
+    def alive() -> dict[str, Any] | None:
+        row = follower(status_json(pg_dsn, schema), "task_statuses")
+        return row if row["alive"] and row["status"] == "running" and row["lag_events"] == 0 else None
+
+    row = wait_until(alive, "the projector to own task_statuses and catch up")
+    assert row["backend"]["application"] == "commitline task_statuses"
+    assert row["owner"].endswith(f":{process.pid}") and row["last_moved_seconds"] >= 0
+    healthy = status(pg_dsn, schema, "--check", "task_statuses")
+    assert healthy.returncode == 0, healthy.stderr
+    assert status(pg_dsn, schema, "--check").returncode == 0
+
+    process.send_signal(signal.SIGTERM)  # a clean stop is a deployment's choice, not a fault...
+    assert process.wait(60) == 0
+    stopped = follower(status_json(pg_dsn, schema), "task_statuses")
+    assert (stopped["status"], stopped["alive"]) == ("stopped", False)
+    assert status(pg_dsn, schema, "--check").returncode == 0
+    named = status(pg_dsn, schema, "--check", "task_statuses")  # ...unless the caller says it should run
+    assert named.returncode == 1 and "unhealthy: task_statuses: stopped: not running" in named.stderr
+
+    process = projector_process()
+    row = wait_until(alive, "a new projector to own task_statuses")
+    backend_pid = row["backend"]["pid"]
+    process.send_signal(signal.SIGKILL)
+    process.wait(30)
+
+    def dead() -> dict[str, Any] | None:
+        row = follower(status_json(pg_dsn, schema), "task_statuses")
+        return row if row["status"] == "dead" else None
+
+    row = wait_until(dead, "status to notice the killed projector")
+    assert row["recorded_status"] == "running", "the row still says running: only the lock tells the truth"
+    assert row["owner"].endswith(f":{process.pid}") and row["backend"] is None and not row["alive"]
+    assert any("dead" in p for p in row["problems"])
+    check = status(pg_dsn, schema, "--check")
+    assert check.returncode == 1
+    assert f"unhealthy: task_statuses: dead: no live session holds its lease (last owner {row['owner']}" \
+        in check.stderr
+    assert status(pg_dsn, schema, "--check", "payment_states").returncode == 1  # never run, and named
+    as_json = status(pg_dsn, schema, "--check", "--json")
+    assert as_json.returncode == 1
+    report = orjson.loads(as_json.stdout)
+    assert report["healthy"] is False and any(p.startswith("task_statuses: dead") for p in report["problems"])
+    assert backend_pid not in {f["backend"]["pid"] for f in report["followers"] if f["backend"]}
+
+
+def test_a_projection_stopped_at_a_poison_event_fails_the_check(app: Commitline, pg_dsn: str, schema: str) -> None:
+    app.dispatch({"type": "create_payment", "amount": "1.00", "currency": "EUR", "account": "a"},
+                 idempotency_key="1")
+    poison_at = inject_orphan_payment_event(app)
+    with FollowerThread(lambda: app.projector("payment_states", poll_interval=0.2)) as running:
+        wait_until(lambda: running.follower.metrics.poisoned_at is not None, "the projector to meet the poison")
+        check = status(pg_dsn, schema, "--check")
+        assert check.returncode == 1
+        assert f"unhealthy: payment_states: stopped at poison event {poison_at} (PaymentSubmitted):" in check.stderr
+        assert "LookupError" in check.stderr
+        row = follower(status_json(pg_dsn, schema), "payment_states")
+        assert (row["status"], row["alive"], row["position"]) == ("failed", True, poison_at - 1)
+    # With nobody attached it is still stopped there, waiting for an operator.
+    assert status(pg_dsn, schema, "--check").returncode == 1
+
+
+def test_a_stuck_saga_fails_the_check(app: Commitline, pg_dsn: str, schema: str) -> None:
+    shop = Shop(app)
+    order = shop.place("acct|capture-declines|void-fails")
+    shop.run_until_done()
+    with FollowerThread(lambda: app.projector("order_fulfilments", poll_interval=0.2)) as projector:
+        projector.wait_until_at(app.recorder.max_notification_id())
+    check = status(pg_dsn, schema, "--check")
+    assert check.returncode == 1
+    assert f"unhealthy: order {order}: fulfilment STUCK: charge: GatewayUnavailable" in check.stderr
+    assert status(pg_dsn, schema, "--check", "sagas,order_fulfilments").returncode == 1
+    assert status(pg_dsn, schema, "--check", "order_fulfilments").returncode == 1  # stopped, and named
+    report = status_json(pg_dsn, schema)
+    assert report["stuck_fulfilments"] == [str(order)] and not report["healthy"]
+
+
+def test_a_live_follower_lagging_beyond_a_threshold_fails_the_check(app: Commitline, pg_dsn: str,
+                                                                     schema: str) -> None:
+    add_tasks(app, 3)
+    # A live owner that does not move: it holds the lease, as a hung projector would, at position 0.
+    lease = Lease(app.conninfo, schema, "task_statuses", owner="hung-projector")
+    assert lease.try_acquire()
+    try:
+        row = follower(status_json(pg_dsn, schema), "task_statuses")
+        assert (row["status"], row["owner"], row["lag_events"]) == ("running", "hung-projector", 3)
+        assert row["backend"]["pid"] == lease.run(lambda conn: conn.info.backend_pid)
+        assert status(pg_dsn, schema, "--check").returncode == 0  # within the default thresholds
+        by_events = status(pg_dsn, schema, "--check", COMMITLINE_STATUS_MAX_LAG_EVENTS="2")
+        assert by_events.returncode == 1
+        assert "unhealthy: task_statuses: lagging by 3 events" in by_events.stderr
+
+        def lagging_in_seconds() -> subprocess.CompletedProcess[str] | None:
+            out = status(pg_dsn, schema, "--check", COMMITLINE_STATUS_MAX_LAG_S="0.5")
+            return out if out.returncode == 1 else None
+
+        by_seconds = wait_until(lagging_in_seconds, "the oldest unhandled event to be older than 0.5 s")
+        assert "unhealthy: task_statuses: lagging by 3 events" in by_seconds.stderr
+    finally:
+        lease.release()
+    assert follower(status_json(pg_dsn, schema), "task_statuses")["status"] == "stopped"
+    assert status(pg_dsn, schema, "--check", COMMITLINE_STATUS_MAX_LAG_EVENTS="2").returncode == 0
+
+
+def test_check_against_an_unreachable_store_exits_3(pg_dsn: str, schema: str) -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    out = status(pg_dsn, schema, "--check",
+                 COMMITLINE_DATABASE_URL=f"postgresql://someone:s3cret@127.0.0.1:{port}/nowhere")
+    assert out.returncode == 3
+    assert "store_unavailable" in out.stderr and "s3cret" not in out.stderr + out.stdout
