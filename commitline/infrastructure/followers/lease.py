@@ -22,7 +22,7 @@ from psycopg.rows import tuple_row
 from psycopg.sql import SQL
 
 from commitline.infrastructure.followers.positions import Positions
-from commitline.infrastructure.store.datastore import store_failures
+from commitline.infrastructure.store.datastore import connect_options, store_failures
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -66,11 +66,12 @@ class Lease:
 
     def _connect(self) -> None:
         if self._conn is None:
-            self._conn = psycopg.connect(
-                **self.conninfo, autocommit=True, connect_timeout=10,
+            self._conn = psycopg.connect(**connect_options(
+                self.conninfo, connect_timeout=10,
                 keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
-                application_name=f"commitline {self.name}"[:63],
-            )
+                # libpq's fallback: an application_name in the database URL takes precedence.
+                fallback_application_name=f"commitline {self.name}"[:63],
+            ), autocommit=True)
 
     def _claim(self) -> None:
         assert self._conn is not None

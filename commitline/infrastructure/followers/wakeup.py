@@ -14,6 +14,8 @@ from typing import Any
 import psycopg
 from psycopg.sql import SQL, Identifier
 
+from commitline.infrastructure.store.datastore import connect_options
+
 log = logging.getLogger(__name__)
 
 
@@ -38,7 +40,8 @@ class LogWakeup:
 
     async def _listening(self) -> psycopg.AsyncConnection[Any]:
         if self._conn is None or self._conn.closed:
-            self._conn = await psycopg.AsyncConnection.connect(**self.conninfo, autocommit=True, connect_timeout=10)
+            self._conn = await psycopg.AsyncConnection.connect(**connect_options(self.conninfo, connect_timeout=10),
+                                                               autocommit=True)
             await self._conn.execute(SQL("LISTEN {}").format(Identifier(self.channel)))
         return self._conn
 

@@ -40,12 +40,25 @@ STORE_FAILURES: tuple[type[Exception], ...] = (
 )
 
 
+SECRET_PARTS = ("password", "sslpassword")
+
+
+def connect_options(parts: Mapping[str, Any], **defaults: Any) -> dict[str, Any]:
+    """Keyword arguments for ``psycopg.connect``: commitline's ``defaults`` for this kind of connection
+    (``connect_timeout``, ``application_name``, keepalives, ...) overridden by every libpq parameter of the
+    database URL, so what an operator configured (sslmode, sslrootcert, options, ...) always applies."""
+    return {**defaults, **parts}
+
+
 def describe_failure(error: BaseException, parts: Mapping[str, Any]) -> str:
-    """What failed, where, as whom: never the password."""
+    """What failed, where, as whom, and with which sslmode if one is set: never a password."""
     text = f"{type(error).__name__}: {error}"
-    if parts.get("password"):
-        text = text.replace(str(parts["password"]), "***")
-    return f"cannot use PostgreSQL at {parts['host']}:{parts['port']}/{parts['dbname']} as {parts['user']}: {text}"
+    for secret in SECRET_PARTS:
+        if parts.get(secret):
+            text = text.replace(str(parts[secret]), "***")
+    tls = f" (sslmode={parts['sslmode']})" if parts.get("sslmode") else ""
+    return (f"cannot use PostgreSQL at {parts['host']}:{parts['port']}/{parts['dbname']} as {parts['user']}{tls}: "
+            f"{text}")
 
 
 @contextmanager
@@ -67,10 +80,13 @@ def store_failures(parts: Mapping[str, Any],
 class StoreDatastore(PostgresDatastore):
     """A ``PostgresDatastore`` whose connections raise ``StoreUnavailable`` for every store failure."""
 
-    def __init__(self, dbname: str, host: str, port: int, user: str, password: str, *, pool_timeout: float,
-                 **options: Any):
+    def __init__(self, dbname: str, host: str, port: int | str, user: str, password: str, *, pool_timeout: float,
+                 libpq: Mapping[str, Any] | None = None, **options: Any):
         # eventsourcing hands ``connect_timeout`` to the pool as the longest wait for a connection.
         super().__init__(dbname, host, port, user, password, connect_timeout=pool_timeout, **options)
+        # Its pool connects with the five parameters above only; every other libpq parameter of the URL
+        # (``libpq``: sslmode, application_name, options, ...) joins the pool's connection kwargs before it opens.
+        self.pool.kwargs.update(libpq or {})
         self.pool.reconnect_timeout = pool_timeout
 
     def connection(self) -> AbstractContextManager[psycopg.Connection[Any]]:
