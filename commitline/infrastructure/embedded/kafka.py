@@ -164,12 +164,17 @@ class EmbeddedKafka(EmbeddedService):
     up a fresh, empty broker on the *same* port. Usable as a context manager.
     """
 
-    def __init__(self, *, port: int | None = None, start_timeout: float = 20.0) -> None:
+    def __init__(self, *, port: int | None = None, start_timeout: float = 20.0, workdir: Path | None = None,
+                 stop_at_exit: bool = True) -> None:
         self._port = port if port is not None else free_port(_HOST)
         self._start_timeout = start_timeout
         self._lock = threading.RLock()
         self._proc: subprocess.Popen[bytes] | None = None
-        self._workdir: Path | None = None
+        self._keep_workdir = workdir is not None  # a caller's folder (e.g. the data folder's) is never removed
+        if workdir is not None:
+            workdir.mkdir(parents=True, exist_ok=True)
+        self._workdir: Path | None = workdir
+        self._stop_at_exit = stop_at_exit
         self._log: IO[bytes] | None = None
         self._log_offset = 0
         self._atexit_registered = False
@@ -208,7 +213,7 @@ class EmbeddedKafka(EmbeddedService):
             self._reap()
             deadline = time.monotonic() + self._start_timeout
             self._spawn()
-            if not self._atexit_registered:
+            if self._stop_at_exit and not self._atexit_registered:
                 # also covers a failed start that is never followed by stop()
                 atexit.register(self.stop)
                 self._atexit_registered = True
@@ -225,7 +230,7 @@ class EmbeddedKafka(EmbeddedService):
             if self._log is not None:
                 self._log.close()
                 self._log = None
-            if self._workdir is not None:
+            if self._workdir is not None and not self._keep_workdir:
                 shutil.rmtree(self._workdir, ignore_errors=True)
                 self._workdir = None
             if self._atexit_registered:

@@ -119,7 +119,18 @@ _LOG_NAME = "server.log"
 _PID_NAME = "postmaster.pid"
 
 _install_checked = False
+_major_version: str | None = None
 _install_lock = threading.Lock()
+
+
+def _server_major_version() -> str:
+    """The major version of the wheel's PostgreSQL, e.g. ``"18"`` (``postgres --version``)."""
+    global _major_version
+    if _major_version is None:
+        out = subprocess.run([str(POSTGRES_BIN_PATH / "postgres"), "--version"], capture_output=True, text=True,
+                             check=True, env=_child_env()).stdout
+        _major_version = out.split()[-1].split(".")[0]
+    return _major_version
 
 
 def _is_root() -> bool:
@@ -229,6 +240,7 @@ class EmbeddedPostgres(EmbeddedService):
         database: str = "commitline",
         start_timeout: float = 30.0,
         settings: Mapping[str, str] | None = None,
+        stop_at_exit: bool = True,
     ) -> None:
         self._data_dir = Path(data_dir).expanduser().absolute()
         self._port = port if port is not None else free_port(_HOST)
@@ -239,6 +251,40 @@ class EmbeddedPostgres(EmbeddedService):
         self._lock = threading.RLock()
         self._started = False
         self._atexit_registered = False
+        self._stop_at_exit = stop_at_exit
+
+    @classmethod
+    def running(cls, data_dir: Path, *, database: str = "commitline") -> EmbeddedPostgres | None:
+        """The server already serving *data_dir* (started by any process), ready for *database*; None if
+        there is none. The returned object does not stop the server at exit; ``stop()`` does."""
+        found = cls(data_dir, port=0, database=database, stop_at_exit=False)
+        found.check_compatible()
+        if found._postmaster_state() != "ours":
+            return None
+        port = found._listening_port()
+        if port is None:
+            return None
+        found._port = port
+        found._settings["port"] = str(port)
+        if not found._accepts_connections():
+            return None
+        found._ensure_database(time.monotonic() + found._start_timeout)
+        return found
+
+    def check_compatible(self) -> None:
+        """Refuse a data folder whose cluster another PostgreSQL major version made."""
+        try:
+            theirs = (self._data_dir / "PG_VERSION").read_text().strip()
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            raise EmbeddedServiceError(f"cannot read {self._data_dir / 'PG_VERSION'}: {e}") from None
+        ours = _server_major_version()
+        if theirs != ours:
+            raise EmbeddedServiceError(
+                f"the data folder {self._data_dir} holds a PostgreSQL {theirs} cluster, but the embedded server is "
+                f"PostgreSQL {ours}: set COMMITLINE_DATA_DIR to another folder, or COMMITLINE_DATABASE_URL to a "
+                f"server for that cluster")
 
     # ------------------------------------------------------------------ API
 
@@ -278,6 +324,7 @@ class EmbeddedPostgres(EmbeddedService):
             if self._started and self._postmaster_state() == "ours" and self._accepts_connections():
                 return
             deadline = time.monotonic() + self._start_timeout
+            self.check_compatible()
             self._prepare_data_dir()
             if not (self._data_dir / "PG_VERSION").exists():
                 self._initdb(deadline)
@@ -285,7 +332,7 @@ class EmbeddedPostgres(EmbeddedService):
             self._pg_ctl_start(deadline)
             self._ensure_database(deadline)
             self._started = True
-            if not self._atexit_registered:
+            if self._stop_at_exit and not self._atexit_registered:
                 atexit.register(self.stop)
                 self._atexit_registered = True
 
@@ -406,8 +453,15 @@ class EmbeddedPostgres(EmbeddedService):
 
     def _read_pid(self) -> int | None:
         try:
-            first = (self._data_dir / _PID_NAME).read_text().splitlines()[0]
-            return int(first.strip())
+            pid = int((self._data_dir / _PID_NAME).read_text().splitlines()[0].strip())
+        except (OSError, IndexError, ValueError):
+            return None
+        return pid if pid > 0 else None  # negative: a single-user backend (initdb), not a server
+
+    def _listening_port(self) -> int | None:
+        """The port the running server listens on: line 4 of ``postmaster.pid``."""
+        try:
+            return int((self._data_dir / _PID_NAME).read_text().splitlines()[3].strip())
         except (OSError, IndexError, ValueError):
             return None
 

@@ -16,17 +16,20 @@ broker refuses as too large anyway raises ``RecordRefused`` naming its first rec
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections import deque
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import MessageSizeTooLargeError, RecordListTooLargeError, RecordTooLargeError
+from aiokafka.helpers import create_ssl_context
 from aiokafka.partitioner import murmur2
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
+from commitline.application.errors import ConfigurationError
 from commitline.infrastructure.config import Settings
 from commitline.infrastructure.kafka.envelope import KafkaRecord
 
@@ -57,16 +60,42 @@ def record_size(record: KafkaRecord) -> int:
 
 
 def client_options(settings: Settings) -> dict[str, Any]:
+    """aiokafka's connection options (producer and admin alike): the brokers, the security protocol, an
+    ``ssl_context`` for ``SSL``/``SASL_SSL`` (aiokafka refuses those without one) and the SASL credentials."""
     assert settings.kafka_bootstrap_servers is not None
     options: dict[str, Any] = {
         "bootstrap_servers": settings.kafka_bootstrap_servers,
         "security_protocol": settings.kafka_security_protocol,
     }
+    if settings.kafka_security_protocol.endswith("SSL"):
+        options["ssl_context"] = ssl_context(settings)
     if settings.kafka_security_protocol.startswith("SASL"):
+        # Settings refuse SASL without a user and a password.
+        assert settings.kafka_username is not None and settings.kafka_password is not None
         options["sasl_mechanism"] = settings.kafka_sasl_mechanism
         options["sasl_plain_username"] = settings.kafka_username
-        options["sasl_plain_password"] = settings.kafka_password.get_secret_value() if settings.kafka_password else None
+        options["sasl_plain_password"] = settings.kafka_password.get_secret_value()
     return options
+
+
+def ssl_context(settings: Settings) -> ssl.SSLContext:
+    """Verifies the brokers' certificates and host names against ``COMMITLINE_KAFKA_SSL_CAFILE`` (else the
+    system's CAs), presenting the client certificate when one is configured. A file that cannot be
+    loaded raises ConfigurationError naming its variable."""
+    try:
+        context = create_ssl_context(cafile=settings.kafka_ssl_cafile)
+    except (ssl.SSLError, OSError) as e:
+        raise ConfigurationError("COMMITLINE_KAFKA_SSL_CAFILE", f"cannot be loaded: {e}") from None
+    if settings.kafka_ssl_certfile is not None:
+        secret = settings.kafka_ssl_key_password
+        try:
+            # A callable password: an encrypted key without one fails here instead of OpenSSL prompting on a tty.
+            context.load_cert_chain(settings.kafka_ssl_certfile, settings.kafka_ssl_keyfile,
+                                    lambda: secret.get_secret_value() if secret else "")
+        except (ssl.SSLError, OSError) as e:
+            variable = "COMMITLINE_KAFKA_SSL_KEYFILE" if settings.kafka_ssl_keyfile else "COMMITLINE_KAFKA_SSL_CERTFILE"
+            raise ConfigurationError(variable, f"client certificate and key cannot be loaded: {e}") from None
+    return context
 
 
 def new_producer(settings: Settings, client_id: str) -> AIOKafkaProducer:
@@ -95,6 +124,20 @@ async def ensure_topics(settings: Settings, topics: Sequence[str]) -> None:
             raise TopicSetupFailed(f"could not create topics: {failed}")
     finally:
         await admin.close()
+
+
+async def holds_records(settings: Settings, topics: Sequence[str]) -> bool:
+    """Whether any partition of ``topics`` holds a record (an end offset above 0)."""
+    consumer = AIOKafkaConsumer(**client_options(settings), enable_auto_commit=False, request_timeout_ms=10_000)
+    await consumer.start()
+    try:
+        known = await consumer.topics()
+        partitions = [TopicPartition(t, p) for t in topics if t in known
+                      for p in consumer.partitions_for_topic(t) or ()]
+        ends = await consumer.end_offsets(partitions) if partitions else {}
+        return any(offset > 0 for offset in ends.values())
+    finally:
+        await consumer.stop()
 
 
 @lru_cache(maxsize=200_000)

@@ -39,6 +39,7 @@ from commitline.infrastructure.followers.wakeup import wait_or_stop
 from commitline.infrastructure.kafka.producer import (
     RecordRefused,
     ensure_topics,
+    holds_records,
     new_producer,
     record_size,
     send_in_order,
@@ -73,6 +74,7 @@ class KafkaPublisher(Follower):
         *,
         owner: str | None = None,
         on_published: Callable[[Sequence[KafkaRecord]], None] | None = None,
+        broker_in_memory: bool = False,
     ):
         super().__init__(recorder, conninfo, PUBLISHER, batch_size=settings.publish_batch_size,
                          poll_interval=settings.publish_poll_interval_ms / 1000, owner=owner,
@@ -83,6 +85,20 @@ class KafkaPublisher(Follower):
         self.topics = [topic_for(settings.kafka_topic_prefix, a.__name__) for a in AGGREGATES]
         self._producer: AIOKafkaProducer | None = None
         self._acked: list[KafkaRecord] = []
+        self.broker_in_memory = broker_in_memory
+
+    async def on_owner(self) -> None:
+        # A broker that keeps records in memory only (the embedded one) may be newer than the saved
+        # position: then everything goes to it again, so it never lacks what the position claims it has.
+        if not self.broker_in_memory:
+            return
+        position, _ = await asyncio.to_thread(self.lease.own_row)
+        if position > 0:
+            await ensure_topics(self.settings, self.topics)
+            if not await holds_records(self.settings, self.topics):
+                log.warning("the embedded broker is new (it keeps records in memory only): publishing again from "
+                            "the first event, not from position %d", position)
+                await asyncio.to_thread(self.lease.save_position, 0)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Publish until ``stop`` is set; then finish the batch in hand, release the lease, return."""

@@ -1,0 +1,90 @@
+"""``commitline up`` and ``down``: keep the data folder's local services (its embedded PostgreSQL and, when
+no Kafka is configured, its embedded broker, which keeps records in memory only) running between
+commands, and stop them when done."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from commitline.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, print_json
+
+
+def _services(settings: Any) -> dict[str, Any]:
+    from commitline.infrastructure.embedded.local import shared_kafka, shared_postgres
+
+    services: dict[str, Any] = {}
+    if settings.database_url is None:
+        services["postgres"] = shared_postgres(settings.data_dir)
+        if settings.kafka_bootstrap_servers is None:
+            services["kafka"] = shared_kafka(settings.data_dir)
+    return services
+
+
+def _where(name: str, server: Any) -> str:
+    return server.dsn if name == "postgres" else server.bootstrap_servers
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from commitline.infrastructure.config import load_settings
+    from commitline.infrastructure.embedded.errors import EmbeddedServiceError
+
+    services = _services(load_settings())
+    if not services:
+        print("COMMITLINE_DATABASE_URL is set: there is no local service to start", file=sys.stderr)
+        return EXIT_OK
+    report: dict[str, dict[str, str]] = {}
+    for name, shared in services.items():
+        try:
+            server = shared.acquire()
+            shared.pin()
+        except EmbeddedServiceError as e:
+            print(f"COMMITLINE_DATA_DIR: {e}", file=sys.stderr)
+            return EXIT_UNAVAILABLE
+        finally:
+            shared.release()  # pinned: it keeps running
+        report[name] = {"state": "started" if shared.started_here else "already running", "at": _where(name, server)}
+    if args.json:
+        print_json(report, sys.stdout)
+        return EXIT_OK
+    labels = {"postgres": "embedded PostgreSQL", "kafka": "embedded Kafka-protocol broker (records in memory only)"}
+    for name, entry in report.items():
+        print(f"{labels[name]} {entry['state']} at {entry['at']}")
+    print("they keep running until `commitline down`")
+    return EXIT_OK
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    from commitline.infrastructure.config import load_settings
+
+    services = _services(load_settings())
+    if not services:
+        print("COMMITLINE_DATABASE_URL is set: there is no local service to stop", file=sys.stderr)
+        return EXIT_OK
+    refused = []
+    for name, shared in services.items():
+        shared.unpin()
+        running, stopped = shared.stop_if_unused(force=args.force)
+        if running and not stopped:
+            refused.append(name)
+        print(f"{name}: {'stopped' if stopped else 'in use' if running else 'was not running'}")
+    if refused:
+        print(f"{', '.join(refused)} in use by other commitline processes: stop them first (the last of them stops "
+              "it), or use --force", file=sys.stderr)
+        return EXIT_REFUSED
+    return EXIT_OK
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    up = sub.add_parser("up", help="start the local services of COMMITLINE_DATA_DIR and keep them running",
+                        description="Every commitline process using a data folder shares its embedded PostgreSQL "
+                        "(and, without KAFKA_BOOTSTRAP_SERVERS, its embedded broker, which keeps records in memory "
+                        "only): the first process starts them, the last one stops them. `up` keeps them running "
+                        "between commands until `commitline down`.")
+    up.add_argument("--json", action="store_true", help="machine-readable output")
+    up.set_defaults(run=cmd_up)
+    down = sub.add_parser("down", help="stop the local services of COMMITLINE_DATA_DIR (PostgreSQL's data is kept)")
+    down.add_argument("--force", action="store_true",
+                      help="stop them even while other commitline processes use them (they lose their connections)")
+    down.set_defaults(run=cmd_down)
