@@ -12,14 +12,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 
 from commitline.application.audit import Auditor
-from commitline.application.errors import StoreUnavailable
+from commitline.application.errors import ConfigurationError, StoreUnavailable
 from commitline.application.fulfilment import FulfilmentSaga
 from commitline.application.payment_gateway import PaymentGateway
 from commitline.application.processor import CommandProcessor
@@ -28,15 +28,20 @@ from commitline.domain import AGGREGATE_TYPES
 from commitline.infrastructure import migrations
 from commitline.infrastructure.config import Settings, load_settings
 from commitline.infrastructure.embedded.kafka import EmbeddedKafka
+from commitline.infrastructure.embedded.errors import EmbeddedServiceError
+from commitline.infrastructure.embedded.local import RunningBroker, shared_kafka, shared_postgres
 from commitline.infrastructure.embedded.postgres import EmbeddedPostgres
+from commitline.infrastructure.embedded.shared import SharedServer
 from commitline.infrastructure.followers.engine import Follower
+from commitline.infrastructure.followers.health import Problem, StuckSaga, Thresholds, follower_reasons, judge
 from commitline.infrastructure.followers.status import FollowerStatus, follower_statuses
-from commitline.infrastructure.kafka.publisher import KafkaPublisher
-from commitline.infrastructure.sagas.runner import FulfilmentRunner
+from commitline.infrastructure.kafka.producer import client_options
+from commitline.infrastructure.kafka.publisher import PUBLISHER, KafkaPublisher
+from commitline.infrastructure.sagas.runner import RUNNER, FulfilmentRunner
 from commitline.infrastructure.sagas.simulated_gateway import SimulatedGateway
 from commitline.infrastructure.store.audit_source import PostgresAuditSource
-from commitline.infrastructure.store.datastore import StoreDatastore, describe_failure
-from commitline.infrastructure.store.event_store import PostgresEventStore
+from commitline.infrastructure.store.datastore import StoreDatastore, connect_options, describe_failure
+from commitline.infrastructure.store.event_store import PostgresEventStore, stored_tenant
 from commitline.infrastructure.store.recorder import EventRecorder
 from commitline.projections import PROJECTIONS, ReadModels
 from commitline.projections.projector import Projector
@@ -52,11 +57,41 @@ class UnknownProjection(LookupError):
         super().__init__(f"unknown projection(s) {', '.join(unknown)}; known: {', '.join(sorted(PROJECTIONS))}")
 
 
+class UnknownFollower(LookupError):
+    def __init__(self, unknown: Iterable[str], known: Iterable[str]):
+        super().__init__(f"unknown follower(s) {', '.join(unknown)}; known: {', '.join(known)} "
+                         f"(aliases: {', '.join(FOLLOWER_ALIASES)})")
+
+
+FOLLOWER_ALIASES = {"publisher": PUBLISHER, "sagas": RUNNER}
+
+
 @dataclass(frozen=True)
 class StatusReport:
+    """Every known follower (never-run ones too) with its liveness from PostgreSQL, the STUCK sagas,
+    and the lag thresholds ``problems()`` judges by (``followers/health.py``)."""
+
     head: int
     followers: list[FollowerStatus]
     stuck_fulfilments: list[FulfilmentRow]
+    thresholds: Thresholds
+
+    def follower_names(self, names: Iterable[str]) -> list[str]:
+        """``names`` (or an alias: publisher, sagas) as follower names; UnknownFollower names any other."""
+        names, known = list(names), [s.name for s in self.followers]
+        resolved = [FOLLOWER_ALIASES.get(n, n) for n in names]
+        unknown = [n for n, r in zip(names, resolved) if r not in known]
+        if unknown:
+            raise UnknownFollower(unknown, known)
+        return resolved
+
+    def problems(self, only: Collection[str] | None = None) -> list[Problem]:
+        """What is unhealthy: among all followers, or only those in ``only`` (which must then be running)."""
+        stuck = [StuckSaga(str(r.order_id), r.stuck) for r in self.stuck_fulfilments]
+        return judge(self.followers, stuck, self.thresholds, only=only, saga_runner=RUNNER)
+
+    def reasons(self, follower: FollowerStatus) -> list[str]:
+        return follower_reasons(follower, self.thresholds)
 
 
 @dataclass
@@ -71,6 +106,8 @@ class Commitline:
     conninfo: dict[str, Any] = field(repr=False)
     embedded_postgres: EmbeddedPostgres | None = None
     embedded_kafka: EmbeddedKafka | None = None
+    shared_postgres: SharedServer[EmbeddedPostgres] | None = field(default=None, repr=False)
+    shared_kafka: SharedServer[RunningBroker] | None = field(default=None, repr=False)
     _closed: bool = field(default=False, repr=False)
 
     # -- commands and queries ----------------------------------------------------------
@@ -79,14 +116,15 @@ class Commitline:
         return self.processor.dispatch(command, idempotency_key=idempotency_key, tenant=tenant)
 
     def auditor(self) -> Auditor:
-        return Auditor(PostgresAuditSource(self.recorder), AGGREGATE_TYPES)
+        return Auditor(PostgresAuditSource(self.recorder), AGGREGATE_TYPES, stored_tenant)
 
     def read_models(self) -> ReadModels:
         return ReadModels(self.datastore)
 
     def status(self) -> StatusReport:
-        head, followers = follower_statuses(self.recorder)
-        return StatusReport(head, followers, self._stuck_fulfilments())
+        head, followers = follower_statuses(self.recorder, [PUBLISHER, RUNNER, *sorted(PROJECTIONS)])
+        limits = Thresholds(self.settings.status_max_lag_events, self.settings.status_max_lag_s)
+        return StatusReport(head, followers, self._stuck_fulfilments(), limits)
 
     def _stuck_fulfilments(self) -> list[FulfilmentRow]:
         with self.datastore.get_connection() as conn:
@@ -96,22 +134,46 @@ class Commitline:
     # -- followers ---------------------------------------------------------------------
 
     def start_embedded_kafka_if_unset(self) -> Settings:
-        """Settings to publish with: the configured Kafka, or else a freshly started embedded Tansu broker."""
+        """Settings to publish with: the configured Kafka, or else a freshly started embedded Tansu broker.
+        An explicit choice of a throwaway broker (the demo, tests, benchmarks); ``publisher()`` decides
+        for itself when it may use one."""
         if self.settings.kafka_bootstrap_servers is not None:
             return self.settings
-        if self.embedded_kafka is None:
-            self.embedded_kafka = EmbeddedKafka()
-            self.embedded_kafka.start()
-            log.info("started embedded Kafka-protocol broker (Tansu) at %s", self.embedded_kafka.bootstrap_servers)
+        if self.embedded_postgres is not None:  # the data folder's broker, shared like its PostgreSQL
+            if self.shared_kafka is None:
+                self.shared_kafka = shared_kafka(self.settings.data_dir)
+                broker = self.shared_kafka.acquire()
+                log.info("%s embedded Kafka-protocol broker (Tansu, records in memory only) at %s",
+                         "started" if self.shared_kafka.started_here else "using the running",
+                         broker.bootstrap_servers)
+            bootstrap_servers = self.shared_kafka.instance.bootstrap_servers  # type: ignore[union-attr]
+        else:
+            if self.embedded_kafka is None:
+                self.embedded_kafka = EmbeddedKafka()
+                self.embedded_kafka.start()
+                log.info("started a private embedded Kafka-protocol broker (Tansu, records in memory only) at %s",
+                         self.embedded_kafka.bootstrap_servers)
+            bootstrap_servers = self.embedded_kafka.bootstrap_servers
         # Tansu rejects InitProducerId, so the embedded broker runs without producer idempotence.
-        return self.settings.model_copy(
-            update={"kafka_bootstrap_servers": self.embedded_kafka.bootstrap_servers, "kafka_idempotence": False}
-        )
+        return self.settings.model_copy(update={"kafka_bootstrap_servers": bootstrap_servers, "kafka_idempotence": False})
 
     def publisher(self, settings: Settings | None = None, **options: Any) -> KafkaPublisher:
-        """The Kafka publisher (``settings`` default: ``start_embedded_kafka_if_unset()``)."""
-        return KafkaPublisher(self.recorder, self.conninfo, settings or self.start_embedded_kafka_if_unset(),
-                              **options)
+        """The Kafka publisher, to ``settings``' broker or by default the configured Kafka. Without a
+        configured Kafka it publishes to an embedded broker only when the database is embedded too (the
+        demo setup, where both vanish together); with a configured database it raises ConfigurationError
+        naming KAFKA_BOOTSTRAP_SERVERS, since positions saved for a broker that vanishes with the process
+        would make a real Kafka configured later never receive those events."""
+        if settings is None:
+            if self.settings.kafka_bootstrap_servers is None and self.settings.database_url is not None:
+                raise ConfigurationError(
+                    "KAFKA_BOOTSTRAP_SERVERS",
+                    "is not set, and COMMITLINE_DATABASE_URL names a real database: refusing to publish its events "
+                    "to a throwaway embedded broker (their position would be saved and a real Kafka would never "
+                    "get them). Set KAFKA_BOOTSTRAP_SERVERS to the Kafka cluster to publish to")
+            settings = self.start_embedded_kafka_if_unset()
+            options.setdefault("broker_in_memory", self.settings.kafka_bootstrap_servers is None)
+        client_options(settings)  # a TLS file that cannot be loaded is refused now, not once publishing starts
+        return KafkaPublisher(self.recorder, self.conninfo, settings, **options)
 
     def projector(self, name: str, **options: Any) -> Projector:
         options.setdefault("batch_size", self.settings.project_batch_size)
@@ -171,8 +233,10 @@ class Commitline:
         self.datastore.close()
         if self.embedded_kafka is not None:
             self.embedded_kafka.stop()
-        if self.embedded_postgres is not None:
-            self.embedded_postgres.stop()
+        if self.shared_kafka is not None:  # each stopped only if no other process uses it
+            self.shared_kafka.release()
+        if self.shared_postgres is not None:
+            self.shared_postgres.release()
 
     def __enter__(self) -> Commitline:
         return self
@@ -181,13 +245,19 @@ class Commitline:
         self.close()
 
 
-def connection_parts(settings: Settings) -> tuple[dict[str, Any], EmbeddedPostgres | None]:
+def connection_parts(settings: Settings) -> tuple[dict[str, Any], SharedServer[EmbeddedPostgres] | None]:
+    """The configured database, or else the data folder's embedded PostgreSQL (started, or reused when
+    another process already runs it)."""
     if settings.database_url is not None:
         return settings.connection_parts(), None
-    embedded = EmbeddedPostgres(settings.data_dir.resolve() / "postgres")
-    embedded.start()
-    log.info("started embedded PostgreSQL at %s", embedded.dsn)
-    return Settings(database_url=embedded.dsn).connection_parts(), embedded
+    shared = shared_postgres(settings.data_dir)
+    try:
+        embedded = shared.acquire()
+    except EmbeddedServiceError as e:
+        raise ConfigurationError("COMMITLINE_DATA_DIR", str(e)) from None
+    log.info("%s embedded PostgreSQL at %s", "started" if shared.started_here else "using the running",
+             embedded.dsn)
+    return Settings(database_url=embedded.dsn).connection_parts(), shared
 
 
 def bootstrap(settings: Settings | None = None, *, apply_migrations: bool = True) -> Commitline:
@@ -195,11 +265,11 @@ def bootstrap(settings: Settings | None = None, *, apply_migrations: bool = True
     first unless ``apply_migrations`` is False (``commitline migrate --check``)."""
     settings = settings or load_settings()
     logging.getLogger().setLevel(settings.log_level)
-    parts, embedded = connection_parts(settings)
+    parts, shared = connection_parts(settings)
     try:
         # One direct connection first: an unreachable server fails in milliseconds here,
         # where the pool would keep retrying until its timeout.
-        with psycopg.connect(**parts, connect_timeout=10, autocommit=True) as conn:
+        with psycopg.connect(**connect_options(parts, connect_timeout=10), autocommit=True) as conn:
             if apply_migrations:  # one cheap read when the schema is current; never DDL on hot tables then
                 migrations.migrate(conn, settings.schema_name)
         datastore = StoreDatastore(
@@ -208,16 +278,17 @@ def bootstrap(settings: Settings | None = None, *, apply_migrations: bool = True
             max_overflow=settings.pool_max_overflow,
             schema=settings.schema_name,
             pool_timeout=settings.pool_timeout_s,
+            libpq=parts,  # sslmode, application_name, options, ...: every parameter of the URL
         )
         datastore.pool.open(wait=True, timeout=15)
         recorder = EventRecorder(datastore)
     except Exception as e:
-        if embedded is not None:
-            embedded.stop()
+        if shared is not None:
+            shared.release()
         raise StoreUnavailable(describe_failure(e, parts)) from None
     store = PostgresEventStore(recorder, settings.snapshot_interval, max_event_bytes=settings.max_event_bytes)
     retry = RetryPolicy(
         settings.retry_max_attempts, settings.retry_base_delay_ms / 1000, settings.retry_max_delay_ms / 1000
     )
     return Commitline(settings, datastore, recorder, store, CommandProcessor(store, retry, settings.command_limits()),
-                      parts, embedded)
+                      parts, shared.instance if shared else None, shared_postgres=shared)

@@ -11,14 +11,14 @@ import logging
 import sys
 
 from commitline.application.errors import ConfigurationError, StoreUnavailable
-from commitline.cli import audit, dispatch, followers, migrate, sagas
+from commitline.cli import audit, dispatch, followers, migrate, sagas, services
 from commitline.cli.common import EXIT_UNAVAILABLE, print_error
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from commitline.cli.demo import run_demo
 
-    return run_demo()
+    return run_demo(into_configured_database=args.into_configured_database)
 
 
 
@@ -30,9 +30,15 @@ def build_parser() -> argparse.ArgumentParser:
         "With no COMMITLINE_DATABASE_URL an embedded PostgreSQL is started in COMMITLINE_DATA_DIR.",
     )
     sub = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
-    for module in (dispatch, followers, sagas, audit, migrate):
+    for module in (dispatch, followers, sagas, audit, migrate, services):
         module.register(sub)
-    demo = sub.add_parser("demo", help="run the scripted demonstration workload and print a summary")
+    demo = sub.add_parser("demo", help="run the scripted demonstration workload and print a summary",
+                          description="Runs on an embedded PostgreSQL. With COMMITLINE_DATABASE_URL set it "
+                          "refuses (exit 2): its rows could never be removed from that append-only store.")
+    demo.add_argument("--into-configured-database", action="store_true",
+                      help="run anyway on the configured database, writing only into the schema "
+                      "<COMMITLINE_SCHEMA>_demo (and topics <COMMITLINE_KAFKA_TOPIC_PREFIX>demo.*), never into "
+                      "COMMITLINE_SCHEMA")
     demo.set_defaults(run=cmd_demo)
     return parser
 

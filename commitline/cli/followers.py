@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Callable
 
 from rich.table import Table
 
-from commitline.cli.common import EXIT_OK, EXIT_REFUSED, console, print_json
+from commitline.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, console, print_json
 from commitline.infrastructure.followers.status import FollowerStatus
 
 log = logging.getLogger(__name__)
@@ -18,10 +19,13 @@ def cmd_publish(args: argparse.Namespace) -> int:
     from commitline.composition import bootstrap
 
     with bootstrap() as app:
+        # A configured database without KAFKA_BOOTSTRAP_SERVERS raises ConfigurationError here, before
+        # anything is published or saved; ``main`` prints it and exits 3.
         publisher = app.publisher()
-        if app.embedded_kafka is not None:
-            log.warning("no KAFKA_BOOTSTRAP_SERVERS: publishing to an embedded in-memory broker at %s (for demos)",
-                        app.embedded_kafka.bootstrap_servers)
+        if app.settings.kafka_bootstrap_servers is None:
+            log.warning("no KAFKA_BOOTSTRAP_SERVERS and no COMMITLINE_DATABASE_URL: publishing the embedded "
+                        "database's events to an embedded in-memory broker at %s (for development)",
+                        publisher.settings.kafka_bootstrap_servers)
         app.run_until_signalled(publisher, drain=args.drain)
         m = publisher.metrics
         if publisher.waiting_for_operator:
@@ -34,50 +38,89 @@ def cmd_publish(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def status_table(head: int, statuses: list[FollowerStatus]) -> Table:
+def status_table(head: int, statuses: list[FollowerStatus],
+                 reasons: Callable[[FollowerStatus], list[str]] | None = None) -> Table:
+    """One row per follower; ``reasons`` (default: its recorded error) fills the problem column."""
     table = Table(title=f"commitline followers (log head {head})")
-    for column in ("follower", "status", "owner", "position", "lag (events)", "lag (s)", "updated", "error"):
+    for column in ("follower", "status", "owner", "session", "position", "lag (events)", "lag (s)", "last moved",
+                   "problem"):
         table.add_column(column)
     for s in statuses:
-        error = f"{s.error.get('message', '')} at {s.error.get('position', '?')}" if s.error else ""
-        table.add_row(s.name, s.status, s.owner or "", str(s.position), str(s.lag_events), f"{s.lag_seconds:.1f}",
-                      s.updated_at.strftime("%Y-%m-%d %H:%M:%S"), error)
+        if reasons is not None:
+            problem = "; ".join(reasons(s))
+        else:
+            problem = f"{s.error.get('message', '')} at {s.error.get('position', '?')}" if s.error else ""
+        session = f"pid {s.backend.pid} ({s.backend.application or '?'})" if s.backend else ""
+        moved = "" if s.last_moved_seconds is None else f"{s.last_moved_seconds:.0f} s ago"
+        table.add_row(s.name, s.status, s.owner or "", session, str(s.position), str(s.lag_events),
+                      f"{s.lag_seconds:.1f}", moved, f"[red]{problem}[/red]" if problem else "")
     return table
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from commitline.composition import bootstrap
+    from commitline.composition import UnknownFollower, bootstrap
 
     with bootstrap() as app:
         report = app.status()
+    only = None
+    if args.check:  # "--check NAME,NAME": judge only these, which must be running
+        try:
+            only = report.follower_names(n.strip() for n in args.check.split(",") if n.strip())
+            if not only:
+                raise UnknownFollower([repr(args.check)], [s.name for s in report.followers])
+        except UnknownFollower as e:
+            print(f"commitline status: {e}", file=sys.stderr)
+            return EXIT_USAGE
+    problems = report.problems(only)
     if args.json:
-        print_json({"head": report.head, "followers": [s.as_dict() for s in report.followers],
+        print_json({"head": report.head, "healthy": not problems, "checked": only,
+                    "problems": [str(p) for p in problems],
+                    "thresholds": {"max_lag_events": report.thresholds.max_lag_events,
+                                   "max_lag_seconds": report.thresholds.max_lag_seconds},
+                    "followers": [{**s.as_dict(), "problems": report.reasons(s)} for s in report.followers],
                     "stuck_fulfilments": [str(r.order_id) for r in report.stuck_fulfilments]}, sys.stdout)
+    elif args.check is None:
+        out = console()
+        out.print(status_table(report.head, report.followers, report.reasons))
+        if report.stuck_fulfilments:
+            out.print(f"[red]{len(report.stuck_fulfilments)} order fulfilment(s) STUCK, needing manual intervention"
+                      "[/red] (commitline sagas list --stuck)")
+    if args.check is None:
         return EXIT_OK
-    out = console()
-    out.print(status_table(report.head, report.followers))
-    if not report.followers:
-        out.print("no follower has run yet")
-    if report.stuck_fulfilments:
-        out.print(f"[red]{len(report.stuck_fulfilments)} order fulfilment(s) STUCK, needing manual intervention"
-                  "[/red] (commitline sagas list --stuck)")
-    return EXIT_OK
+    for problem in problems:  # one line per problem, on stderr
+        print(f"unhealthy: {problem}", file=sys.stderr)
+    if not args.json and not problems:
+        checked = ", ".join(only) if only is not None else f"all {len(report.followers)} followers"
+        print(f"healthy: {checked}")
+    return EXIT_REFUSED if problems else EXIT_OK
 
 
 def cmd_project(args: argparse.Namespace) -> int:
     from commitline.composition import bootstrap
 
+    from commitline.projections.storage import ProjectionNeedsRebuild
+
     with bootstrap() as app:
-        app.run_until_signalled(*app.projectors(args.names))
+        try:
+            app.run_until_signalled(*app.projectors(args.names))
+        except ProjectionNeedsRebuild as e:
+            print(str(e), file=sys.stderr)
+            return EXIT_REFUSED
     return EXIT_OK
 
 
 def cmd_projections_list(args: argparse.Namespace) -> int:
+    import psycopg
+
     from commitline.composition import bootstrap
     from commitline.projections import PROJECTIONS
+    from commitline.projections.storage import check_shape, rebuild_command
 
     with bootstrap() as app:
         report = app.status()
+        # Judged from the tables themselves, so a projection whose projector never started since shows it too.
+        with psycopg.connect(**app.conninfo) as conn:
+            shapes = {name: check_shape(conn, app.settings.schema_name, p) for name, p in PROJECTIONS.items()}
     by_name = {s.name: s for s in report.followers}
     head = report.head
     rows = []
@@ -90,7 +133,10 @@ def cmd_projections_list(args: argparse.Namespace) -> int:
             "error": s.error if s else None,
             "rebuild_position": rebuilding.position if rebuilding else None,
             "tables": [t.name for t in PROJECTIONS[name].tables],
+            "needs_rebuild": shapes[name], "rebuild_command": rebuild_command(name) if shapes[name] else None,
         })
+        if shapes[name]:
+            rows[-1]["status"] = "needs rebuild"
     if args.json:
         print_json({"head": head, "projections": rows}, sys.stdout)
         return EXIT_OK
@@ -99,6 +145,8 @@ def cmd_projections_list(args: argparse.Namespace) -> int:
         table.add_column(column)
     for r in rows:
         error = f"{r['error']['message']} at {r['error']['position']}" if r["error"] else ""
+        if r["needs_rebuild"]:
+            error = f"tables differ ({'; '.join(r['needs_rebuild'])}): run `{r['rebuild_command']}`"
         table.add_row(r["name"], r["status"], str(r["position"]), str(r["lag_events"]),
                       "" if r["rebuild_position"] is None else str(r["rebuild_position"]), error, ", ".join(r["tables"]))
     console().print(table)
@@ -178,8 +226,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                                  "COMMITLINE_KAFKA_MAX_MESSAGE_BYTES to the broker's limit)")
     pubretry.set_defaults(run=cmd_intervene, action="retry")
 
-    status = sub.add_parser("status", help="show each follower's position, the log head and the lag")
+    status = sub.add_parser(
+        "status", help="each follower's liveness, position and lag, and STUCK sagas; --check for health checks",
+        description="Liveness comes from PostgreSQL: a follower is alive while a live session holds its advisory "
+        "lock, 'dead' when its row says running but nobody holds it, 'never run' without a row. With --check, "
+        "exit 0 when healthy, 1 when something is wrong (one 'unhealthy: ...' line per problem on stderr), "
+        "3 when the store cannot be reached.")
     status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.add_argument(
+        "--check", nargs="?", const="", default=None, metavar="NAME,...",
+        help="exit 1 if a follower is dead, stopped at a poison event, retrying or lagging beyond "
+        "COMMITLINE_STATUS_MAX_LAG_EVENTS / _S, or a saga is STUCK; with names (aliases: publisher, sagas), judge "
+        "only those followers, and count them unhealthy also when stopped or never run")
     status.set_defaults(run=cmd_status)
 
     project = sub.add_parser("project", help="keep read models up to date until SIGINT/SIGTERM",

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from psycopg.conninfo import conninfo_to_dict
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, FilePath, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings.sources.utils import parse_env_vars
 
@@ -38,9 +38,9 @@ class Settings(BaseSettings):
 
     database_url: SecretStr | None = Field(None, validation_alias="COMMITLINE_DATABASE_URL",
                                            json_schema_extra={"unset": "embedded PostgreSQL"})
-    """PostgreSQL URL, e.g. `postgresql://user:password@host:5432/db` (secret: never printed)"""
+    """PostgreSQL URL, e.g. `postgresql://user:pw@host/db?sslmode=verify-full`; all its libpq parameters apply (secret)"""
     data_dir: Path = Field(Path(".commitline"), validation_alias="COMMITLINE_DATA_DIR")
-    """folder for the embedded PostgreSQL's data"""
+    """folder of the local services every process using it shares: the embedded PostgreSQL's data, the broker's log"""
     schema_name: str = Field("commitline", pattern=r"^[a-z_][a-z0-9_]{0,40}$", validation_alias="COMMITLINE_SCHEMA")
     """schema holding commitline's tables"""
     pool_size: int = Field(10, ge=1, le=500, validation_alias="COMMITLINE_POOL_SIZE")
@@ -61,7 +61,9 @@ class Settings(BaseSettings):
     """`DEBUG`, `INFO`, `WARNING` or `ERROR`"""
     kafka_bootstrap_servers: str | None = Field(None, pattern=r"^[^,\s]+:\d+(,[^,\s]+:\d+)*$",
                                                 validation_alias="KAFKA_BOOTSTRAP_SERVERS",
-                                                json_schema_extra={"unset": "embedded Tansu broker"})
+                                                json_schema_extra={"unset": "no publishing with a configured "
+                                                                   "database; embedded Tansu broker with the "
+                                                                   "embedded one"})
     """`host:port[,host:port]` of the Kafka cluster to publish to"""
     kafka_topic_prefix: str = Field("commitline.", pattern=r"^[A-Za-z0-9._-]{0,200}$",
                                     validation_alias="COMMITLINE_KAFKA_TOPIC_PREFIX")
@@ -79,9 +81,18 @@ class Settings(BaseSettings):
                                       validation_alias="COMMITLINE_KAFKA_SASL_MECHANISM")
     """`PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`"""
     kafka_username: str | None = Field(None, validation_alias="COMMITLINE_KAFKA_USERNAME")
-    """SASL user name"""
+    """SASL user name (required with `SASL_PLAINTEXT` and `SASL_SSL`)"""
     kafka_password: SecretStr | None = Field(None, validation_alias="COMMITLINE_KAFKA_PASSWORD")
-    """SASL password (secret: never printed)"""
+    """SASL password, required with a SASL protocol (secret: never printed)"""
+    kafka_ssl_cafile: FilePath | None = Field(None, validation_alias="COMMITLINE_KAFKA_SSL_CAFILE",
+                                              json_schema_extra={"unset": "the system's CA certificates"})
+    """PEM file of the CAs that sign the brokers' certificates (`SSL`, `SASL_SSL`)"""
+    kafka_ssl_certfile: FilePath | None = Field(None, validation_alias="COMMITLINE_KAFKA_SSL_CERTFILE")
+    """PEM client certificate for mutual TLS (may hold the key too)"""
+    kafka_ssl_keyfile: FilePath | None = Field(None, validation_alias="COMMITLINE_KAFKA_SSL_KEYFILE")
+    """PEM private key of the client certificate, if not in the certificate file"""
+    kafka_ssl_key_password: SecretStr | None = Field(None, validation_alias="COMMITLINE_KAFKA_SSL_KEY_PASSWORD")
+    """password of an encrypted client key (secret: never printed)"""
     publish_batch_size: int = Field(2000, ge=1, le=100_000, validation_alias="COMMITLINE_PUBLISH_BATCH_SIZE")
     """events read from the log per publish batch"""
     publish_poll_interval_ms: float = Field(1000, gt=0, validation_alias="COMMITLINE_PUBLISH_POLL_INTERVAL_MS")
@@ -92,6 +103,10 @@ class Settings(BaseSettings):
     """events applied per projection transaction (live and rebuild)"""
     metrics_interval_s: float = Field(30, gt=0, validation_alias="COMMITLINE_METRICS_INTERVAL_S")
     """how often followers log their metrics"""
+    status_max_lag_events: int = Field(10_000, ge=0, validation_alias="COMMITLINE_STATUS_MAX_LAG_EVENTS")
+    """`status --check` fails when a live follower is more events than this behind the log head"""
+    status_max_lag_s: float = Field(60, ge=0, validation_alias="COMMITLINE_STATUS_MAX_LAG_S")
+    """`status --check` fails when a live follower's oldest unhandled event is older than this, in seconds"""
     max_event_bytes: int = Field(900_000, ge=300_000, le=64 * 1024 * 1024,
                                  validation_alias="COMMITLINE_MAX_EVENT_BYTES")
     """largest stored event in bytes (at least 300000); a larger one is refused with `EventTooLarge`"""
@@ -133,17 +148,44 @@ class Settings(BaseSettings):
                 raise ValueError("is not a valid PostgreSQL connection URL") from None
         return url
 
+    @model_validator(mode="after")
+    def _consistent_kafka_security(self) -> Settings:
+        # Raised as it is (pydantic passes on anything but ValueError): each message names its variable.
+        protocol = self.kafka_security_protocol
+        if protocol.startswith("SASL"):
+            for name in ("kafka_username", "kafka_password"):
+                if getattr(self, name) is None:
+                    raise ConfigurationError(_VARIABLE_OF[name], f"is required with COMMITLINE_KAFKA_SECURITY_PROTOCOL"
+                                             f"={protocol} (SASL {self.kafka_sasl_mechanism} needs a user and a "
+                                             "password)")
+        if not protocol.endswith("SSL"):
+            for name in ("kafka_ssl_cafile", "kafka_ssl_certfile", "kafka_ssl_keyfile", "kafka_ssl_key_password"):
+                if getattr(self, name) is not None:
+                    raise ConfigurationError(_VARIABLE_OF[name], f"is set but COMMITLINE_KAFKA_SECURITY_PROTOCOL is "
+                                             f"{protocol}, which does not use TLS: choose SSL or SASL_SSL")
+        if self.kafka_ssl_keyfile is not None and self.kafka_ssl_certfile is None:
+            raise ConfigurationError("COMMITLINE_KAFKA_SSL_KEYFILE", "needs COMMITLINE_KAFKA_SSL_CERTFILE, the "
+                                     "client certificate it belongs to")
+        if self.kafka_ssl_key_password is not None and self.kafka_ssl_certfile is None:
+            raise ConfigurationError("COMMITLINE_KAFKA_SSL_KEY_PASSWORD", "needs COMMITLINE_KAFKA_SSL_CERTFILE, the "
+                                     "client certificate whose key it unlocks")
+        return self
+
     def command_limits(self) -> CommandLimits:
         return CommandLimits(self.max_command_bytes, self.max_string_length, self.max_list_length,
                              self.max_nesting_depth)
 
     def connection_parts(self) -> dict[str, Any]:
-        """host, port, dbname, user, password of the configured database (secret included)."""
+        """Every libpq parameter of the configured database URL (sslmode, sslrootcert, application_name,
+        options, connect_timeout, ...), with host, port, dbname, user and password always present (secrets
+        included: pass it to connections, never print it). Each connection commitline opens uses all of it."""
         assert self.database_url is not None
-        parts = conninfo_to_dict(self.database_url.get_secret_value())
+        parts: dict[str, Any] = conninfo_to_dict(self.database_url.get_secret_value())
+        port = str(parts.get("port", 5432))
         return {
+            **parts,
             "host": parts.get("host", "127.0.0.1"),
-            "port": int(parts.get("port", 5432)),
+            "port": int(port) if port.isdigit() else port,  # "5432,5433" when several hosts are listed
             "dbname": parts.get("dbname", "postgres"),
             "user": parts.get("user", "postgres"),
             "password": parts.get("password", ""),
