@@ -171,3 +171,13 @@ def test_the_embedded_broker_is_shared_and_a_new_one_gets_every_event_again(data
         assert [r.envelope["type"] for r in read_topics(renewed, "commitline.", 1)] == ["SurveyTaskCreated"]
     finally:
         commitline(data_dir, "down", "--force")
+
+
+def test_two_demos_at_once_share_the_services_and_both_succeed(data_dir: Path) -> None:
+    demos = [start(data_dir, "demo") for _ in range(2)]
+    outcomes = [demo.communicate(timeout=600) for demo in demos]
+    for demo, (stdout, stderr) in zip(demos, outcomes):
+        assert demo.returncode == 0, stderr[-3000:]
+        assert "Traceback" not in stderr and "stopping it" not in stderr
+        assert "audit verify --all: OK" in stdout
+    assert server_of(data_dir) is None, "the last demo out leaves the server running"
