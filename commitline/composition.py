@@ -47,6 +47,7 @@ from commitline.projections import PROJECTIONS, ReadModels
 from commitline.projections.projector import Projector
 from commitline.projections.queries import FulfilmentRow
 from commitline.projections.rebuild import Progress, RebuildResult, rebuild
+from commitline.projections.rebuild import abort as abort_rebuild
 from commitline.projections.storage import table_exists
 
 log = logging.getLogger(__name__)
@@ -188,9 +189,15 @@ class Commitline:
             raise UnknownProjection([name])
         return PROJECTIONS[name]()
 
-    def rebuild(self, name: str, *, batch_size: int | None = None, progress: Progress | None = None) -> RebuildResult:
+    def rebuild(self, name: str, *, batch_size: int | None = None, progress: Progress | None = None,
+                skip: dict[int, str] | None = None) -> RebuildResult:
+        """Rebuild projection ``name``; ``skip``: poison positions to pass with the operator's reason."""
         return rebuild(self.projection(name), self.recorder, self.conninfo,
-                       batch_size=batch_size or self.settings.project_batch_size, progress=progress)
+                       batch_size=batch_size or self.settings.project_batch_size, progress=progress, skip=skip)
+
+    def abort_rebuild(self, name: str) -> bool:
+        """Discard an abandoned rebuild of ``name``; False if there was none."""
+        return abort_rebuild(self.projection(name), self.recorder, self.conninfo)
 
     def gateway(self) -> SimulatedGateway:
         return SimulatedGateway(self.conninfo, self.settings.schema_name)

@@ -159,9 +159,20 @@ def cmd_projections_rebuild(args: argparse.Namespace) -> int:
     from commitline.projections.rebuild import RebuildError
 
     name = args.name
+    if args.abort:
+        with bootstrap() as app:
+            try:
+                found = app.abort_rebuild(name)
+            except RebuildError as e:
+                print(str(e), file=sys.stderr)
+                return EXIT_REFUSED
+        print(f"rebuild of {name} aborted: its tables and position were discarded; the live view is untouched"
+              if found else f"no rebuild of {name} to abort")
+        return EXIT_OK
+    skip = dict.fromkeys(args.skip, args.reason)
     with bootstrap() as app, progress_reporter(f"rebuild {name}") as progress:
         try:
-            result = app.rebuild(name, progress=progress)
+            result = app.rebuild(name, progress=progress, skip=skip)
         except RebuildError as e:
             print(f"rebuild of {name} failed: {e}", file=sys.stderr)
             return EXIT_REFUSED
@@ -257,6 +268,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                                description="Readers keep the old complete view until the rebuilt one replaces it "
                                "in one transaction. Interrupt it and run it again to resume.")
     prebuild.add_argument("name", metavar="NAME", type=_projection_name)
+    prebuild.add_argument("--skip", type=int, action="append", default=[], metavar="N",
+                          help="pass the poison event at position N (explicit, logged; repeatable). Events the live "
+                          "projection skipped are skipped again without it")
+    prebuild.add_argument("--reason", default="", help="why skipping is safe (kept in the intervention log)")
+    prebuild.add_argument("--abort", action="store_true",
+                          help="discard an abandoned rebuild (its tables and position) instead of running one")
     prebuild.set_defaults(run=cmd_projections_rebuild)
     pskip = psub.add_parser("skip", help="pass over the poison event a projection stopped at (explicit, logged)")
     pskip.add_argument("name", metavar="NAME", type=_projection_name)

@@ -2,10 +2,16 @@
 
 1. Under the ``NAME@rebuild`` lease, replay the log into fresh ``*__next`` tables, saving
    the rebuild's position with every batch (interrupt it and run it again: it resumes).
+   A poison event the operator skipped on the live projection (``projections skip``) is skipped
+   again, recorded in ``follower_interventions`` under ``NAME@rebuild`` with the decision it
+   follows; so is one named with ``rebuild --skip N``. Any other poison event stops the rebuild
+   with the exact command that passes it.
 2. When caught up, wait for the live lease (the live projector yields it to a waiter),
    apply what arrived meanwhile, then in ONE transaction: drop the live tables, rename
    the rebuilt ones into place and set the live position. Readers see the old complete
    view until that commit and the new complete view after it.
+
+``abort`` discards an abandoned rebuild: its ``*__next`` tables and its position row.
 """
 
 from __future__ import annotations
@@ -68,33 +74,89 @@ def rebuild_name(projection: str) -> str:
 
 class _Replay(Follower):
     """Applies batches to the ``*__next`` tables, writing on ``writer`` (the rebuild's lease, then
-    the live one); its position is the rebuild's own row. A poison event ends the rebuild."""
+    the live one); its position is the rebuild's own row. A poison event ends the rebuild unless it
+    was skipped: on the live projection by an operator, or with ``--skip``."""
 
-    def __init__(self, projection: Projection, recorder: EventRecorder, conninfo: dict[str, Any], batch_size: int):
+    def __init__(self, projection: Projection, recorder: EventRecorder, conninfo: dict[str, Any], batch_size: int,
+                 skip: dict[int, str]):
         super().__init__(recorder, conninfo, rebuild_name(projection.name), batch_size=batch_size, poll_interval=0)
         self.projection = projection
         self.schema = recorder.datastore.schema
         self.writer: Lease = self.lease
         self.metrics = RebuildMetrics()
+        self.skip = skip  # position -> reason given with --skip
 
     async def handle(self, batch: Sequence[Notification], position: int) -> Handled:
         outcome = await asyncio.to_thread(self.writer.run, lambda conn: apply_batch(
             conn, self.schema, self.projection, self.lease.name, position, batch, REBUILD_SUFFIX))
         self.metrics.applied += outcome.applied
-        if outcome.poison is not None:
-            raise RebuildError(f"poison event at position {outcome.poison['position']} "
-                               f"({outcome.poison['event_type']}): {outcome.poison['message']}")
-        return Handled(outcome.position, saved=True)
+        if outcome.poison is None:
+            return Handled(outcome.position, saved=True)
+        poison = outcome.poison
+        decision = await asyncio.to_thread(self.writer.run, lambda conn: self._pass(conn, poison))
+        if decision is None:
+            name, at = self.projection.name, poison["position"]
+            raise RebuildError(
+                f"poison event at position {at} ({poison['event_type']}): {poison['message']}. The live projection "
+                f"never skipped it. Fix the handler and run the rebuild again, or pass it with "
+                f"`commitline projections rebuild {name} --skip {at} --reason \"…\"`")
+        log.warning("rebuild of %s: skipped the poison event at position %d (%s)", self.projection.name,
+                    poison["position"], decision)
+        return Handled(poison["position"], saved=True)
+
+    def _pass(self, conn: psycopg.Connection[Any], poison: dict[str, Any]) -> str | None:
+        """Skip the poison event if a decision covers it: record that and move past it, in one transaction."""
+        positions = Positions(self.schema)
+        at = poison["position"]
+        live = positions.skipped(conn, self.projection.name).get(at)
+        if live is not None:
+            detail = {"error": poison, "follows": {"name": self.projection.name, **live}}
+            reason = f"skipped on the live projection: {live.get('reason') or 'no reason given'}"
+        elif at in self.skip:
+            detail = {"error": poison, "reason": self.skip[at]}
+            reason = f"--skip {at}: {self.skip[at] or 'no reason given'}"
+        else:
+            return None
+        with conn.transaction():
+            positions.save(conn, self.lease.name, at)
+            positions.record_intervention(conn, self.lease.name, "skip", at, detail)
+        return reason
 
 
 def rebuild(projection: Projection, recorder: EventRecorder, conninfo: dict[str, Any], *, batch_size: int = 5000,
-            progress: Progress | None = None, swap_timeout: float = 60.0) -> RebuildResult:
-    return asyncio.run(_rebuild(projection, recorder, conninfo, batch_size, progress, swap_timeout))
+            progress: Progress | None = None, swap_timeout: float = 60.0,
+            skip: dict[int, str] | None = None) -> RebuildResult:
+    """Rebuild ``projection``; ``skip`` maps poison positions to pass (beyond the live projection's skips) to
+    the operator's reason."""
+    return asyncio.run(_rebuild(projection, recorder, conninfo, batch_size, progress, swap_timeout, skip or {}))
+
+
+def abort(projection: Projection, recorder: EventRecorder, conninfo: dict[str, Any]) -> bool:
+    """Discard an abandoned rebuild (its tables and position); False if there was none. Refused while one runs."""
+    work = Lease(conninfo, recorder.datastore.schema, rebuild_name(projection.name), f"abort:{instance_id()}")
+    if not work.try_acquire():
+        raise RebuildError(f"a rebuild of {projection.name} is running: stop it first (Ctrl-C), then abort")
+    schema = recorder.datastore.schema
+    try:
+        def discard(conn: psycopg.Connection[Any]) -> bool:
+            positions = Positions(schema)
+            with conn.transaction():
+                existed = table_exists(conn, schema, projection, REBUILD_SUFFIX)
+                drop_tables(conn, schema, projection, REBUILD_SUFFIX)
+                positions.delete(conn, work.name)
+            return existed
+
+        found = work.run(discard)
+    finally:
+        work.release("stopped")  # the row is gone: nothing is written back
+    if found:
+        log.warning("rebuild of %s aborted: its tables and position were discarded", projection.name)
+    return found
 
 
 async def _rebuild(projection: Projection, recorder: EventRecorder, conninfo: dict[str, Any], batch_size: int,
-                   progress: Progress | None, swap_timeout: float) -> RebuildResult:
-    replay = _Replay(projection, recorder, conninfo, batch_size)
+                   progress: Progress | None, swap_timeout: float, skip: dict[int, str]) -> RebuildResult:
+    replay = _Replay(projection, recorder, conninfo, batch_size, skip)
     work = replay.lease
     if not await asyncio.to_thread(work.try_acquire):
         raise RebuildError(f"a rebuild of {projection.name} is already running")

@@ -105,6 +105,13 @@ class Positions:
     def delete(self, conn: Connection, name: str) -> None:
         conn.execute(self._sql("DELETE FROM {positions} WHERE name = %s"), (name,))
 
+    def skipped(self, conn: Connection, name: str) -> dict[int, dict[str, Any]]:
+        """The positions an operator decided to skip for ``name``, each with the decision's detail."""
+        rows = conn.cursor(row_factory=tuple_row).execute(self._sql(
+            "SELECT position, detail FROM {interventions} WHERE name = %s AND action = 'skip' ORDER BY id"),
+            (name,)).fetchall()
+        return {int(position): detail for position, detail in rows}
+
     def record_intervention(self, conn: Connection, name: str, action: str, position: int,
                             detail: dict[str, Any]) -> None:
         conn.execute(self._sql("INSERT INTO {interventions} (name, action, position, detail) VALUES (%s, %s, %s, %s)"),
