@@ -157,6 +157,13 @@ class FulfilmentSaga:
 
     # -- helpers ------------------------------------------------------------------
 
+    def order_of(self, saga_id: UUID, tenant: str = "default") -> UUID:
+        """The order a fulfilment saga (by its own id) belongs to."""
+        order_id = self._load(OrderFulfilment, saga_id, tenant).order_id
+        if order_id is None:
+            raise AggregateNotFound(OrderFulfilment.__name__, saga_id)
+        return order_id
+
     def _load(self, cls: type[A], aggregate_id: UUID, tenant: str) -> A:
         """``cls`` as the tenant sees it: another tenant's stream does not exist (AggregateNotFound)."""
         try:

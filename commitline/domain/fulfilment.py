@@ -87,7 +87,7 @@ class FulfilmentStuck(Event):
 
 
 class FulfilmentRetried(Event):
-    pass
+    order_id: UUID | None = None  # the order whose saga is retried (None in events recorded before it was added)
 
 
 @dataclass(kw_only=True)
@@ -144,7 +144,7 @@ class OrderFulfilment(Aggregate):
         self._move(S.STUCK, FulfilmentStuck, step=step, reason=reason, attempts=attempts)
 
     def retry(self) -> None:
-        self._move(S.COMPENSATING, FulfilmentRetried)
+        self._move(S.COMPENSATING, FulfilmentRetried, order_id=self.order_id)
 
     def _check_step(self, step: str) -> None:
         if step != self.next_step:

@@ -11,6 +11,7 @@ import time
 from collections import Counter
 from uuid import UUID, uuid4
 
+import psycopg
 import pytest
 
 from commitline.application.fulfilment import FulfilmentSaga
@@ -179,3 +180,26 @@ def test_a_compensation_that_keeps_failing_is_surfaced_as_stuck(app: Commitline,
     # Nothing was lost: the reservation is still held and the authorization still open until a person acts.
     assert shop.reserved_for(order) == "RESERVED"
     assert shop.outcome(order)[3] == 0
+
+
+def test_an_operator_retry_is_finished_by_the_running_runner_and_later_orders_keep_moving(
+        app: Commitline, pg_dsn: str, schema: str) -> None:
+    shop = Shop(app)
+    order = shop.place("acct|capture-declines|void-fails")
+    shop.run_until_done()
+    assert shop.outcome(order)[0] == "STUCK"
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # the cause is fixed: the gateway can void again
+        conn.execute(f"UPDATE {schema}.simulated_gateway_ledger SET account = 'acct|capture-declines' "
+                     "WHERE key = %s", (FulfilmentSaga.gateway_key(order),))
+    env = {**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn, "COMMITLINE_SCHEMA": schema}
+    with shop.runner() as runner:
+        retried = subprocess.run([sys.executable, "-m", "commitline.cli", "sagas", "retry", str(order)],
+                                 env=env, capture_output=True, text=True, timeout=60)
+        assert retried.returncode == 0, retried.stderr[-3000:]
+        later = shop.place("acct")
+        deadline = time.monotonic() + 60
+        while (shop.outcome(order)[0], shop.outcome(later)[0]) != ("COMPENSATED", "COMPLETED"):
+            assert runner.error is None and time.monotonic() < deadline, (shop.outcome(order), shop.outcome(later))
+            time.sleep(0.05)
+    assert shop.outcome(order) == ("COMPENSATED", "CANCELLED", "FAILED", 0)
+    assert shop.reserved_for(order) == "RELEASED"

@@ -49,16 +49,21 @@ class FulfilmentRunner(Follower):
         self.metrics = RunnerMetrics()
 
     async def handle(self, batch: Sequence[Notification], position: int) -> Handled:
-        orders: dict[UUID, str] = {}
+        triggers: list[tuple[UUID | None, UUID, str]] = []  # (order id if the event names it, aggregate id, tenant)
         for n in batch:
             if n.topic in TRIGGERS:
                 recorded = decode_event(n.topic, n.originator_id, n.originator_version, n.state)
-                order_id = getattr(recorded.event, "order_id", recorded.event.aggregate_id)
-                orders.setdefault(order_id, recorded.tenant)
-        await asyncio.to_thread(self._advance_all, orders)
+                event = recorded.event
+                order_id = event.aggregate_id if isinstance(event, OrderPlaced) else event.order_id
+                triggers.append((order_id, event.aggregate_id, recorded.tenant))
+        await asyncio.to_thread(self._advance_all, triggers)
         return Handled(batch[-1].id)
 
-    def _advance_all(self, orders: dict[UUID, str]) -> None:
+    def _advance_all(self, triggers: list[tuple[UUID | None, UUID, str]]) -> None:
+        orders: dict[UUID, str] = {}
+        for order_id, aggregate_id, tenant in triggers:
+            # A retry recorded before its event named the order: the saga's own stream knows it.
+            orders.setdefault(order_id or self.saga.order_of(aggregate_id, tenant), tenant)
         if not orders:
             return
         with ThreadPoolExecutor(max_workers=min(self.workers, len(orders))) as pool:

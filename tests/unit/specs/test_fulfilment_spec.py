@@ -137,8 +137,8 @@ def test_a_compensation_that_keeps_failing_parks_the_saga() -> None:
     assert (stuck.state, stuck.stuck) == (S.STUCK, "reserve: inventory down")
 
 
-def test_an_operator_retry_resumes_compensation() -> None:
-    resumed = saga(*COMPENSATING, CHARGE_UNDONE, STUCK).when(lambda s: s.retry()).then(event(FulfilmentRetried))
+def test_an_operator_retry_resumes_compensation_naming_the_order() -> None:
+    resumed = saga(*COMPENSATING, CHARGE_UNDONE, STUCK).when(lambda s: s.retry()).then(event(FulfilmentRetried, order_id=ORDER))
     assert (resumed.state, resumed.stuck, resumed.to_compensate) == (S.COMPENSATING, None, ["reserve"])
 
 
