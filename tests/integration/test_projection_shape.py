@@ -3,8 +3,6 @@ and the rebuild command; after that rebuild it runs again."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from decimal import Decimal
 from uuid import uuid4
 
@@ -15,17 +13,11 @@ import pytest
 from commitline.composition import Commitline
 from commitline.projections.storage import ProjectionNeedsRebuild
 from tests.integration.test_cli import commitline
-from tests.support import FollowerThread
+from tests.support import FollowerThread, wait_for
 
 NAME = "payment_states"
 COMMAND = f"commitline projections rebuild {NAME}"
 
-
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def projector(app: Commitline) -> FollowerThread:

@@ -10,7 +10,6 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 from decimal import Decimal
 from uuid import uuid4
 
@@ -25,18 +24,12 @@ from commitline.infrastructure.store.codec import encode_event
 from commitline.projections import PROJECTIONS
 from commitline.infrastructure.followers.interventions import InterventionRefused, retry, skip
 from tests.integration.test_concurrency import run_at_once
-from tests.support import FollowerThread, settings_for
+from tests.support import FollowerThread, settings_for, wait_for
 
 
 def projector(app: Commitline, name: str, **kwargs: object) -> FollowerThread:
     return FollowerThread(lambda: app.projector(name, poll_interval=0.2, **kwargs))
 
-
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def lease_sessions(app: Commitline, projection: str) -> int:

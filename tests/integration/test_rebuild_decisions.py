@@ -11,7 +11,8 @@ from commitline.composition import Commitline
 from commitline.infrastructure.followers.interventions import skip
 from commitline.projections.rebuild import RebuildError, rebuild_name
 from tests.integration.test_cli import commitline
-from tests.integration.test_projections import inject_orphan_payment_event, projector, wait_for
+from tests.integration.test_projections import inject_orphan_payment_event, projector
+from tests.support import wait_for
 
 NAME = "payment_states"
 

@@ -8,8 +8,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from commitline.composition import bootstrap
 from commitline.infrastructure.config import Settings
 from commitline.infrastructure.embedded.errors import EmbeddedServiceError
 from commitline.infrastructure.embedded.postgres import EmbeddedPostgres
-from tests.support import read_topics
+from tests.support import read_topics, wait_for
 
 PROCESS_TIMEOUT = 120
 
@@ -37,13 +36,6 @@ def start(data_dir: Path, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "commitline.cli", *args], env=env_for(data_dir),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting until {what}")
-        time.sleep(0.05)
 
 
 def server_of(data_dir: Path) -> EmbeddedPostgres | None:

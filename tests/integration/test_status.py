@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from commitline.infrastructure.sagas.runner import RUNNER
 from commitline.projections import PROJECTIONS
 from tests.integration.test_order_saga import Shop
 from tests.integration.test_projections import inject_orphan_payment_event
-from tests.support import FollowerThread
+from tests.support import FollowerThread, wait_for
 
 CLI = [sys.executable, "-m", "commitline.cli"]
 
@@ -48,13 +47,6 @@ def follower(report: dict[str, Any], name: str) -> dict[str, Any]:
     (row,) = [f for f in report["followers"] if f["name"] == name]
     return row
 
-
-def wait_until(condition: Callable[[], Any], what: str, timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (result := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-    return result
 
 
 def add_tasks(app: Commitline, n: int) -> None:
@@ -112,7 +104,7 @@ def test_a_killed_projector_is_shown_dead_and_fails_the_check(app: Commitline, p
         row = follower(status_json(pg_dsn, schema), "task_statuses")
         return row if row["alive"] and row["status"] == "running" and row["lag_events"] == 0 else None
 
-    row = wait_until(alive, "the projector to own task_statuses and catch up")
+    row = wait_for(alive, "the projector to own task_statuses and catch up")
     assert row["backend"]["application"] == "commitline task_statuses"
     assert row["owner"].endswith(f":{process.pid}") and row["last_moved_seconds"] >= 0
     healthy = status(pg_dsn, schema, "--check", "task_statuses")
@@ -128,7 +120,7 @@ def test_a_killed_projector_is_shown_dead_and_fails_the_check(app: Commitline, p
     assert named.returncode == 1 and "unhealthy: task_statuses: stopped: not running" in named.stderr
 
     process = projector_process()
-    row = wait_until(alive, "a new projector to own task_statuses")
+    row = wait_for(alive, "a new projector to own task_statuses")
     backend_pid = row["backend"]["pid"]
     process.send_signal(signal.SIGKILL)
     process.wait(30)
@@ -137,7 +129,7 @@ def test_a_killed_projector_is_shown_dead_and_fails_the_check(app: Commitline, p
         row = follower(status_json(pg_dsn, schema), "task_statuses")
         return row if row["status"] == "dead" else None
 
-    row = wait_until(dead, "status to notice the killed projector")
+    row = wait_for(dead, "status to notice the killed projector")
     assert row["recorded_status"] == "running", "the row still says running: only the lock tells the truth"
     assert row["owner"].endswith(f":{process.pid}") and row["backend"] is None and not row["alive"]
     assert any("dead" in p for p in row["problems"])
@@ -158,7 +150,7 @@ def test_a_projection_stopped_at_a_poison_event_fails_the_check(app: Commitline,
                  idempotency_key="1")
     poison_at = inject_orphan_payment_event(app)
     with FollowerThread(lambda: app.projector("payment_states", poll_interval=0.2)) as running:
-        wait_until(lambda: running.follower.metrics.poisoned_at is not None, "the projector to meet the poison")
+        wait_for(lambda: running.follower.metrics.poisoned_at is not None, "the projector to meet the poison")
         check = status(pg_dsn, schema, "--check")
         assert check.returncode == 1
         assert f"unhealthy: payment_states: stopped at poison event {poison_at} (PaymentSubmitted):" in check.stderr
@@ -203,7 +195,7 @@ def test_a_live_follower_lagging_beyond_a_threshold_fails_the_check(app: Commitl
             out = status(pg_dsn, schema, "--check", COMMITLINE_STATUS_MAX_LAG_S="0.5")
             return out if out.returncode == 1 else None
 
-        by_seconds = wait_until(lagging_in_seconds, "the oldest unhandled event to be older than 0.5 s")
+        by_seconds = wait_for(lagging_in_seconds, "the oldest unhandled event to be older than 0.5 s")
         assert "unhealthy: task_statuses: lagging by 3 events" in by_seconds.stderr
     finally:
         lease.release()

@@ -20,7 +20,7 @@ import pytest
 from commitline.application.errors import StoreUnavailable
 from commitline.composition import Commitline, bootstrap
 from commitline.infrastructure.embedded.postgres import EmbeddedPostgres
-from tests.support import FollowerThread, settings_for
+from tests.support import FollowerThread, settings_for, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -126,11 +126,6 @@ def test_a_projector_rides_out_a_postgres_restart_and_catches_up(
     def logged(text: str) -> int:
         return sum(text in r.getMessage() for r in caplog.records if r.name == "commitline.projections.projector")
 
-    def wait_for(condition: Callable[[], bool], what: str) -> None:
-        deadline = time.monotonic() + 60
-        while not condition():
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            time.sleep(0.02)
 
     with FollowerThread(lambda: app.projector("payment_states", poll_interval=0.2)) as follower:
         app.dispatch(PAYMENT, idempotency_key="pay-1")
