@@ -16,7 +16,13 @@ import pytest
 
 from commitline.application.fulfilment import FulfilmentSaga
 from commitline.domain.inventory import InventoryItem
-from commitline.domain.fulfilment import OrderFulfilment, fulfilment_id, payment_id_for
+from commitline.domain.fulfilment import (
+    FulfilmentRetried,
+    OrderFulfilment,
+    SagaState,
+    fulfilment_id,
+    payment_id_for,
+)
 from commitline.domain.order import Order
 from commitline.domain.payment import PaymentTransaction
 from commitline.composition import Commitline
@@ -182,15 +188,21 @@ def test_a_compensation_that_keeps_failing_is_surfaced_as_stuck(app: Commitline,
     assert shop.outcome(order)[3] == 0
 
 
-def test_an_operator_retry_is_finished_by_the_running_runner_and_later_orders_keep_moving(
-        app: Commitline, pg_dsn: str, schema: str) -> None:
+def stuck_then_fixed(app: Commitline, pg_dsn: str, schema: str) -> tuple[Shop, UUID]:
+    """An order whose saga went STUCK undoing the charge, whose cause (the gateway's void) is then fixed."""
     shop = Shop(app)
     order = shop.place("acct|capture-declines|void-fails")
     shop.run_until_done()
     assert shop.outcome(order)[0] == "STUCK"
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # the cause is fixed: the gateway can void again
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(f"UPDATE {schema}.simulated_gateway_ledger SET account = 'acct|capture-declines' "
                      "WHERE key = %s", (FulfilmentSaga.gateway_key(order),))
+    return shop, order
+
+
+def test_an_operator_retry_is_finished_by_the_running_runner_and_later_orders_keep_moving(
+        app: Commitline, pg_dsn: str, schema: str) -> None:
+    shop, order = stuck_then_fixed(app, pg_dsn, schema)
     env = {**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn, "COMMITLINE_SCHEMA": schema}
     with shop.runner() as runner:
         retried = subprocess.run([sys.executable, "-m", "commitline.cli", "sagas", "retry", str(order)],
@@ -203,3 +215,15 @@ def test_an_operator_retry_is_finished_by_the_running_runner_and_later_orders_ke
             time.sleep(0.05)
     assert shop.outcome(order) == ("COMPENSATED", "CANCELLED", "FAILED", 0)
     assert shop.reserved_for(order) == "RELEASED"
+
+
+def test_a_retry_recorded_before_it_named_the_order_is_resolved_through_the_saga(
+        app: Commitline, pg_dsn: str, schema: str) -> None:
+    shop, order = stuck_then_fixed(app, pg_dsn, schema)
+    saga = app.store.load(OrderFulfilment, fulfilment_id(order))
+    saga._move(SagaState.COMPENSATING, FulfilmentRetried)  # as an older commitline recorded it: no order_id
+    (legacy,) = saga.collect_events()
+    assert legacy.order_id is None
+    app.store.append(saga, [legacy], tenant="default", idempotency=None)
+    shop.run_until_done()
+    assert shop.outcome(order) == ("COMPENSATED", "CANCELLED", "FAILED", 0)
