@@ -39,6 +39,7 @@ from commitline.infrastructure.kafka.producer import client_options
 from commitline.infrastructure.kafka.publisher import PUBLISHER, KafkaPublisher
 from commitline.infrastructure.sagas.runner import RUNNER, FulfilmentRunner
 from commitline.infrastructure.sagas.simulated_gateway import SimulatedGateway
+from commitline.infrastructure.store.api_keys import ApiKeys
 from commitline.infrastructure.store.audit_source import PostgresAuditSource
 from commitline.infrastructure.store.datastore import StoreDatastore, connect_options, describe_failure
 from commitline.infrastructure.store.event_store import PostgresEventStore, stored_tenant
@@ -121,6 +122,22 @@ class Commitline:
 
     def read_models(self) -> ReadModels:
         return ReadModels(self.datastore)
+
+    def api_keys(self) -> ApiKeys:
+        return ApiKeys(self.datastore.get_connection, self.settings.schema_name)
+
+    def unready(self) -> list[str]:
+        """Why this process cannot serve now ([] when it can): the database does not answer, or its schema
+        is not at the version this commitline needs."""
+        try:
+            with self.datastore.get_connection() as conn:
+                missing = migrations.pending(conn, self.settings.schema_name)
+        except migrations.SchemaTooNew as e:
+            return [str(e)]
+        except Exception as e:
+            return [f"database unreachable: {describe_failure(e, self.conninfo)}"]
+        return [f"schema {self.settings.schema_name} lacks migration {m.version} ({m.description}); "
+                "run commitline migrate" for m in missing]
 
     def status(self) -> StatusReport:
         head, followers = follower_statuses(self.recorder, [PUBLISHER, RUNNER, *sorted(PROJECTIONS)])

@@ -11,7 +11,7 @@ import logging
 import sys
 
 from commitline.application.errors import ConfigurationError, StoreUnavailable
-from commitline.cli import audit, dispatch, followers, migrate, sagas, services
+from commitline.cli import audit, dispatch, followers, migrate, sagas, serve, services, tenants
 from commitline.cli.common import EXIT_UNAVAILABLE, print_error
 
 
@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
         "With no COMMITLINE_DATABASE_URL an embedded PostgreSQL is started in COMMITLINE_DATA_DIR.",
     )
     sub = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
-    for module in (dispatch, followers, sagas, audit, migrate, services):
+    for module in (dispatch, followers, sagas, audit, migrate, services, tenants, serve):
         module.register(sub)
     demo = sub.add_parser("demo", help="run the scripted demonstration workload and print a summary",
                           description="Runs on an embedded PostgreSQL. With COMMITLINE_DATABASE_URL set it "

@@ -124,6 +124,15 @@ class Settings(BaseSettings):
     """longest list in a command (`issue_survey_task` takes up to 100,000 users)"""
     max_nesting_depth: int = Field(CommandLimits.max_depth, ge=2, le=100, validation_alias="COMMITLINE_MAX_NESTING_DEPTH")
     """deepest nesting of objects and lists in a command, the command itself being level 1"""
+    http_host: str = Field("127.0.0.1", min_length=1, validation_alias="COMMITLINE_HTTP_HOST")
+    """address `commitline serve` listens on (`0.0.0.0` for every interface)"""
+    http_port: int = Field(8080, ge=0, le=65535, validation_alias="COMMITLINE_HTTP_PORT")
+    """port `commitline serve` listens on"""
+    http_workers: int = Field(1, ge=1, le=64, validation_alias="COMMITLINE_HTTP_WORKERS")
+    """worker processes of `commitline serve`, sharing one database"""
+    http_max_body_bytes: int = Field(CommandLimits.max_bytes, ge=1024, le=2**30,
+                                     validation_alias="COMMITLINE_HTTP_MAX_BODY_BYTES")
+    """largest request body the HTTP API reads; a larger one is answered 413 unread"""
 
     @classmethod
     def settings_customise_sources(

@@ -1,0 +1,118 @@
+"""The ASGI application: its routers, every error as a problem document, and the OpenAPI description.
+
+``create_app(commitline)`` serves one bootstrapped ``Commitline`` (the caller closes it);
+``app_from_environment()`` is the factory each ``commitline serve --workers N`` worker process calls:
+it bootstraps from the environment and closes on shutdown.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from pydantic.json_schema import models_json_schema
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from commitline.application.commands import COMMAND_TYPES
+from commitline.application.errors import CommitlineError
+from commitline.composition import Commitline, bootstrap
+from commitline.http import commands
+from commitline.http.problems import (
+    InternalError,
+    InvalidQuery,
+    MethodNotAllowed,
+    RouteNotFound,
+    problem_response,
+)
+
+log = logging.getLogger(__name__)
+
+PROBLEM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "RFC 9457 problem document; `code` and `details` are the typed error's, as the CLI prints them",
+    "properties": {
+        "type": {"type": "string"}, "title": {"type": "string"}, "status": {"type": "integer"},
+        "detail": {"type": "string"}, "instance": {"type": "string"}, "code": {"type": "string"},
+        "error": {"type": "string"}, "details": {"type": "object"},
+    },
+    "required": ["type", "title", "status", "detail", "code", "details"],
+}
+
+
+def _instance(request: Request) -> str:
+    return request.url.path
+
+
+def install_problem_handlers(app: FastAPI) -> None:
+    async def typed(request: Request, error: Exception) -> Response:
+        assert isinstance(error, CommitlineError)
+        return problem_response(error, _instance(request))
+
+    async def invalid_parameters(request: Request, error: Exception) -> Response:
+        assert isinstance(error, RequestValidationError)
+        errors = [{"loc": [str(p) for p in e.get("loc", ())], "msg": e.get("msg", ""), "type": e.get("type", "")}
+                  for e in error.errors()]
+        return problem_response(InvalidQuery(errors), _instance(request))
+
+    async def http_error(request: Request, error: Exception) -> Response:
+        assert isinstance(error, StarletteHTTPException)
+        if error.status_code == 405:
+            return problem_response(MethodNotAllowed(request.method, request.url.path), _instance(request))
+        return problem_response(RouteNotFound(request.url.path), _instance(request))
+
+    async def unexpected(request: Request, error: Exception) -> Response:
+        log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=error)
+        return problem_response(InternalError(), _instance(request))
+
+    app.add_exception_handler(CommitlineError, typed)
+    app.add_exception_handler(RequestValidationError, invalid_parameters)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(Exception, unexpected)
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        _, definitions = models_json_schema([(cls, "validation") for cls in COMMAND_TYPES.values()],
+                                            ref_template="#/components/schemas/{model}")
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        components.update(definitions.get("$defs", {}))
+        components["Problem"] = PROBLEM_SCHEMA
+        app.openapi_schema = schema
+    return app.openapi_schema
+
+
+def create_app(commitline: Commitline, *, lifespan: Any = None) -> FastAPI:
+    app = FastAPI(
+        title="commitline",
+        version="1",
+        description="Event-sourced commands, exactly once: POST /v1/commands with an Idempotency-Key and "
+        "Authorization: Bearer <api key>. Errors are RFC 9457 problem documents.",
+        lifespan=lifespan,
+    )
+    app.state.commitline = commitline
+    install_problem_handlers(app)
+    app.include_router(commands.router)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    return app
+
+
+def app_from_environment() -> FastAPI:
+    """One worker's app: bootstrapped from the environment when the worker starts, closed when it stops."""
+    holder: dict[str, Commitline] = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        holder["app"] = app.state.commitline = bootstrap(apply_migrations=False)
+        try:
+            yield
+        finally:
+            holder["app"].close()
+
+    return create_app(None, lifespan=lifespan)  # type: ignore[arg-type]

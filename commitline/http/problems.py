@@ -1,0 +1,166 @@
+"""Errors as RFC 9457 problem documents: the one table from error code to HTTP status, and the rendering.
+
+A problem document carries the standard members (``type``, ``title``, ``status``, ``detail``,
+``instance``) and the typed error's ``code``, ``error`` (its class) and ``details``, exactly as the CLI
+prints them; each detail is also a member of the problem itself (``actual_version``, ``errors``, ...)
+unless it would shadow a standard member. ``STATUS`` is the table the README reproduces.
+"""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+
+from commitline.application.errors import CommitlineError, InvalidCommand, StoreUnavailable
+
+PROBLEM_JSON = "application/problem+json"
+TYPE_PREFIX = "urn:commitline:problem:"
+_STANDARD = frozenset({"type", "title", "status", "detail", "instance"})
+
+#: error code -> HTTP status; a code not listed is a refusal of the request as sent (422).
+STATUS: dict[str, int] = {
+    # the request itself
+    "malformed_json": 400,
+    "missing_idempotency_key": 400,
+    "invalid_idempotency_key": 400,
+    "invalid_query": 400,
+    "unauthorized": 401,
+    "not_found": 404,
+    "method_not_allowed": 405,
+    "body_too_large": 413,
+    "event_too_large": 413,
+    "unsupported_media_type": 415,
+    "invalid_command": 422,
+    "unknown_command_type": 422,
+    "idempotency_key_reused": 422,
+    "invalid_value": 422,
+    # the state the command met
+    "aggregate_not_found": 404,
+    "unknown_reservation": 404,
+    "version_beyond_head": 404,
+    "before_creation": 404,
+    "concurrency_conflict": 409,
+    "illegal_transition": 409,
+    "aggregate_already_exists": 409,
+    "wrong_aggregate_type": 409,
+    "insufficient_stock": 409,
+    "duplicate_reservation": 409,
+    "task_closed": 409,
+    "users_already_issued": 409,
+    "user_not_issued": 409,
+    "audit_query_error": 400,
+    # the service
+    "store_unavailable": 503,
+    "configuration_error": 503,
+    "internal_error": 500,
+}
+DEFAULT_STATUS = 422
+
+
+class HttpProblem(CommitlineError):
+    """A problem with the HTTP request rather than the command (its ``code`` is in ``STATUS``)."""
+
+    fields = ("reason",)
+    message = "{reason}"
+
+
+class Unauthorized(HttpProblem):
+    code = "unauthorized"
+
+
+class BodyTooLarge(HttpProblem):
+    code = "body_too_large"
+    fields = ("limit",)
+    message = "the request body is larger than {limit} bytes (COMMITLINE_HTTP_MAX_BODY_BYTES)"
+
+
+class UnsupportedMediaType(HttpProblem):
+    code = "unsupported_media_type"
+    fields = ("content_type",)
+    message = "the body must be JSON (Content-Type: application/json), not {shown}"
+
+    @property
+    def shown(self) -> str:
+        return repr(self.content_type) if self.content_type else "a body without a Content-Type"
+
+
+class MalformedJson(HttpProblem):
+    code = "malformed_json"
+    fields = ("errors",)
+    message = "the body is {summary}"
+
+    @property
+    def summary(self) -> str:
+        return "; ".join(e["msg"] for e in self.errors)
+
+
+class InvalidQuery(HttpProblem):
+    code = "invalid_query"
+    fields = ("errors",)
+    message = "invalid query or path parameters: {summary}"
+
+    @property
+    def summary(self) -> str:
+        return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in self.errors)
+
+
+class RouteNotFound(HttpProblem):
+    code = "not_found"
+    fields = ("path",)
+    message = "no resource at {path}"
+
+
+class MethodNotAllowed(HttpProblem):
+    code = "method_not_allowed"
+    fields = ("method", "path")
+    message = "{method} is not allowed on {path}"
+
+
+class InternalError(HttpProblem):
+    code = "internal_error"
+    fields = ()
+    message = "internal error; nothing was written (retry with the same Idempotency-Key to be sure)"
+
+    def __init__(self) -> None:
+        CommitlineError.__init__(self, self.message)
+
+
+def as_http_error(error: CommitlineError) -> CommitlineError:
+    """A command that is not JSON at all is a malformed request (400), not an invalid command (422)."""
+    if isinstance(error, InvalidCommand) and error.errors and all(
+            e["type"] in ("json_invalid", "json_invalid_utf8") for e in error.errors):
+        return MalformedJson(error.errors)
+    return error
+
+
+def status_of(error: CommitlineError) -> int:
+    return STATUS.get(error.code, DEFAULT_STATUS)
+
+
+def problem_document(error: CommitlineError, instance: str) -> dict[str, Any]:
+    status = status_of(error)
+    details = error.details()
+    document: dict[str, Any] = {
+        "type": TYPE_PREFIX + error.code,
+        "title": HTTPStatus(status).phrase,
+        "status": status,
+        "detail": str(error),
+        "instance": instance,
+    }
+    document.update({k: v for k, v in details.items() if k not in _STANDARD})
+    document.update({"code": error.code, "error": type(error).__name__, "details": details})
+    return document
+
+
+def problem_response(error: CommitlineError, instance: str, headers: dict[str, str] | None = None) -> Response:
+    error = as_http_error(error)
+    extra = dict(headers or {})
+    if isinstance(error, Unauthorized):
+        extra["WWW-Authenticate"] = 'Bearer realm="commitline"'
+    if isinstance(error, StoreUnavailable):
+        extra["Retry-After"] = "1"
+    body = orjson.dumps(problem_document(error, instance), default=str)
+    return Response(body, status_code=status_of(error), headers=extra, media_type=PROBLEM_JSON)

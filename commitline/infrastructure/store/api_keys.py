@@ -1,0 +1,115 @@
+"""Tenants' API keys: created, listed, revoked, and resolved to the tenant they belong to.
+
+A key is ``clk_<key id>_<secret>``: the key id (12 hex digits) is public, shown by ``tenants list`` and
+used to revoke one key; the secret (43 URL-safe characters, 256 random bits) is shown once, when the key
+is made. Only the SHA-256 of the whole key is stored: the key has full entropy, so a slow password hash
+would add latency to every request and no protection. A tenant may hold several keys (rotation: add the
+new one, move the callers, revoke the old one). Resolving a key is one primary-key read, compared in
+constant time; a revoked key is refused from the next request on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.rows import tuple_row
+from psycopg.sql import SQL, Composed, Identifier
+
+from commitline.application.boundary import check_tenant
+
+API_KEYS_TABLE = "api_keys"
+PREFIX = "clk_"
+_KEY = re.compile(r"clk_([0-9a-f]{12})_[A-Za-z0-9_-]{43}")
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    key_id: str
+    tenant: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+    @property
+    def active(self) -> bool:
+        return self.revoked_at is None
+
+
+@dataclass(frozen=True)
+class NewApiKey:
+    """A key just made: ``secret`` is the whole key, never stored and never shown again."""
+
+    key: ApiKey
+    secret: str
+
+
+def digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
+
+
+def create_statements(schema: str) -> list[Composed]:
+    """The DDL of the keys table, for the schema migrations."""
+    return [SQL("CREATE TABLE IF NOT EXISTS {} ("
+                " key_id text PRIMARY KEY,"
+                " tenant text NOT NULL,"
+                " key_hash bytea NOT NULL,"
+                " created_at timestamptz NOT NULL DEFAULT now(),"
+                " revoked_at timestamptz)").format(Identifier(schema, API_KEYS_TABLE)),
+            SQL("CREATE INDEX IF NOT EXISTS {} ON {} (tenant)").format(
+                Identifier(f"{API_KEYS_TABLE}_tenant"), Identifier(schema, API_KEYS_TABLE))]
+
+
+class ApiKeys:
+    """The API keys of one schema, over any source of connections (``datastore.get_connection``)."""
+
+    def __init__(self, connection: Any, schema: str):
+        self._connection = connection
+        self.table = Identifier(schema, API_KEYS_TABLE)
+
+    def _run(self, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        conn: psycopg.Connection[Any]
+        with self._connection() as conn:
+            cur = conn.cursor(row_factory=tuple_row).execute(SQL(query).format(t=self.table), params)
+            return cur.fetchall() if cur.description else []
+
+    def add(self, tenant: str) -> NewApiKey:
+        """A new key for ``tenant`` (InvalidTenant for an unusable name)."""
+        tenant = check_tenant(tenant)
+        key_id = secrets.token_hex(6)
+        secret = f"{PREFIX}{key_id}_{secrets.token_urlsafe(32)}"
+        (row,) = self._run("INSERT INTO {t} (key_id, tenant, key_hash) VALUES (%s, %s, %s) "
+                           "RETURNING key_id, tenant, created_at, revoked_at", (key_id, tenant, digest(secret)))
+        return NewApiKey(ApiKey(*row), secret)
+
+    def list(self, tenant: str | None = None) -> list[ApiKey]:
+        """Every key (of ``tenant`` only, if given), oldest first."""
+        where, params = ("WHERE tenant = %s", (check_tenant(tenant),)) if tenant is not None else ("", ())
+        rows = self._run(f"SELECT key_id, tenant, created_at, revoked_at FROM {{t}} {where} "
+                         "ORDER BY created_at, key_id", params)
+        return [ApiKey(*row) for row in rows]
+
+    def revoke(self, tenant: str, key_id: str | None = None) -> list[ApiKey]:
+        """Revoke ``tenant``'s active keys (only ``key_id``, if given); returns those revoked now."""
+        query = "UPDATE {t} SET revoked_at = now() WHERE tenant = %s AND revoked_at IS NULL"
+        params: tuple[Any, ...] = (check_tenant(tenant),)
+        if key_id is not None:
+            query, params = query + " AND key_id = %s", (*params, key_id)
+        rows = self._run(query + " RETURNING key_id, tenant, created_at, revoked_at", params)
+        return [ApiKey(*row) for row in rows]
+
+    def tenant_for(self, key: str) -> str | None:
+        """The tenant of an active key; None for anything else (malformed, unknown, revoked)."""
+        match = _KEY.fullmatch(key)
+        if match is None:
+            return None
+        rows = self._run("SELECT tenant, key_hash FROM {t} WHERE key_id = %s AND revoked_at IS NULL",
+                         (match.group(1),))
+        if not rows or not hmac.compare_digest(bytes(rows[0][1]), digest(key)):
+            return None
+        return str(rows[0][0])
