@@ -22,7 +22,7 @@ from starlette.responses import Response
 from commitline.application.commands import COMMAND_TYPES
 from commitline.application.errors import CommitlineError
 from commitline.composition import Commitline, bootstrap
-from commitline.http import commands
+from commitline.http import commands, operations, reads, status_page
 from commitline.http.problems import (
     InternalError,
     InvalidQuery,
@@ -98,7 +98,8 @@ def create_app(commitline: Commitline, *, lifespan: Any = None) -> FastAPI:
     )
     app.state.commitline = commitline
     install_problem_handlers(app)
-    app.include_router(commands.router)
+    for module in (commands, reads, operations, status_page):
+        app.include_router(module.router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 
