@@ -37,6 +37,7 @@ from commitline.infrastructure.followers.health import Problem, StuckSaga, Thres
 from commitline.infrastructure.followers.status import FollowerStatus, follower_statuses
 from commitline.infrastructure.kafka.producer import client_options
 from commitline.infrastructure.kafka.publisher import PUBLISHER, KafkaPublisher
+from commitline.infrastructure.sagas.gateways import GatewayContext, load_gateway
 from commitline.infrastructure.sagas.runner import RUNNER, FulfilmentRunner
 from commitline.infrastructure.sagas.simulated_gateway import SimulatedGateway
 from commitline.infrastructure.store.api_keys import ApiKeys
@@ -216,10 +217,18 @@ class Commitline:
         """Discard an abandoned rebuild of ``name``; False if there was none."""
         return abort_rebuild(self.projection(name), self.recorder, self.conninfo)
 
-    def gateway(self) -> SimulatedGateway:
+    def gateway(self) -> PaymentGateway:
+        """The configured payment gateway (``COMMITLINE_GATEWAY``; the simulated one by default)."""
+        return load_gateway(GatewayContext(self.settings, self.conninfo))
+
+    def simulated_gateway(self) -> SimulatedGateway:
         return SimulatedGateway(self.conninfo, self.settings.schema_name)
 
     def saga(self, gateway: PaymentGateway | None = None, **options: Any) -> FulfilmentSaga:
+        """The fulfilment saga over ``gateway`` (default: the configured one), retrying each gateway call and
+        compensation ``COMMITLINE_GATEWAY_ATTEMPTS`` times with ``COMMITLINE_GATEWAY_BACKOFF_MS`` back-off."""
+        options.setdefault("attempts", self.settings.gateway_attempts)
+        options.setdefault("backoff", self.settings.gateway_backoff_ms / 1000)
         return FulfilmentSaga(self.processor, self.store, gateway or self.gateway(), **options)
 
     def fulfilment_runner(self, saga: FulfilmentSaga | None = None, **options: Any) -> FulfilmentRunner:

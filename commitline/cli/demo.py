@@ -238,7 +238,7 @@ def audit(app: Commitline, payment_id: str) -> None:
 
 def orders(app: Commitline, run: str) -> list[tuple[str, str]]:
     console.rule("[bold]Order saga: reserve -> authorize -> confirm + capture, compensated in reverse on failure")
-    gateway = app.gateway()
+    gateway = app.simulated_gateway()
     item = str(uuid4())
     app.dispatch({"type": "receive_stock", "item_id": item, "quantity": 2}, idempotency_key=f"{run}-saga-stock")
     cases = {"happy": "acct-1", "card declined": "acct-2|authorize-declines",

@@ -71,9 +71,10 @@ def _run_sagas() -> int:
     from commitline.composition import bootstrap
 
     with bootstrap() as app:
-        logging.getLogger(__name__).warning(
-            "payments go through the SIMULATED gateway (commitline ships no real one; implement "
-            "commitline.application.payment_gateway.PaymentGateway for production)")
+        if app.settings.gateway == "simulated":
+            logging.getLogger(__name__).warning(
+                "payments go through the SIMULATED gateway: set COMMITLINE_GATEWAY=http (with COMMITLINE_GATEWAY_URL) "
+                "or COMMITLINE_GATEWAY=module:factory for a real one")
         app.run_until_signalled(app.fulfilment_runner(), app.projector("order_fulfilments"))
     return EXIT_OK
 

@@ -124,6 +124,19 @@ class Settings(BaseSettings):
     """longest list in a command (`issue_survey_task` takes up to 100,000 users)"""
     max_nesting_depth: int = Field(CommandLimits.max_depth, ge=2, le=100, validation_alias="COMMITLINE_MAX_NESTING_DEPTH")
     """deepest nesting of objects and lists in a command, the command itself being level 1"""
+    gateway: str = Field("simulated", pattern=r"^(simulated|http|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$",
+                         validation_alias="COMMITLINE_GATEWAY")
+    """payment gateway of the fulfilment saga: `simulated` (demo, ledger in PostgreSQL), `http` (the HTTP adapter, see `COMMITLINE_GATEWAY_URL`) or `module:factory`, a function taking a `GatewayContext` and returning a `PaymentGateway`"""
+    gateway_url: str | None = Field(None, pattern=r"^https?://[^\s]+$", validation_alias="COMMITLINE_GATEWAY_URL")
+    """base URL of the HTTP payment gateway (`COMMITLINE_GATEWAY=http`), e.g. `https://payments.internal/gw`"""
+    gateway_token: SecretStr | None = Field(None, validation_alias="COMMITLINE_GATEWAY_TOKEN")
+    """bearer token sent to the HTTP payment gateway (secret: never printed)"""
+    gateway_timeout_s: float = Field(10, gt=0, le=300, validation_alias="COMMITLINE_GATEWAY_TIMEOUT_S")
+    """longest wait for one gateway call; no answer counts as an unknown outcome, retried under the same key"""
+    gateway_attempts: int = Field(5, ge=1, le=100, validation_alias="COMMITLINE_GATEWAY_ATTEMPTS")
+    """attempts of a gateway call (and of a compensation) before the saga gives up on it"""
+    gateway_backoff_ms: float = Field(200, ge=0, le=600_000, validation_alias="COMMITLINE_GATEWAY_BACKOFF_MS")
+    """pause after a failed gateway call, doubled per retry"""
     http_host: str = Field("127.0.0.1", min_length=1, validation_alias="COMMITLINE_HTTP_HOST")
     """address `commitline serve` listens on (`0.0.0.0` for every interface)"""
     http_port: int = Field(8080, ge=0, le=65535, validation_alias="COMMITLINE_HTTP_PORT")
@@ -172,6 +185,9 @@ class Settings(BaseSettings):
                 if getattr(self, name) is not None:
                     raise ConfigurationError(_VARIABLE_OF[name], f"is set but COMMITLINE_KAFKA_SECURITY_PROTOCOL is "
                                              f"{protocol}, which does not use TLS: choose SSL or SASL_SSL")
+        if self.gateway == "http" and self.gateway_url is None:
+            raise ConfigurationError("COMMITLINE_GATEWAY_URL", "is required with COMMITLINE_GATEWAY=http: the base "
+                                     "URL of the payment gateway")
         if self.kafka_ssl_keyfile is not None and self.kafka_ssl_certfile is None:
             raise ConfigurationError("COMMITLINE_KAFKA_SSL_KEYFILE", "needs COMMITLINE_KAFKA_SSL_CERTFILE, the "
                                      "client certificate it belongs to")

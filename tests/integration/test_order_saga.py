@@ -33,7 +33,7 @@ from tests.support import FollowerThread
 class Shop:
     def __init__(self, app: Commitline, stock: int = 10):
         self.app = app
-        self.gateway = app.gateway()
+        self.gateway = app.simulated_gateway()
         self.item = uuid4()
         app.dispatch({"type": "receive_stock", "item_id": str(self.item), "quantity": stock},
                      idempotency_key=f"stock-{self.item}")

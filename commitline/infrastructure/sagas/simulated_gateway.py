@@ -114,3 +114,8 @@ class SimulatedGateway:
             rows = conn.cursor(row_factory=tuple_row).execute(
                 SQL("SELECT key, status, captures FROM {}").format(self.ledger)).fetchall()
         return {k: (s, c) for k, s, c in rows}
+
+
+def create(context: Any) -> SimulatedGateway:
+    """The ``COMMITLINE_GATEWAY=simulated`` factory (``sagas/gateways.py``)."""
+    return SimulatedGateway(context.conninfo, context.settings.schema_name)

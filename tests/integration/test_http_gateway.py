@@ -1,0 +1,128 @@
+"""The fulfilment saga through ``COMMITLINE_GATEWAY=http`` to a real gateway server on loopback, the
+gateway settings (timeout, attempts, back-off) and a gateway chosen by import path."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from uuid import UUID, uuid4
+
+import pytest
+
+from commitline.application.errors import ConfigurationError
+from commitline.application.fulfilment import FulfilmentSaga
+from commitline.composition import Commitline, bootstrap
+from commitline.domain.fulfilment import OrderFulfilment, fulfilment_id, payment_id_for
+from commitline.domain.order import Order
+from commitline.domain.payment import PaymentTransaction
+from commitline.infrastructure.sagas.http_gateway import HttpGateway
+from tests.gateway_server import GatewayServer
+from tests.support import settings_for
+
+TOKEN = "gw-secret-token-7"
+
+
+@pytest.fixture
+def gateway_server() -> Iterator[GatewayServer]:
+    with GatewayServer(token=TOKEN, slow_s=1.5) as server:
+        yield server
+
+
+def shop_app(pg_dsn: str, schema: str, url: str, **overrides: object) -> Commitline:
+    values: dict[str, object] = {"gateway": "http", "gateway_url": url, "gateway_token": TOKEN,
+                                 "gateway_timeout_s": 0.5, "gateway_attempts": 3, "gateway_backoff_ms": 10}
+    values.update(overrides)
+    return bootstrap(settings_for(pg_dsn, schema, **values))
+
+
+def place(app: Commitline, item: UUID, account: str) -> UUID:
+    return app.dispatch({"type": "place_order", "item_id": str(item), "quantity": 1, "amount": "25.00",
+                         "currency": "EUR", "account": account}, idempotency_key=f"order-{uuid4()}").aggregate_id
+
+
+def outcome(app: Commitline, order_id: UUID) -> tuple[str, str, str | None]:
+    saga = app.store.load(OrderFulfilment, fulfilment_id(order_id))
+    payment = app.store.load(PaymentTransaction, payment_id_for(order_id))
+    return (saga.state.value, app.store.load(Order, order_id).state.value,
+            payment.state.value if payment.state else None)
+
+
+def test_orders_through_the_http_gateway(pg_dsn: str, schema: str, gateway_server: GatewayServer) -> None:
+    with shop_app(pg_dsn, schema, gateway_server.url) as app:
+        saga = app.saga()
+        assert isinstance(saga.gateway, HttpGateway) and saga.attempts == 3 and saga.backoff == 0.01
+        item = uuid4()
+        app.dispatch({"type": "receive_stock", "item_id": str(item), "quantity": 10}, idempotency_key="stock")
+        cases = {"acct": ("COMPLETED", "CONFIRMED", "COMPLETED"),
+                 "acct|declines": ("COMPENSATED", "CANCELLED", "FAILED"),
+                 "acct|fails-once": ("COMPLETED", "CONFIRMED", "COMPLETED"),
+                 "acct|slow-once": ("COMPLETED", "CONFIRMED", "COMPLETED")}
+        orders = {account: place(app, item, account) for account in cases}
+        for account, order_id in orders.items():
+            saga.advance(order_id)
+            assert outcome(app, order_id) == cases[account], account
+            key = FulfilmentSaga.gateway_key(order_id)
+            entry = gateway_server.ledger[key]
+            assert entry["status"] == ("VOIDED" if "declines" in account else "CAPTURED"), account
+            assert entry["captures"] == (0 if "declines" in account else 1), account
+            # advancing again repeats nothing at the gateway
+            calls = dict(gateway_server.calls)
+            saga.advance(order_id)
+            assert dict(gateway_server.calls) == calls
+        # retried calls reuse their key: the slow authorize (timed out at 0.5 s) was sent twice, held once
+        slow_key = FulfilmentSaga.gateway_key(orders["acct|slow-once"])
+        assert gateway_server.calls[("authorize", slow_key)] == 2
+        assert gateway_server.calls[("authorize", FulfilmentSaga.gateway_key(orders["acct|fails-once"]))] == 2
+        sent = [h for h in gateway_server.headers_seen if h.get("idempotency-key") == f"authorize/{slow_key}"]
+        assert len(sent) == 2 and all(h["authorization"] == f"Bearer {TOKEN}" for h in sent)
+
+
+def test_attempts_and_backoff_are_settings(pg_dsn: str, schema: str, gateway_server: GatewayServer) -> None:
+    with shop_app(pg_dsn, schema, gateway_server.url, gateway_attempts=4) as app:
+        item = uuid4()
+        app.dispatch({"type": "receive_stock", "item_id": str(item), "quantity": 1}, idempotency_key="stock")
+        order_id = place(app, item, "acct|unavailable")
+        app.saga().advance(order_id)
+        key = FulfilmentSaga.gateway_key(order_id)
+        # authorize tried 4 times, then the compensation's void 4 times: the void never got through -> STUCK
+        assert gateway_server.calls[("authorize", key)] == 4
+        assert gateway_server.calls[("void", key)] == 4
+        saga = app.store.load(OrderFulfilment, fulfilment_id(order_id))
+        assert saga.state.value == "STUCK" and "gateway down for maintenance" in (saga.stuck or "")
+
+
+def test_an_unreachable_gateway_is_unavailable_and_never_leaks_the_token(pg_dsn: str, schema: str) -> None:
+    with GatewayServer() as closed:
+        url = closed.url
+    with shop_app(pg_dsn, schema, url) as app:
+        item = uuid4()
+        app.dispatch({"type": "receive_stock", "item_id": str(item), "quantity": 1}, idempotency_key="stock")
+        order_id = place(app, item, "acct")
+        app.saga().advance(order_id)
+        saga = app.store.load(OrderFulfilment, fulfilment_id(order_id))
+        assert saga.state.value == "STUCK" and "cannot reach the gateway" in (saga.stuck or "")
+        history = app.auditor().history(fulfilment_id(order_id), compact=False)
+        assert TOKEN not in repr(history)
+
+
+def test_a_gateway_factory_chosen_by_import_path(pg_dsn: str, schema: str, gateway_server: GatewayServer) -> None:
+    with shop_app(pg_dsn, schema, gateway_server.url, gateway="tests.gateway_server:factory",
+                  gateway_token=None) as app:
+        gateway = app.gateway()
+        assert isinstance(gateway, HttpGateway)
+        gateway_server.token = None
+        assert gateway.authorize("k1", __import__("decimal").Decimal("1.00"), "EUR", "acct") == "auth-k1"
+    for path, complaint in (("tests.gateway_server:nothing_here", "has no function 'nothing_here'"),
+                            ("tests.no_such_module:factory", "cannot import 'tests.no_such_module'"),
+                            ("tests.gateway_server:not_a_gateway", "lacks capture, void")):
+        with shop_app(pg_dsn, schema, gateway_server.url, gateway=path) as app:
+            with pytest.raises(ConfigurationError) as refused:
+                app.saga()
+            assert refused.value.variable == "COMMITLINE_GATEWAY" and complaint in str(refused.value)
+
+
+def test_http_gateway_needs_its_url() -> None:
+    from commitline.infrastructure.config import load_settings
+
+    with pytest.raises(ConfigurationError) as refused:
+        load_settings({"COMMITLINE_GATEWAY": "http", "COMMITLINE_GATEWAY_TOKEN": TOKEN})
+    assert refused.value.variable == "COMMITLINE_GATEWAY_URL" and TOKEN not in str(refused.value)
