@@ -90,7 +90,7 @@ class StatusReport:
 
     def problems(self, only: Collection[str] | None = None) -> list[Problem]:
         """What is unhealthy: among all followers, or only those in ``only`` (which must then be running)."""
-        stuck = [StuckSaga(str(r.order_id), r.stuck) for r in self.stuck_fulfilments]
+        stuck = [StuckSaga(str(r.order_id), r.stuck, r.state) for r in self.stuck_fulfilments]
         return judge(self.followers, stuck, self.thresholds, only=only, saga_runner=RUNNER)
 
     def reasons(self, follower: FollowerStatus) -> list[str]:

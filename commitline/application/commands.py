@@ -211,8 +211,14 @@ class RetryFulfilment(SagaCommand):
     type: Literal["retry_fulfilment"] = "retry_fulfilment"
 
 
+class ParkFulfilment(SagaCommand):
+    type: Literal["park_fulfilment"] = "park_fulfilment"
+    reason: Annotated[str, Field(min_length=1, max_length=2000)]
+    attempts: Annotated[int, Field(ge=1)]
+
+
 SAGA_COMMANDS = (StartFulfilment, RecordFulfilmentStep, RecordFulfilmentFailure, RecordCompensation,
-                 RecordFulfilmentCancelled, MarkFulfilmentStuck, RetryFulfilment)
+                 RecordFulfilmentCancelled, MarkFulfilmentStuck, RetryFulfilment, ParkFulfilment)
 
 COMMAND_TYPES: dict[str, type[Command]] = {
     cls.model_fields["type"].default: cls

@@ -59,7 +59,7 @@ class FulfilmentSaga:
         while True:
             saga = self._load(OrderFulfilment, fulfilment_id(order_id), tenant)
             order = self._load(Order, order_id, tenant)
-            if saga.state in (SagaState.COMPLETED, SagaState.COMPENSATED, SagaState.STUCK):
+            if saga.state in (SagaState.COMPLETED, SagaState.COMPENSATED, SagaState.STUCK, SagaState.PARKED):
                 return saga.state
             if saga.state is SagaState.COMPENSATING:
                 self._compensate(saga, order, do, tenant)
@@ -154,6 +154,14 @@ class FulfilmentSaga:
             self.processor.dispatch(c.FailPayment(payment_id=payment.id, reason="order cancelled: authorization voided"),
                                     idempotency_key=f"fulfilment/{order.id}/payment-void", tenant=tenant)
         return "authorization voided"
+
+    def park(self, order_id: UUID, reason: str, attempts: int, tenant: str = "default") -> None:
+        """Record that advancing ``order_id``'s saga kept failing: it waits for ``commitline sagas retry``."""
+        saga = self._load(OrderFulfilment, fulfilment_id(order_id), tenant)
+        log.critical("fulfilment of order %s is PARKED after %d failed attempts: %s; fix the cause, then run "
+                     "commitline sagas retry %s", order_id, attempts, reason, order_id)
+        self.processor.dispatch(c.ParkFulfilment(order_id=order_id, reason=reason[:2000], attempts=attempts),
+                                idempotency_key=f"fulfilment/{order_id}/park-at-{saga.version}", tenant=tenant)
 
     # -- helpers ------------------------------------------------------------------
 

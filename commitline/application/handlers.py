@@ -170,6 +170,13 @@ def start_fulfilment(saga: OrderFulfilment, cmd: c.StartFulfilment, load: Loader
     return OrderFulfilment.start(cmd.order_id)
 
 
+@handles(c.ParkFulfilment, OrderFulfilment, Stream.ANY, _saga)
+def park_fulfilment(saga: OrderFulfilment, cmd: c.ParkFulfilment, load: Loader) -> Aggregate:
+    load(Order, cmd.order_id)  # the order must exist (a saga may be parked before it started)
+    saga.park(cmd.order_id, cmd.reason, cmd.attempts)
+    return saga
+
+
 # The process manager's records of its own progress: each calls one method of the saga aggregate.
 SAGA_RECORDS: dict[type[c.SagaCommand], Callable[[OrderFulfilment, Any], None]] = {
     c.RecordFulfilmentStep: lambda saga, cmd: saga.step_completed(cmd.step, cmd.detail),

@@ -30,15 +30,18 @@ class SagaState(str, Enum):
     COMPENSATING = "COMPENSATING"
     COMPENSATED = "COMPENSATED"
     STUCK = "STUCK"
+    PARKED = "PARKED"
 
 
 S = SagaState
 SAGA_TRANSITIONS = table("OrderFulfilment", {
-    S.STARTED: {S.RESERVED, S.COMPENSATING},
-    S.RESERVED: {S.AUTHORIZED, S.COMPENSATING},
-    S.AUTHORIZED: {S.COMPLETED, S.COMPENSATING},
-    S.COMPENSATING: {S.COMPENSATED, S.STUCK},
+    S.STARTED: {S.RESERVED, S.COMPENSATING, S.PARKED},
+    S.RESERVED: {S.AUTHORIZED, S.COMPENSATING, S.PARKED},
+    S.AUTHORIZED: {S.COMPLETED, S.COMPENSATING, S.PARKED},
+    S.COMPENSATING: {S.COMPENSATED, S.STUCK, S.PARKED},
     S.STUCK: {S.COMPENSATING},  # an operator retries after fixing the cause
+    # a saga that kept failing unexpectedly waits for an operator's retry, then resumes where it was
+    S.PARKED: {S.STARTED, S.RESERVED, S.AUTHORIZED, S.COMPENSATING},
     S.COMPLETED: set(),
     S.COMPENSATED: set(),
 })
@@ -86,8 +89,18 @@ class FulfilmentStuck(Event):
     attempts: int
 
 
+class FulfilmentParked(Event):
+    """Advancing the saga kept failing with an error no step handles (a bug, data the gateway cannot take):
+    it waits, with the reason, for an operator's retry, while every other saga moves on."""
+
+    order_id: UUID
+    reason: str
+    attempts: int
+
+
 class FulfilmentRetried(Event):
     order_id: UUID | None = None  # the order whose saga is retried (None in events recorded before it was added)
+    resumed: SagaState = SagaState.COMPENSATING  # where the saga goes on: COMPENSATING after STUCK, else where it was parked
 
 
 @dataclass(kw_only=True)
@@ -99,9 +112,10 @@ class OrderFulfilment(Aggregate):
     compensated: list[str] = field(default_factory=list)
     failure: str | None = None
     stuck: str | None = None
+    parked_from: SagaState | None = None
 
     EVENTS = (FulfilmentStarted, FulfilmentStepCompleted, FulfilmentStepFailed, FulfilmentCompensated,
-              FulfilmentCancelled, FulfilmentStuck, FulfilmentRetried)
+              FulfilmentCancelled, FulfilmentStuck, FulfilmentRetried, FulfilmentParked)
     TRANSITIONS = SAGA_TRANSITIONS
     MACHINE = ("saga", "state")
 
@@ -143,10 +157,19 @@ class OrderFulfilment(Aggregate):
     def stuck_at(self, step: str, reason: str, attempts: int) -> None:
         self._move(S.STUCK, FulfilmentStuck, step=step, reason=reason, attempts=attempts)
 
+    def park(self, order_id: UUID, reason: str, attempts: int) -> None:
+        """Park the saga (starting its stream first if advancing failed before it started)."""
+        if self.state is None:
+            self._emit(FulfilmentStarted, order_id=order_id)
+        self._move(S.PARKED, FulfilmentParked, order_id=order_id, reason=reason, attempts=attempts)
+
     def retry(self) -> None:
-        self._move(S.COMPENSATING, FulfilmentRetried, order_id=self.order_id)
+        resumed = self.parked_from if self.state is S.PARKED and self.parked_from else S.COMPENSATING
+        self._move(resumed, FulfilmentRetried, order_id=self.order_id, resumed=resumed)
 
     def _check_step(self, step: str) -> None:
+        if self.state is S.PARKED:
+            raise InvalidValue("step", step, "the saga is parked: retry it first")
         if step != self.next_step:
             raise InvalidValue("step", step, f"the next step is {self.next_step}")
 
@@ -165,5 +188,7 @@ class OrderFulfilment(Aggregate):
                 self.state = S.COMPENSATED
             case FulfilmentStuck(step=step, reason=reason):
                 self.state, self.stuck = S.STUCK, f"{step}: {reason}"
-            case FulfilmentRetried():
-                self.state, self.stuck = S.COMPENSATING, None
+            case FulfilmentParked(reason=reason):
+                self.parked_from, self.state, self.stuck = self.state, S.PARKED, reason
+            case FulfilmentRetried(resumed=resumed):
+                self.state, self.stuck, self.parked_from = resumed, None, None

@@ -2,6 +2,7 @@
 
 Queries about one aggregate are asked as a tenant (default ``"default"``, as for dispatch) and see only
 that tenant's rows: another tenant's aggregate is not found (the same answer as for an unused id).
+A read model whose projection has never run has no table yet, and reads as empty.
 """
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
+from eventsourcing.persistence import ProgrammingError
 from eventsourcing.postgres import PostgresDatastore
+from psycopg.errors import UndefinedTable
 from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Identifier
 
 from commitline.application.boundary import check_tenant
+from commitline.domain.fulfilment import fulfilment_id
 
 
 @dataclass(frozen=True)
@@ -43,9 +47,14 @@ class ReadModels:
         self.schema = datastore.schema
 
     def _rows(self, query: str, table: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        with self.datastore.get_connection() as conn:
-            return conn.cursor(row_factory=tuple_row).execute(
-                SQL(query).format(t=Identifier(self.schema, table)), params).fetchall()
+        try:
+            with self.datastore.get_connection() as conn:
+                return conn.cursor(row_factory=tuple_row).execute(
+                    SQL(query).format(t=Identifier(self.schema, table)), params).fetchall()
+        except ProgrammingError as e:  # eventsourcing's wrapper of psycopg's error
+            if isinstance(e.__cause__, UndefinedTable):
+                return []
+            raise
 
     def task_counts(self, task_id: UUID, tenant: str = "default") -> dict[str, int]:
         """Users per status for one survey task, e.g. {"PENDING": 9000, "DONE": 1000}; {} if the tenant has
@@ -83,9 +92,9 @@ class ReadModels:
         return InventoryLevel(int(rows[0][0]), int(rows[0][1])) if rows else None
 
     def fulfilments(self, *, stuck_only: bool = False, tenant: str | None = None) -> list[FulfilmentRow]:
-        """Order fulfilments (only the STUCK ones with ``stuck_only``) of ``tenant``, or of every tenant
-        (None, the default: the operator's view behind ``status`` and ``sagas list``)."""
-        conditions = ["state = 'STUCK'"] if stuck_only else []
+        """Order fulfilments (with ``stuck_only``, only those waiting for a person: STUCK or PARKED) of
+        ``tenant``, or of every tenant (None, the default: the operator's view behind ``status`` and ``sagas list``)."""
+        conditions = ["state IN ('STUCK', 'PARKED')"] if stuck_only else []
         if check_tenant_or_all(tenant):
             conditions.append("tenant = %s")
         where = f"WHERE {' AND '.join(conditions)}" if conditions else ""
@@ -93,6 +102,13 @@ class ReadModels:
                           f"{where} ORDER BY order_id", "rm_order_fulfilments",
                           (tenant,) if tenant is not None else ())
         return [FulfilmentRow(*row) for row in rows]
+
+    def fulfilment(self, order_id: UUID, tenant: str = "default") -> FulfilmentRow | None:
+        """The fulfilment of one order; None if the tenant has no such order (or it has not started)."""
+        rows = self._rows("SELECT order_id, tenant, state, coalesce(failure, ''), coalesce(stuck, '') FROM {t} "
+                          "WHERE saga_id = %s AND tenant = %s", "rm_order_fulfilments",
+                          (fulfilment_id(order_id), check_tenant(tenant)))
+        return FulfilmentRow(*rows[0]) if rows else None
 
 
 def check_tenant_or_all(tenant: str | None) -> bool:

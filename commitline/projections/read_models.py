@@ -7,6 +7,7 @@ from commitline.domain.inventory import ReservationFulfilled, ReservationRelease
 from commitline.domain.fulfilment import (
     AFTER_STEP,
     FulfilmentCancelled,
+    FulfilmentParked,
     FulfilmentRetried,
     FulfilmentStarted,
     FulfilmentStepCompleted,
@@ -160,9 +161,14 @@ class OrderFulfilments(Projection):
         self._put(changes, r, state=SagaState.STUCK.value,
                   stuck=f"{r.event.step}: {r.event.reason} (after {r.event.attempts} attempts)")
 
+    @on(FulfilmentParked)
+    def parked(self, changes: Changes, r: RecordedEvent) -> None:
+        self._put(changes, r, order_id=r.event.order_id, tenant=r.tenant, state=SagaState.PARKED.value,
+                  stuck=f"{r.event.reason} (after {r.event.attempts} attempts)")
+
     @on(FulfilmentRetried)
     def retried(self, changes: Changes, r: RecordedEvent) -> None:
-        self._put(changes, r, state=SagaState.COMPENSATING.value, stuck="")
+        self._put(changes, r, state=r.event.resumed.value, stuck="")
 
 
 PROJECTIONS: dict[str, type[Projection]] = {

@@ -135,6 +135,7 @@ ON_EXISTING: dict[str, Case] = {
     "record_fulfilment_cancelled": _saga(c.RecordFulfilmentCancelled(order_id=NO_ORDER, reason="r"), FAILED, UNDONE),
     "mark_fulfilment_stuck": _saga(STUCK, FAILED),
     "retry_fulfilment": _saga(c.RetryFulfilment(order_id=NO_ORDER), FAILED, STUCK),
+    "park_fulfilment": _saga(c.ParkFulfilment(order_id=NO_ORDER, reason="adapter bug", attempts=2)),
 }
 # Commands that would start the stream at an id another tenant's stream has.
 CREATING: dict[str, tuple[Callable[[Tenant], Any], str]] = {

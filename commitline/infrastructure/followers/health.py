@@ -31,6 +31,7 @@ class Thresholds:
 class StuckSaga:
     order_id: str
     reason: str
+    state: str = "STUCK"  # or PARKED
 
 
 @dataclass(frozen=True)
@@ -73,5 +74,5 @@ def judge(followers: Sequence[FollowerStatus], stuck: Sequence[StuckSaga], limit
     problems = [Problem(s.name, reason) for s in followers if only is None or s.name in only
                 for reason in follower_reasons(s, limits, required=only is not None)]
     if only is None or saga_runner in only:
-        problems += [Problem(f"order {saga.order_id}", f"fulfilment STUCK: {saga.reason}") for saga in stuck]
+        problems += [Problem(f"order {saga.order_id}", f"fulfilment {saga.state}: {saga.reason}") for saga in stuck]
     return problems

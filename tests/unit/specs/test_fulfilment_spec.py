@@ -1,6 +1,7 @@
 """OrderFulfilment, the saga's own record: reserve -> charge -> confirm; a failed step
 moves it to COMPENSATING, the touched steps are undone latest first, then it is cancelled
-(COMPENSATED). A compensation that keeps failing parks it as STUCK until an operator retries."""
+(COMPENSATED). A compensation that keeps failing leaves it STUCK until an operator retries; a saga whose
+advance keeps failing unexpectedly is PARKED and resumes where it was on an operator's retry."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from commitline.domain.fulfilment import (
     STEPS,
     FulfilmentCancelled,
     FulfilmentCompensated,
+    FulfilmentParked,
     FulfilmentRetried,
     FulfilmentStarted,
     FulfilmentStepCompleted,
@@ -138,18 +140,44 @@ def test_a_compensation_that_keeps_failing_parks_the_saga() -> None:
 
 
 def test_an_operator_retry_resumes_compensation_naming_the_order() -> None:
-    resumed = saga(*COMPENSATING, CHARGE_UNDONE, STUCK).when(lambda s: s.retry()).then(event(FulfilmentRetried, order_id=ORDER))
+    resumed = saga(*COMPENSATING, CHARGE_UNDONE, STUCK).when(lambda s: s.retry()).then(
+        event(FulfilmentRetried, order_id=ORDER, resumed=S.COMPENSATING))
     assert (resumed.state, resumed.stuck, resumed.to_compensate) == (S.COMPENSATING, None, ["reserve"])
 
 
 def test_only_a_stuck_saga_is_retried_and_only_compensation_gets_stuck() -> None:
     saga(*COMPENSATING).when(lambda s: s.retry()).then_raises(
         IllegalTransition, aggregate="OrderFulfilment", current="COMPENSATING", requested="COMPENSATING",
-        allowed=("COMPENSATED", "STUCK"),
+        allowed=("COMPENSATED", "PARKED", "STUCK"),
     )
     saga(STARTED, RESERVED).when(lambda s: s.stuck_at("charge", "x", 1)).then_raises(
-        IllegalTransition, current="RESERVED", requested="STUCK", allowed=("AUTHORIZED", "COMPENSATING")
+        IllegalTransition, current="RESERVED", requested="STUCK", allowed=("AUTHORIZED", "COMPENSATING", "PARKED")
     )
+
+
+PARKED = event(FulfilmentParked, order_id=ORDER, reason="RuntimeError: adapter bug", attempts=3)
+
+
+@pytest.mark.parametrize("before", [(STARTED,), (STARTED, RESERVED), (STARTED, RESERVED, AUTHORIZED), COMPENSATING])
+def test_a_parked_saga_resumes_where_it_was(before: tuple) -> None:
+    where = saga(*before).aggregate().state
+    parked = saga(*before).when(lambda s: s.park(ORDER, "RuntimeError: adapter bug", 3)).then(PARKED)
+    assert (parked.state, parked.stuck, parked.parked_from) == (S.PARKED, "RuntimeError: adapter bug", where)
+    resumed = saga(*before, PARKED).when(lambda s: s.retry()).then(
+        event(FulfilmentRetried, order_id=ORDER, resumed=where))
+    assert (resumed.state, resumed.stuck, resumed.parked_from) == (where, None, None)
+
+
+def test_a_saga_parked_before_it_started_is_started_and_parked_at_once() -> None:
+    parked = saga().when(lambda s: s.park(ORDER, "boom", 2)).then(
+        STARTED, event(FulfilmentParked, order_id=ORDER, reason="boom", attempts=2))
+    assert parked.state is S.PARKED and parked.parked_from is S.STARTED
+
+
+def test_a_parked_saga_takes_no_step_and_finished_ones_cannot_be_parked() -> None:
+    saga(STARTED, PARKED).when(lambda s: s.step_completed("reserve", "x")).then_raises(InvalidValue, field="step")
+    saga(STARTED, RESERVED, AUTHORIZED, CONFIRMED).when(lambda s: s.park(ORDER, "x", 1)).then_raises(
+        IllegalTransition, current="COMPLETED", requested="PARKED")
 
 
 def test_a_saga_never_started_cannot_move() -> None:
@@ -161,5 +189,7 @@ def test_the_table_is_exactly_the_documented_one() -> None:
     forward = {(S.STARTED, S.RESERVED), (S.RESERVED, S.AUTHORIZED), (S.AUTHORIZED, S.COMPLETED)}
     failing = {(s, S.COMPENSATING) for s in (S.STARTED, S.RESERVED, S.AUTHORIZED, S.STUCK)}
     ending = {(S.COMPENSATING, S.COMPENSATED), (S.COMPENSATING, S.STUCK)}
-    assert {(s, t) for s, t in product(S, S) if SAGA_TRANSITIONS.can(s, t)} == forward | failing | ending
+    live = (S.STARTED, S.RESERVED, S.AUTHORIZED, S.COMPENSATING)
+    parking = {(s, S.PARKED) for s in live} | {(S.PARKED, s) for s in live}
+    assert {(s, t) for s, t in product(S, S) if SAGA_TRANSITIONS.can(s, t)} == forward | failing | ending | parking
     assert OrderFulfilment.TRANSITIONS is SAGA_TRANSITIONS and set(AFTER_STEP) == set(STEPS)
