@@ -181,6 +181,11 @@ class Auditor:
                                TypeAdapter(dict).dump_python(s.event.payload(), mode="json"),
                                transition(before, aggregate.fsm_states()), state_of(aggregate, compact=compact))
 
+    def current(self, aggregate_id: UUID, *, tenant: str = "default") -> StateAt:
+        """The state at the aggregate's last version (replayed, like every other answer here)."""
+        cls, stored = self._events(aggregate_id, tenant)
+        return self._state(cls, aggregate_id, stored)
+
     def state_at_version(self, aggregate_id: UUID, version: int, *, tenant: str = "default") -> StateAt:
         cls, stored = self._events(aggregate_id, tenant)
         if version < 1 or version > len(stored):

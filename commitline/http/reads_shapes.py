@@ -1,0 +1,121 @@
+"""The JSON shapes of the read endpoints, for /openapi.json (``reads.py`` renders the same values with
+orjson, as the CLI prints them; the HTTP tests validate every answer against these models).
+
+Aggregate answers are the CLI's ``commitline audit ... --json`` documents; times are ISO 8601 with an
+offset, ids UUID strings, amounts decimal strings (never binary floats).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Shape(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class AggregateOut(Shape):
+    """The aggregate now: its state replayed from every event (never from a snapshot)."""
+
+    aggregate_id: UUID
+    aggregate_type: str = Field(description="the aggregate's class, e.g. PaymentTransaction")
+    tenant: str
+    version: int = Field(description="the last version; send it as expected_version with the next command")
+    recorded_at: datetime = Field(description="when the last event was recorded")
+    state: dict[str, Any] = Field(description="the aggregate's fields, sets as sorted lists")
+
+
+class StateOut(Shape):
+    """The aggregate's state at a version, or at the last version recorded at or before a time."""
+
+    aggregate_id: UUID
+    aggregate_type: str
+    version: int
+    recorded_at: datetime
+    state: dict[str, Any]
+
+
+class HistoryEntryOut(Shape):
+    version: int
+    recorded_at: datetime
+    type: str = Field(description="the event type, e.g. PaymentSubmitted")
+    event_id: UUID
+    payload: dict[str, Any]
+    transition: str | None = Field(description="e.g. 'state: CREATED -> PENDING'; null when no state machine moved")
+    state_after: dict[str, Any]
+
+
+class HistoryOut(Shape):
+    aggregate_id: UUID
+    aggregate_type: str
+    tenant: str
+    entries: list[HistoryEntryOut]
+
+
+class ChangeOut(Shape):
+    from_: Any = Field(alias="from")
+    to: Any
+
+
+class DiffOut(Shape):
+    aggregate_id: UUID
+    aggregate_type: str
+    from_version: int
+    to_version: int
+    changed: dict[str, ChangeOut] = Field(description="each field that differs: its value at from and at to")
+    events: list[HistoryEntryOut] = Field(description="the events after from_version up to to_version")
+
+
+class BrokenStreamOut(Shape):
+    aggregate_id: UUID
+    problem: str = Field(description="content, link or truncated")
+    version: int | None = Field(description="the first event that does not verify")
+    detail: str
+
+
+class VerifyOut(Shape):
+    ok: bool
+    streams: int
+    events: int
+    seconds: float
+    broken: list[BrokenStreamOut]
+
+
+class TaskStatusesOut(Shape):
+    task_id: UUID
+    statuses: dict[str, int] = Field(description="users per status, e.g. {\"DONE\": 1000, \"PENDING\": 9000}")
+
+
+class PaymentTotalOut(Shape):
+    state: str
+    currency: str
+    payments: int
+    amount: str = Field(description="the sum, as a decimal string")
+
+
+class PaymentTotalsOut(Shape):
+    tenant: str
+    totals: list[PaymentTotalOut] = Field(description="per (state, currency) with at least one payment")
+
+
+class InventoryLevelOut(Shape):
+    item_id: UUID
+    on_hand: int
+    reserved: int
+    available: int = Field(description="on_hand - reserved")
+
+
+class FulfilmentOut(Shape):
+    order_id: UUID
+    tenant: str
+    state: str
+    failure: str = Field(description="the failed step and why; empty if none")
+    stuck: str = Field(description="why it waits for a person; empty unless it is STUCK (or PARKED)")
+
+
+class FulfilmentsOut(Shape):
+    fulfilments: list[FulfilmentOut]
