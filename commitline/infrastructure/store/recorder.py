@@ -31,7 +31,13 @@ and notification types, per-stream reads, LISTEN subscription), with three chang
 Wake-ups: after a successful append the writer sends ``NOTIFY`` outside the event
 transaction. (``NOTIFY`` inside a transaction takes a database-wide lock until commit
 ends, which would serialise commits again.) Followers also poll, so a lost wake-up only
-delays them.
+delays them; so does ``subscribe()`` (``subscription.PollingSubscription``).
+
+Reading with ``topics`` filters before the limit (a page of other events never hides a
+matching one behind it) and still stops before any unproven gap below the last match: the
+missing event might be one of the wanted topics. Table names are parameters (commitline's
+own are ``events``, ``idempotency_keys``, ``snapshots``; the ``eventsourcing`` persistence
+module in ``commitline.eventsourcing`` uses one set per application).
 """
 
 from __future__ import annotations
@@ -42,16 +48,18 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from eventsourcing.persistence import Notification, StoredEvent
-from eventsourcing.postgres import PostgresApplicationRecorder
+from eventsourcing.persistence import Notification, StoredEvent, Subscription
+from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
 from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Composed, Identifier
+from typing_extensions import Self
 
 from commitline.application.chain import GENESIS, chain
 from commitline.application.ports import IdempotencyRecord, KeyAlreadyRecorded, StreamMoved
 from commitline.infrastructure.store.datastore import StoreDatastore
+from commitline.infrastructure.store.subscription import PollingSubscription
 
 EVENTS_TABLE = "events"
 IDEMPOTENCY_TABLE = "idempotency_keys"
@@ -63,6 +71,10 @@ _MAX_TRACKED_GAPS = 100_000
 # waits for the rest of the message and the client for a reply, forever, with the transaction open.
 # Below Linux's initial TCP send buffer (16 KiB, net.ipv4.tcp_wmem) everything is always taken at once.
 PIPELINE_MAX_BYTES = 8 * 1024
+_NO_STOP = 2**63 - 1
+#: A hook run inside an append's transaction, after the writer's xid and before the events (with the
+#: connection): e.g. an ``eventsourcing`` tracking record. Its error rolls the whole append back.
+InTransaction = Callable[[Any], None]
 
 
 @dataclass(frozen=True)
@@ -79,12 +91,17 @@ class Snapshot:
 
 class EventRecorder(PostgresApplicationRecorder):
     datastore: StoreDatastore
+    #: Seconds between a subscription's polls when no wake-up arrives (it also re-reads after a gap).
+    subscription_poll_interval = 0.25
 
-    def __init__(self, datastore: StoreDatastore):
-        super().__init__(datastore, events_table_name=EVENTS_TABLE)
-        self._q = _Statements(datastore.schema)
+    def __init__(self, datastore: StoreDatastore | PostgresDatastore, *, events_table: str = EVENTS_TABLE,
+                 idempotency_table: str = IDEMPOTENCY_TABLE, snapshots_table: str = SNAPSHOTS_TABLE,
+                 originator_id_type: str = "uuid"):
+        super().__init__(datastore, events_table_name=events_table)
+        self._q = _Statements(datastore.schema, events=events_table, idempotency=idempotency_table,
+                              snapshots=snapshots_table, originator_id_type=originator_id_type)
         self.sql_create_statements = self._q.create_statements()
-        self.channel_name = f"{datastore.schema}_events"
+        self.channel_name = self._q.channel
         # first missing id of a gap -> an xid drawn just after the gap was first seen
         self._gaps: dict[int, int] = {}
         self._gaps_lock = threading.Lock()
@@ -103,14 +120,30 @@ class EventRecorder(PostgresApplicationRecorder):
                 for statement in self.sql_create_statements:
                     conn.execute(statement)
 
+    def _connection(self) -> Any:
+        """A pooled connection: commitline's fast path (``StoreDatastore.connection``, failures as
+        ``StoreUnavailable``); ``commitline.eventsourcing`` uses eventsourcing's own, whose failures are
+        eventsourcing's exception types."""
+        return self.datastore.connection()
+
     # -- writes -------------------------------------------------------------------
 
+    def insert_events(self, stored_events: Sequence[StoredEvent], **kwargs: Any) -> Sequence[int] | None:
+        """eventsourcing's ``ApplicationRecorder`` write: the same lock-free, hash-chained ``append``."""
+        unknown = sorted(k for k, v in kwargs.items() if v is not None)
+        if unknown:
+            raise TypeError(f"EventRecorder.insert_events does not take {', '.join(unknown)} "
+                            "(tracking needs commitline.eventsourcing's process recorder)")
+        return self.append(stored_events) if stored_events else None
+
     def append(self, stored_events: Sequence[StoredEvent], idempotency: IdempotencyRecord | None = None,
-               links: Sequence[tuple[bytes, bytes]] | None = None) -> list[int]:
+               links: Sequence[tuple[bytes, bytes]] | None = None, *,
+               in_transaction: InTransaction | None = None) -> list[int]:
         """Insert events (and the idempotency record) in one transaction; return their notification ids.
 
         ``links`` are the events' (prev_hash, event_hash) pairs (``chain.chain``). When not given they are
-        computed per stream, each continuing from the stored hash of the event before its first one."""
+        computed per stream, each continuing from the stored hash of the event before its first one.
+        ``in_transaction`` runs in the same transaction before the inserts (statement by statement)."""
         if links is None:
             links = []
             heads: dict[UUID, tuple[int, bytes]] = {}
@@ -129,11 +162,17 @@ class EventRecorder(PostgresApplicationRecorder):
             [h for _, h in links],
         )
         size = sum(len(e.state) for e in stored_events)
-        insert = self._insert_in_one_round_trip if size <= PIPELINE_MAX_BYTES else self._insert_in_steps
+        one_trip = size <= PIPELINE_MAX_BYTES and in_transaction is None
+
+        def insert(conn: Any) -> list[int]:
+            if one_trip:
+                return self._insert_in_one_round_trip(conn, params, idempotency)
+            return self._insert_in_steps(conn, params, idempotency, in_transaction)
+
         try:
-            with self.datastore.connection() as conn:
+            with self._connection() as conn:
                 try:
-                    ids = insert(conn, params, idempotency)
+                    ids = insert(conn)
                 except BaseException:
                     # A broken connection (UNKNOWN) has no transaction left to roll back: the server ended it.
                     if conn.info.transaction_status not in (TransactionStatus.IDLE, TransactionStatus.UNKNOWN):
@@ -167,11 +206,14 @@ class EventRecorder(PostgresApplicationRecorder):
             pipeline.sync()
             return [row[0] for row in inserted.fetchall()]
 
-    def _insert_in_steps(self, conn: Any, params: tuple[Any, ...], idempotency: IdempotencyRecord | None) -> list[int]:
+    def _insert_in_steps(self, conn: Any, params: tuple[Any, ...], idempotency: IdempotencyRecord | None,
+                         in_transaction: InTransaction | None = None) -> list[int]:
         # The same statements without the pipeline: each one is sent completely before its reply is awaited.
         cur = conn.cursor(row_factory=tuple_row)
         cur.execute("BEGIN")
         cur.execute(self._q.assign_xid)
+        if in_transaction is not None:
+            in_transaction(conn)
         if idempotency is not None:
             cur.execute(self._q.insert_idempotency, _idempotency_params(idempotency))
         ids = [row[0] for row in cur.execute(self._q.insert_events, params).fetchall()]
@@ -188,7 +230,7 @@ class EventRecorder(PostgresApplicationRecorder):
         tenant), the events after it, and the stream's head hash: one statement, so the snapshot and the
         events come from the same database snapshot."""
         query = self._q.stream_after_snapshot if after_snapshot else self._q.stream_from_start
-        with self.datastore.connection() as conn:
+        with self._connection() as conn:
             rows = conn.cursor(row_factory=tuple_row).execute(query, {"id": aggregate_id}, prepare=True).fetchall()
         snapshot = None
         if rows and rows[0][0]:
@@ -204,25 +246,25 @@ class EventRecorder(PostgresApplicationRecorder):
         (then the insert of the next version conflicts anyway)."""
         if version <= 0:
             return GENESIS
-        with self.datastore.connection() as conn:
+        with self._connection() as conn:
             row = conn.cursor(row_factory=tuple_row).execute(
                 self._q.select_hash, (aggregate_id, version), prepare=True).fetchone()
         return bytes(row[0]) if row else GENESIS
 
     def stream_version(self, aggregate_id: UUID) -> int:
-        with self.datastore.connection() as conn:
+        with self._connection() as conn:
             row = conn.cursor(row_factory=tuple_row).execute(self._q.stream_head, (aggregate_id,)).fetchone()
         return int(row[0]) if row and row[0] is not None else 0
 
     def save_snapshot(self, snapshot: Snapshot) -> None:
-        with self.datastore.connection() as conn:
+        with self._connection() as conn:
             conn.execute(
                 self._q.insert_snapshot,
                 (snapshot.aggregate_id, snapshot.version, snapshot.aggregate_type, snapshot.state, snapshot.event_hash),
             )
 
     def find_idempotency(self, tenant: str, key: str) -> IdempotencyRecord | None:
-        with self.datastore.connection() as conn:
+        with self._connection() as conn:
             row = conn.cursor(row_factory=tuple_row).execute(
                 self._q.select_idempotency, (tenant, key), prepare=True).fetchone()
         if row is None:
@@ -240,9 +282,14 @@ class EventRecorder(PostgresApplicationRecorder):
         *,
         inclusive_of_start: bool = True,
     ) -> Sequence[Notification]:
-        """Notifications from ``start`` in id order, ending before any gap not yet proven permanent."""
+        """Notifications from ``start`` in id order, ending before any gap not yet proven permanent.
+
+        With ``topics``, up to ``limit`` notifications of those topics (filtered before the limit)."""
         first = 1 if start is None else (start if inclusive_of_start else start + 1)
-        with self.datastore.connection() as conn:
+        first = max(first, 1)  # ids start at 1: nothing below can be missing
+        if topics:
+            return self._select_of_topics(first, limit, stop, list(topics))
+        with self._connection() as conn:
             # One statement, one snapshot: the rows and the xmin they are judged by agree.
             if stop is None:
                 rows = conn.cursor(row_factory=tuple_row).execute(
@@ -256,28 +303,67 @@ class EventRecorder(PostgresApplicationRecorder):
         with self._gaps_lock:
             for _, nid, originator_id, version, topic, state in rows:
                 if nid > expected:
-                    bound = self._gaps.get(expected)
-                    if bound is None:
-                        new_gap = expected
-                        break
-                    if xmin < bound:
+                    if not self._passable(expected, xmin):
+                        new_gap = expected if expected not in self._gaps else None
                         break
                     # Proven permanent (aborted ids). The entry stays: xmin only grows, so the
                     # proof holds for every other reader of this recorder too.
                 expected = nid + 1
-                if not topics or topic in topics:
-                    notifications.append(
-                        Notification(id=nid, originator_id=originator_id, originator_version=version, topic=topic,
-                                     state=bytes(state))
-                    )
-            if len(self._gaps) > _MAX_TRACKED_GAPS:  # forget the oldest; a re-sighting only costs a poll
-                for gap in sorted(self._gaps)[: len(self._gaps) - _MAX_TRACKED_GAPS]:
-                    del self._gaps[gap]
+                notifications.append(
+                    Notification(id=nid, originator_id=originator_id, originator_version=version, topic=topic,
+                                 state=bytes(state))
+                )
+            self._forget_old_gaps()
         if new_gap is not None:
-            bound = self._fresh_xid()
-            with self._gaps_lock:
-                self._gaps.setdefault(new_gap, bound)
+            self._note_gap(new_gap)
         return notifications
+
+    def _select_of_topics(self, first: int, limit: int, stop: int | None, topics: list[str]) -> list[Notification]:
+        """The page of matching rows and, in the same statement (snapshot), the gaps below its last row."""
+        with self._connection() as conn:
+            rows = conn.cursor(row_factory=tuple_row).execute(
+                self._q.select_log_of_topics,
+                {"first": first, "stop": _NO_STOP if stop is None else stop, "topics": topics, "limit": limit},
+                prepare=True).fetchall()
+        if not rows:
+            return []
+        xmin = int(rows[0][0])
+        gaps = sorted(row[2] for row in rows if row[1])
+        cutoff, new_gap = None, None
+        with self._gaps_lock:
+            for gap in gaps:
+                if not self._passable(gap, xmin):
+                    cutoff, new_gap = gap, (gap if gap not in self._gaps else None)
+                    break
+            self._forget_old_gaps()
+        if new_gap is not None:
+            self._note_gap(new_gap)
+        return [
+            Notification(id=nid, originator_id=originator_id, originator_version=version, topic=topic,
+                         state=bytes(state))
+            for _, is_gap, nid, originator_id, version, topic, state in sorted(rows, key=lambda r: r[2])
+            if not is_gap and (cutoff is None or nid < cutoff)
+        ]
+
+    def _passable(self, gap: int, xmin: int) -> bool:
+        """Is the gap starting at ``gap`` proven permanent by a snapshot with this xmin? (Lock held.)"""
+        bound = self._gaps.get(gap)
+        return bound is not None and xmin >= bound
+
+    def _note_gap(self, gap: int) -> None:
+        bound = self._fresh_xid()
+        with self._gaps_lock:
+            self._gaps.setdefault(gap, bound)
+
+    def _forget_old_gaps(self) -> None:
+        if len(self._gaps) > _MAX_TRACKED_GAPS:  # forget the oldest; a re-sighting only costs a poll
+            for gap in sorted(self._gaps)[: len(self._gaps) - _MAX_TRACKED_GAPS]:
+                del self._gaps[gap]
+
+    def subscribe(self, gt: int | None = None, topics: Sequence[str] = ()) -> Subscription[Self]:  # type: ignore[override]
+        """Notifications after ``gt`` as they commit: woken by NOTIFY, and polling every
+        ``subscription_poll_interval`` s, so a gap left by an aborted write is passed without another write."""
+        return PollingSubscription(self, gt=gt, topics=topics, poll_interval=self.subscription_poll_interval)
 
     def gaps_seen(self) -> set[int]:
         """First ids of the gaps readers of this recorder have met (open or proven aborted): diagnostics."""
@@ -285,13 +371,13 @@ class EventRecorder(PostgresApplicationRecorder):
             return set(self._gaps)
 
     def _fresh_xid(self) -> int:
-        with self.datastore.connection() as conn, conn.cursor(row_factory=tuple_row) as cur:
+        with self._connection() as conn, conn.cursor(row_factory=tuple_row) as cur:
             with conn.transaction(force_rollback=True):
                 cur.execute(self._q.assign_xid)
                 return int(cur.fetchone()[0])  # type: ignore[index]
 
     def max_notification_id(self) -> int | None:
-        with self.datastore.connection() as conn:
+        with self._connection() as conn:
             row = conn.cursor(row_factory=tuple_row).execute(self._q.max_notification_id).fetchone()
         return row[0] if row else None
 
@@ -306,24 +392,33 @@ def _idempotency_params(row: IdempotencyRecord) -> tuple[Any, ...]:
 
 
 class _Statements:
-    """Every SQL statement of the event store, qualified with one schema."""
+    """Every SQL statement of the event store, qualified with one schema and its table names."""
 
-    def __init__(self, schema: str):
+    def __init__(self, schema: str, *, events: str = EVENTS_TABLE, idempotency: str = IDEMPOTENCY_TABLE,
+                 snapshots: str = SNAPSHOTS_TABLE, originator_id_type: str = "uuid"):
+        if originator_id_type not in ("uuid", "text"):
+            raise ValueError(f"originator_id_type must be 'uuid' or 'text', not {originator_id_type!r}")
+        self.channel = f"{schema}_{events}"
+
         def q(text: str) -> Composed:
             return SQL(text).format(
                 schema=Identifier(schema),
-                events=Identifier(schema, EVENTS_TABLE),
-                idem=Identifier(schema, IDEMPOTENCY_TABLE),
-                snaps=Identifier(schema, SNAPSHOTS_TABLE),
+                events=Identifier(schema, events),
+                # commitline's own spelling unquoted, so migration step 1's DDL stays byte for byte as released
+                events_id_idx=SQL("events_notification_id_idx") if events == EVENTS_TABLE
+                else Identifier(f"{events}_notification_id_idx"),
+                idem=Identifier(schema, idempotency),
+                snaps=Identifier(schema, snapshots),
                 reject=Identifier(schema, "reject_event_change"),
-                channel=Identifier(f"{schema}_events"),
+                channel=Identifier(self.channel),
+                id_type=SQL(originator_id_type),
             )
 
         self._q = q
         self.assign_xid = q("SELECT pg_current_xact_id()::text")
         self.insert_events = q(
             "INSERT INTO {events} (originator_id, originator_version, topic, state, prev_hash, event_hash) "
-            "SELECT * FROM unnest(%s::uuid[], %s::int8[], %s::text[], %s::bytea[], %s::bytea[], %s::bytea[]) "
+            "SELECT * FROM unnest(%s::{id_type}[], %s::int8[], %s::text[], %s::bytea[], %s::bytea[], %s::bytea[]) "
             "RETURNING notification_id"
         )
         self.insert_idempotency = q(
@@ -359,7 +454,39 @@ class _Statements:
         self.select_log = q(log_columns + "WHERE notification_id >= %s ORDER BY notification_id LIMIT %s")
         self.select_log_until = q(
             log_columns + "WHERE notification_id >= %s AND notification_id <= %s ORDER BY notification_id LIMIT %s")
+        # The first rows of the wanted topics, and every gap in the ids up to the last of them, in one snapshot.
+        self.select_log_of_topics = q(
+            "WITH page AS (SELECT notification_id, originator_id, originator_version, topic, state FROM {events} "
+            "WHERE notification_id >= %(first)s AND notification_id <= %(stop)s AND topic = ANY(%(topics)s::text[]) "
+            "ORDER BY notification_id LIMIT %(limit)s), "
+            "span AS (SELECT notification_id, lag(notification_id, 1, %(first)s::int8 - 1) "
+            "OVER (ORDER BY notification_id) AS prev FROM {events} "
+            "WHERE notification_id >= %(first)s AND notification_id <= (SELECT max(notification_id) FROM page)) "
+            "SELECT pg_snapshot_xmin(pg_current_snapshot())::text, false, notification_id, originator_id, "
+            "originator_version, topic, state FROM page UNION ALL "
+            "SELECT pg_snapshot_xmin(pg_current_snapshot())::text, true, prev + 1, NULL, NULL, NULL, NULL "
+            "FROM span WHERE notification_id > prev + 1"
+        )
         self.max_notification_id = q("SELECT max(notification_id) FROM {events}")
+
+    def append_only_statements(self) -> list[Composed]:
+        """The trigger function and the triggers that reject UPDATE, DELETE and TRUNCATE on the events table."""
+        q = self._q
+        return [
+            q(
+                "CREATE OR REPLACE FUNCTION {reject}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                "RAISE EXCEPTION 'events are append-only: % on %.% rejected', TG_OP, TG_TABLE_SCHEMA, TG_TABLE_NAME "
+                "USING ERRCODE = 'restrict_violation'; END $$"
+            ),
+            q(
+                "CREATE OR REPLACE TRIGGER events_append_only BEFORE UPDATE OR DELETE ON {events} "
+                "FOR EACH ROW EXECUTE FUNCTION {reject}()"
+            ),
+            q(
+                "CREATE OR REPLACE TRIGGER events_no_truncate BEFORE TRUNCATE ON {events} "
+                "FOR EACH STATEMENT EXECUTE FUNCTION {reject}()"
+            ),
+        ]
 
     def create_statements(self) -> list[Composed]:
         q = self._q
@@ -376,20 +503,8 @@ class _Statements:
                 " event_hash bytea NOT NULL,"
                 " PRIMARY KEY (originator_id, originator_version))"
             ),
-            q("CREATE UNIQUE INDEX IF NOT EXISTS events_notification_id_idx ON {events} (notification_id)"),
-            q(
-                "CREATE OR REPLACE FUNCTION {reject}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-                "RAISE EXCEPTION 'events are append-only: % on %.% rejected', TG_OP, TG_TABLE_SCHEMA, TG_TABLE_NAME "
-                "USING ERRCODE = 'restrict_violation'; END $$"
-            ),
-            q(
-                "CREATE OR REPLACE TRIGGER events_append_only BEFORE UPDATE OR DELETE ON {events} "
-                "FOR EACH ROW EXECUTE FUNCTION {reject}()"
-            ),
-            q(
-                "CREATE OR REPLACE TRIGGER events_no_truncate BEFORE TRUNCATE ON {events} "
-                "FOR EACH STATEMENT EXECUTE FUNCTION {reject}()"
-            ),
+            q("CREATE UNIQUE INDEX IF NOT EXISTS {events_id_idx} ON {events} (notification_id)"),
+            *self.append_only_statements(),
             q(
                 "CREATE TABLE IF NOT EXISTS {idem} ("
                 " tenant text NOT NULL,"
