@@ -5,7 +5,7 @@ baseline (always measured in the same run, on the same database). The database i
 ``COMMITLINE_BENCH_DSN`` if set, else an embedded PostgreSQL (fsync on) in a temporary folder;
 every benchmark works in its own schema, dropped at the end.
 
-    python -m bench                      # everything (~2 minutes)
+    python -m bench                      # everything (~4 minutes)
     python -m bench --quick              # shorter windows, one round (~20 s)
     python -m bench contention           # only the named benchmarks (or modules)
     python -m bench --list
@@ -25,11 +25,19 @@ import traceback
 from collections.abc import Callable, Iterator
 from types import ModuleType
 
-from bench import audit_verify, command_throughput, projection_rebuild, publisher_throughput
+from bench import (
+    audit_verify,
+    command_throughput,
+    eventsourcing_module,
+    http_api,
+    projection_rebuild,
+    publisher_throughput,
+)
 from bench.harness import BenchContext, open_database
 
-#: Benchmark modules, in running order (later: publisher throughput, projection rebuild, audit verify).
-MODULES: list[ModuleType] = [command_throughput, publisher_throughput, projection_rebuild, audit_verify]
+#: Benchmark modules, in running order.
+MODULES: list[ModuleType] = [command_throughput, http_api, eventsourcing_module, publisher_throughput,
+                             projection_rebuild, audit_verify]
 
 Benchmark = tuple[str, str, Callable[[BenchContext], Iterator[str]]]  # (name, module, callable)
 

@@ -23,6 +23,7 @@ from starlette.concurrency import run_in_threadpool
 
 from commitline.application.boundary import check_idempotency_key
 from commitline.application.commands import COMMAND_TYPES
+from commitline.application.errors import MissingIdempotencyKey
 from commitline.application.results import DispatchResult
 from commitline.http.auth import tenant
 from commitline.http.problems import PROBLEM_JSON, BodyTooLarge, UnsupportedMediaType
@@ -45,7 +46,10 @@ def is_json(content_type: str | None) -> bool:
 def idempotency_key(request: Request) -> str:
     """The header's key: a plain token, or a quoted string as the Idempotency-Key draft writes it."""
     raw = request.headers.get(KEY_HEADER)
-    if raw is not None and len(raw) >= 2 and raw[0] == raw[-1] == '"':
+    if raw is None:
+        raise MissingIdempotencyKey(_REQUEST, "send an Idempotency-Key header (1-255 printable characters, one "
+                                    "per command; a retry sends the same key)")
+    if len(raw) >= 2 and raw[0] == raw[-1] == '"':
         raw = raw[1:-1].replace('\\"', '"').replace("\\\\", "\\")
     return check_idempotency_key(raw, _REQUEST)
 

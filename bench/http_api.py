@@ -1,0 +1,236 @@
+"""The HTTP command API (``commitline serve`` as a real subprocess, over TCP): its safety under contention
+and its commands/s beside in-process ``dispatch``.
+
+``http_contention``
+    The ``contention`` benchmark over HTTP: a payment is created and submitted (version 2), then 50
+    threads released together by a barrier each POST ``complete_payment`` (odd) or ``fail_payment``
+    (even) with ``expected_version=2`` and its own ``Idempotency-Key`` to ``commitline serve --workers 2``.
+    The baseline is the invariant itself: ``ok=1 conflict=49 other=0`` (200, 409
+    ``concurrency_conflict``, anything else).
+
+``http_throughput``
+    Commands/s of ``commitline serve --workers 2 --no-access-log`` at 32 concurrent clients, beside
+    in-process ``dispatch`` with 32 threads measured in the same run against the same database with the
+    same pool per process (8 + 40 overflow) and the same command mix: one ``InventoryItem`` per client,
+    each client looping ``receive_stock`` (quantity 1, a fresh key each time) on its own item
+    (``bench.command_throughput.measure_commitline`` is the in-process side). Each HTTP client holds one
+    keep-alive connection (the standard library's ``http.client``, the lightest client at hand: it runs
+    on the same machine as the server, so its CPU is taken from the server). Warm-up, then a fixed
+    window; rounds alternate HTTP/in-process then in-process/HTTP and the best of each is reported, with
+    the p50/p99 latency of both in that round. ``ratio`` is http / in_process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from bench.command_throughput import Measurement, drive, measure_commitline
+from bench.harness import POOL_MAX_OVERFLOW, POOL_SIZE, BenchContext, fresh_schema, run_together
+
+CLIENTS = 32
+CONTENDERS = 50
+WORKERS = 2
+TENANT = "bench"
+
+
+@dataclass(frozen=True)
+class Served:
+    """A running ``commitline serve``: where it listens and a tenant's API key."""
+
+    host: str
+    port: int
+    key: str
+
+    def connection(self) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection(self.host, self.port, timeout=120)
+
+    def post(self, conn: http.client.HTTPConnection, command: dict[str, Any], key: str) -> tuple[int, bytes]:
+        conn.request("POST", "/v1/commands", body=orjson.dumps(command), headers={
+            "Content-Type": "application/json", "Authorization": f"Bearer {self.key}", "Idempotency-Key": key})
+        response = conn.getresponse()
+        return response.status, response.read()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _answers(host: str, port: int) -> bool:
+    conn = http.client.HTTPConnection(host, port, timeout=5)
+    try:
+        conn.request("GET", "/openapi.json")
+        return conn.getresponse().status == 200
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        conn.close()
+
+
+@contextlib.contextmanager
+def serving(dsn: str, schema: str, workers: int = WORKERS, timeout: float = 120) -> Iterator[Served]:
+    """``commitline serve --workers N --no-access-log`` on a free loopback port, with a tenant key made by
+    ``commitline tenants add``; stopped with SIGTERM (its in-flight requests finished) at the end."""
+    env = {**os.environ, "COMMITLINE_DATABASE_URL": dsn, "COMMITLINE_SCHEMA": schema,
+           "COMMITLINE_POOL_SIZE": str(POOL_SIZE), "COMMITLINE_POOL_MAX_OVERFLOW": str(POOL_MAX_OVERFLOW)}
+    cli = [sys.executable, "-m", "commitline.cli"]
+    added = subprocess.run([*cli, "tenants", "add", TENANT], capture_output=True, text=True, env=env, timeout=timeout)
+    if added.returncode != 0:
+        raise RuntimeError(f"commitline tenants add failed: {added.stderr.strip()}")
+    host, port = "127.0.0.1", _free_port()
+    with tempfile.TemporaryFile() as log:
+        process = subprocess.Popen([*cli, "serve", "--host", host, "--port", str(port), "--workers", str(workers),
+                                    "--no-access-log"], env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + timeout
+            while not _answers(host, port):
+                if process.poll() is not None or time.monotonic() > deadline:
+                    log.seek(0)
+                    output = log.read().decode(errors="replace")
+                    raise RuntimeError(f"commitline serve did not start:\n{output[-2000:]}")
+                time.sleep(0.1)
+            yield Served(host, port, added.stdout.strip())
+        finally:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+
+
+# --------------------------------------------------------------------------- contention
+
+
+def contention_outcomes(served: Served, contenders: int = CONTENDERS) -> Counter[str]:
+    """One race: ``ok`` / ``conflict`` / ``other`` counts of ``contenders`` transitions at version 2."""
+    conn = served.connection()
+    try:
+        status, body = served.post(conn, {"type": "create_payment", "amount": "99.99", "currency": "USD",
+                                          "account": "acc-bench"}, f"create-{uuid.uuid4()}")
+        if status != 201:
+            raise RuntimeError(f"create_payment: {status} {body[:300]!r}")
+        payment = orjson.loads(body)["aggregate_id"]
+        status, body = served.post(conn, {"type": "submit_payment", "payment_id": payment, "expected_version": 1},
+                                   f"submit-{uuid.uuid4()}")
+        if status != 200:
+            raise RuntimeError(f"submit_payment: {status} {body[:300]!r}")
+    finally:
+        conn.close()
+
+    connections = [served.connection() for _ in range(contenders)]
+    for c in connections:
+        c.connect()  # connected before the barrier: the race is between requests, not TCP handshakes
+
+    def transition(i: int) -> str:
+        command: dict[str, Any] = ({"type": "complete_payment", "payment_id": payment, "expected_version": 2}
+                                   if i % 2 else
+                                   {"type": "fail_payment", "payment_id": payment, "reason": "declined",
+                                    "expected_version": 2})
+        status, body = served.post(connections[i], command, f"race-{uuid.uuid4()}")
+        if status == 200:
+            return "ok"
+        if status == 409 and orjson.loads(body).get("code") == "concurrency_conflict":
+            return "conflict"
+        return "other"
+
+    try:
+        outcomes = run_together(contenders, transition)
+    finally:
+        for c in connections:
+            c.close()
+    return Counter(o if isinstance(o, str) else "other" for o in outcomes)
+
+
+def http_contention(ctx: BenchContext) -> Iterator[str]:
+    with fresh_schema(ctx.dsn) as schema, serving(ctx.dsn, schema) as served:
+        kinds = contention_outcomes(served)
+    yield f"http contention: ok={kinds['ok']} conflict={kinds['conflict']} other={kinds['other']}"
+
+
+# --------------------------------------------------------------------------- throughput
+
+
+def measure_http(served: Served, clients: int, warmup: float, duration: float) -> Measurement:
+    """``clients`` threads, each on its own connection and its own item, looping receive_stock."""
+    run = uuid.uuid4().hex[:8]
+    connections = [served.connection() for _ in range(clients)]
+    items = [str(uuid.uuid4()) for _ in range(clients)]
+    try:
+        for i, item in enumerate(items):
+            status, body = served.post(connections[i], {"type": "receive_stock", "item_id": item, "quantity": 1},
+                                       f"{run}-create-{i}")
+            if status != 201:
+                raise RuntimeError(f"receive_stock (new item): {status} {body[:300]!r}")
+        def command(i: int, seq: int) -> None:
+            status, body = served.post(connections[i], {"type": "receive_stock", "item_id": items[i], "quantity": 1},
+                                       f"{run}-{i}-{seq}")
+            if status != 200:
+                raise RuntimeError(f"HTTP {status}: {body[:200]!r}")
+
+        return drive(clients, command, warmup, duration)
+    finally:
+        for c in connections:
+            c.close()
+
+
+def http_throughput(ctx: BenchContext) -> Iterator[str]:
+    warmup, duration, rounds = (0.5, 1.5, 1) if ctx.quick else (1.0, 4.0, 2)
+    best: dict[str, Measurement] = {}
+    with fresh_schema(ctx.dsn) as http_schema, fresh_schema(ctx.dsn) as local_schema, \
+            serving(ctx.dsn, http_schema) as served:
+        for r in range(rounds):
+            order = ("http", "in_process") if r % 2 == 0 else ("in_process", "http")
+            for name in order:
+                m = (measure_http(served, CLIENTS, warmup, duration) if name == "http"
+                     else measure_commitline(ctx, local_schema, CLIENTS, warmup, duration))
+                if name not in best or m.rate > best[name].rate:
+                    best[name] = m
+    over_http, local = best["http"], best["in_process"]
+    ratio = over_http.rate / local.rate if local.rate else float("nan")
+    yield (f"http commands/s: http={over_http.rate:.0f} in_process={local.rate:.0f} ratio={ratio:.2f} "
+           f"p50_ms={over_http.percentile(0.5) * 1000:.1f} p99_ms={over_http.percentile(0.99) * 1000:.1f} "
+           f"in_process_p50_ms={local.percentile(0.5) * 1000:.1f} "
+           f"in_process_p99_ms={local.percentile(0.99) * 1000:.1f}")
+    yield (f"# http: commitline serve --workers {WORKERS}, {CLIENTS} keep-alive clients, receive_stock on "
+           f"{CLIENTS} items; in_process: {CLIENTS} threads calling dispatch, same commands; {os.cpu_count()} CPUs "
+           "shared by clients and server")
+    for name, m in best.items():
+        if m.errors:
+            yield (f"http errors: {name} {m.errors} failed commands, first: "
+                   f"{type(m.first_error).__name__}: {m.first_error}")
+
+
+#: What ``python -m bench`` runs from this module, in order: (name, callable).
+BENCHMARKS = (("http_contention", http_contention), ("http_throughput", http_throughput))
+
+
+if __name__ == "__main__":  # python -m bench.http_api [--quick]: this module alone
+    from bench.harness import open_database
+
+    with open_database() as (dsn, description):
+        print(f"# database: {description}", flush=True)
+        bench_ctx = BenchContext(dsn=dsn, quick="--quick" in sys.argv)
+        for bench_name, func in BENCHMARKS:
+            started = time.perf_counter()
+            for line in func(bench_ctx):
+                print(line, flush=True)
+            print(f"# {bench_name} took {time.perf_counter() - started:.1f} s", flush=True)
+
