@@ -211,6 +211,13 @@ class RetryFulfilment(SagaCommand):
     type: Literal["retry_fulfilment"] = "retry_fulfilment"
 
 
+class CancelOrderAfterFailure(SagaCommand):
+    """The saga's compensation: cancels the order even once confirmed (its capture failed)."""
+
+    type: Literal["cancel_order_after_failure"] = "cancel_order_after_failure"
+    reason: Annotated[str, Field(min_length=1, max_length=2000)]
+
+
 class ParkFulfilment(SagaCommand):
     type: Literal["park_fulfilment"] = "park_fulfilment"
     reason: Annotated[str, Field(min_length=1, max_length=2000)]
@@ -218,7 +225,8 @@ class ParkFulfilment(SagaCommand):
 
 
 SAGA_COMMANDS = (StartFulfilment, RecordFulfilmentStep, RecordFulfilmentFailure, RecordCompensation,
-                 RecordFulfilmentCancelled, MarkFulfilmentStuck, RetryFulfilment, ParkFulfilment)
+                 RecordFulfilmentCancelled, MarkFulfilmentStuck, RetryFulfilment, ParkFulfilment,
+                 CancelOrderAfterFailure)
 
 COMMAND_TYPES: dict[str, type[Command]] = {
     cls.model_fields["type"].default: cls

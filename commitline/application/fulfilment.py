@@ -134,7 +134,7 @@ class FulfilmentSaga:
             do(c.RecordCompensation(order_id=order.id, step=step, detail=detail), f"undone-{step}")
         if self._load(Order, order.id, tenant).state is not OrderState.CANCELLED:
             try:
-                do(c.CancelOrder(order_id=order.id, reason=saga.failure or "fulfilment failed"), "cancel")
+                do(c.CancelOrderAfterFailure(order_id=order.id, reason=saga.failure or "fulfilment failed"), "cancel")
             except IllegalTransition:
                 pass  # cancelled meanwhile by the customer
         do(c.RecordFulfilmentCancelled(order_id=order.id, reason=saga.failure or "fulfilment failed"), "cancelled")

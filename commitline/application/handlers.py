@@ -158,6 +158,12 @@ def cancel_order(order: Order, cmd: c.CancelOrder, _: Loader) -> Aggregate:
     return order
 
 
+@handles(c.CancelOrderAfterFailure, Order, Stream.EXISTING, _order)
+def cancel_order_after_failure(order: Order, cmd: c.CancelOrderAfterFailure, _: Loader) -> Aggregate:
+    order.cancel(cmd.reason, compensation=True)
+    return order
+
+
 @handles(c.ConfirmOrder, Order, Stream.EXISTING, _order)
 def confirm_order(order: Order, cmd: c.ConfirmOrder, _: Loader) -> Aggregate:
     order.confirm()

@@ -141,6 +141,16 @@ class UsersAlreadyIssued(DomainError):
         return {"task_id": self.task_id, "count": self.count, "user_ids": list(self.user_ids[:100])}
 
 
+class OrderAlreadyConfirmed(DomainError):
+    """A customer's cancel of a confirmed order: its payment is captured (or being captured), so cancelling
+    it would leave the money taken. Only the fulfilment saga cancels a confirmed order, when its capture failed."""
+
+    code = "order_already_confirmed"
+    fields = ("order_id",)
+    message = ("order {order_id} is confirmed and its payment captured or being captured: it can no longer be "
+               "cancelled (a refund is a new business transaction, not a cancel)")
+
+
 class UserNotIssued(DomainError):
     code = "user_not_issued"
     fields = ("task_id", "user_id")

@@ -1,6 +1,11 @@
 """Orders (seed 001's third lesson): PLACED -> CONFIRMED | CANCELLED, and CONFIRMED ->
 CANCELLED as a compensation. How an order is fulfilled is the saga's business
-(``commitline.domain.fulfilment``); an order only records the outcome."""
+(``commitline.domain.fulfilment``); an order only records the outcome.
+
+A customer may cancel a PLACED order (the saga then undoes whatever it had done); a CONFIRMED order's
+payment is captured or being captured, so a customer's cancel is refused (``OrderAlreadyConfirmed``) and
+only the saga's compensation, after its capture failed, cancels a confirmed order. So no cancelled order
+ever keeps a captured payment."""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ from enum import Enum
 from uuid import UUID
 
 from commitline.domain.aggregate import Aggregate, Event
-from commitline.domain.errors import InvalidValue
+from commitline.domain.errors import InvalidValue, OrderAlreadyConfirmed
 from commitline.domain.fsm import table
 from commitline.domain.money import check_amount, check_currency
 
@@ -68,7 +73,10 @@ class Order(Aggregate):
         order._emit(OrderPlaced, item_id=item_id, quantity=quantity, amount=amount, currency=currency, account=account)
         return order
 
-    def cancel(self, reason: str) -> None:
+    def cancel(self, reason: str, *, compensation: bool = False) -> None:
+        """A customer's cancel (refused once confirmed), or with ``compensation`` the saga's, after a failed capture."""
+        if self.state is OrderState.CONFIRMED and not compensation:
+            raise OrderAlreadyConfirmed(self.id)
         self._move(OrderState.CANCELLED, OrderCancelled, reason=reason)
 
     def confirm(self) -> None:

@@ -136,6 +136,8 @@ ON_EXISTING: dict[str, Case] = {
     "mark_fulfilment_stuck": _saga(STUCK, FAILED),
     "retry_fulfilment": _saga(c.RetryFulfilment(order_id=NO_ORDER), FAILED, STUCK),
     "park_fulfilment": _saga(c.ParkFulfilment(order_id=NO_ORDER, reason="adapter bug", attempts=2)),
+    "cancel_order_after_failure": Case(lambda a: c.CancelOrderAfterFailure(order_id=UUID(a.order()), reason="r"),
+                                       ("order_id",)),
 }
 # Commands that would start the stream at an id another tenant's stream has.
 CREATING: dict[str, tuple[Callable[[Tenant], Any], str]] = {

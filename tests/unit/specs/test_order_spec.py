@@ -1,4 +1,5 @@
-"""Order: PLACED -> CONFIRMED | CANCELLED, and CONFIRMED -> CANCELLED (the saga's compensation)."""
+"""Order: PLACED -> CONFIRMED | CANCELLED, and CONFIRMED -> CANCELLED (the saga's compensation only: a
+customer's cancel of a confirmed order is refused, its payment being captured)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from uuid import uuid4
 
 import pytest
 
-from commitline.domain.errors import IllegalTransition, InvalidValue
+from commitline.domain.errors import IllegalTransition, InvalidValue, OrderAlreadyConfirmed
 from commitline.domain.order import ORDER_TRANSITIONS, Order, OrderCancelled, OrderConfirmed, OrderPlaced, OrderState
 from tests.unit.spec import event, given
 
@@ -18,7 +19,8 @@ CONFIRMED = event(OrderConfirmed)
 CANCELLED = event(OrderCancelled, reason="out of stock")
 HISTORY = {OrderState.PLACED: (PLACED,), OrderState.CONFIRMED: (PLACED, CONFIRMED),
            OrderState.CANCELLED: (PLACED, CANCELLED)}
-COMMANDS = {OrderState.CONFIRMED: lambda o: o.confirm(), OrderState.CANCELLED: lambda o: o.cancel("out of stock")}
+COMMANDS = {OrderState.CONFIRMED: lambda o: o.confirm(),
+            OrderState.CANCELLED: lambda o: o.cancel("out of stock", compensation=True)}
 EVENTS = {OrderState.CONFIRMED: CONFIRMED, OrderState.CANCELLED: CANCELLED}
 O = OrderState
 ALLOWED = {(O.PLACED, O.CONFIRMED), (O.PLACED, O.CANCELLED), (O.CONFIRMED, O.CANCELLED)}
@@ -56,10 +58,16 @@ def test_cancel_a_placed_order_keeps_the_reason() -> None:
 
 
 def test_a_confirmed_order_can_still_be_cancelled_as_a_compensation() -> None:
-    order = given(Order, PLACED, CONFIRMED).when(lambda o: o.cancel("capture failed")).then(
+    order = given(Order, PLACED, CONFIRMED).when(lambda o: o.cancel("capture failed", compensation=True)).then(
         event(OrderCancelled, reason="capture failed")
     )
     assert (order.state, order.cancel_reason) == (O.CANCELLED, "capture failed")
+
+
+def test_a_customer_cannot_cancel_a_confirmed_order() -> None:
+    error = given(Order, PLACED, CONFIRMED).when(lambda o: o.cancel("changed my mind")).then_raises(
+        OrderAlreadyConfirmed)
+    assert error.code == "order_already_confirmed" and "can no longer be cancelled" in str(error)
 
 
 def test_the_table_is_exactly_the_documented_one() -> None:
