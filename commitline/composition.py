@@ -37,6 +37,7 @@ from commitline.infrastructure.followers.health import Problem, StuckSaga, Thres
 from commitline.infrastructure.followers.status import FollowerStatus, follower_statuses
 from commitline.infrastructure.kafka.producer import client_options
 from commitline.infrastructure.kafka.publisher import PUBLISHER, KafkaPublisher
+from commitline.infrastructure.metrics import CommandMetrics
 from commitline.infrastructure.sagas.gateways import GatewayContext, load_gateway
 from commitline.infrastructure.sagas.runner import RUNNER, FulfilmentRunner
 from commitline.infrastructure.sagas.simulated_gateway import SimulatedGateway
@@ -323,5 +324,6 @@ def bootstrap(settings: Settings | None = None, *, apply_migrations: bool = True
     retry = RetryPolicy(
         settings.retry_max_attempts, settings.retry_base_delay_ms / 1000, settings.retry_max_delay_ms / 1000
     )
-    return Commitline(settings, datastore, recorder, store, CommandProcessor(store, retry, settings.command_limits()),
+    processor = CommandProcessor(store, retry, settings.command_limits(), CommandMetrics())
+    return Commitline(settings, datastore, recorder, store, processor,
                       parts, shared.instance if shared else None, shared_postgres=shared)

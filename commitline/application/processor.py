@@ -24,11 +24,16 @@ comes out exactly as for an unused id); a command that would then start it is re
 ``id_unavailable``). One id space is shared by all tenants, so the id being unusable cannot be hidden
 from someone who already knows it; the refusal says no more than that: not that it exists, nor its
 type, owner, version or content (``AggregateAlreadyExists`` stays for the tenant's own streams).
+
+Observing: every dispatch reports its outcome once to the processor's ``DispatchObserver`` (applied,
+replayed, refused with the error's code, or failed), with its duration, and each re-run after the stream
+moved as a retry. The default observer does nothing; composition wires the Prometheus one.
 """
 
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Mapping
 from typing import Any
 from uuid import UUID, uuid5
@@ -37,12 +42,13 @@ import orjson
 from pydantic_core import to_jsonable_python
 
 from commitline.application.boundary import CommandLimits, check_idempotency_key, check_tenant, problem
-from commitline.application.commands import Command, VersionedCommand, parse_command
+from commitline.application.commands import COMMAND_TYPES, Command, VersionedCommand, parse_command
 from commitline.application.errors import (
     AggregateAlreadyExists,
     AggregateNotFound,
     CommitlineError,
     ConcurrencyConflict,
+    ConfigurationError,
     IdempotencyKeyReused,
     InvalidCommand,
     StoreUnavailable,
@@ -68,11 +74,42 @@ def fingerprint(command: Command) -> bytes:
     return hashlib.sha256(canonical).digest()
 
 
+APPLIED, REPLAYED, REFUSED, FAILED = "applied", "replayed", "refused", "failed"
+UNKNOWN_TYPE = "unknown"  # the type reported for a command whose type is not one of COMMAND_TYPES
+
+
+class DispatchObserver:
+    """What ``dispatch`` reports (for metrics): each outcome once, and each re-run after the stream moved.
+    This one ignores everything; an implementation must be cheap and must not raise.
+
+    ``command_type`` is always one of ``COMMAND_TYPES`` or ``"unknown"`` (never text from the caller);
+    ``outcome`` is ``applied``, ``replayed``, ``refused`` (a typed refusal: ``code`` says which) or
+    ``failed`` (the store or the configuration failed, or an unexpected error: ``code`` says which)."""
+
+    def on_retry(self, command_type: str) -> None:
+        pass
+
+    def on_outcome(self, command_type: str, outcome: str, code: str | None, seconds: float) -> None:
+        pass
+
+
+def _reported_type(command: object, error: BaseException | None = None) -> str:
+    """The command's type if it is a known one, else ``unknown``."""
+    if isinstance(command, Command):
+        return command.type
+    name = getattr(error, "command_type", None)
+    if name is None and isinstance(command, Mapping):
+        name = command.get("type")
+    return name if isinstance(name, str) and name in COMMAND_TYPES else UNKNOWN_TYPE
+
+
 class CommandProcessor:
-    def __init__(self, store: EventStore, retry: RetryPolicy | None = None, limits: CommandLimits | None = None):
+    def __init__(self, store: EventStore, retry: RetryPolicy | None = None, limits: CommandLimits | None = None,
+                 observer: DispatchObserver | None = None):
         self.store = store
         self.retry = retry or RetryPolicy()
         self.limits = limits or CommandLimits()
+        self.observer = observer or DispatchObserver()
 
     def dispatch(
         self,
@@ -81,7 +118,25 @@ class CommandProcessor:
         idempotency_key: str | None,
         tenant: str = "default",
     ) -> DispatchResult:
-        cmd = parse_command(command, limits=self.limits)
+        started, command_type = time.perf_counter(), None
+        try:
+            cmd = parse_command(command, limits=self.limits)
+            command_type = cmd.type
+            result = self._dispatch(cmd, idempotency_key, tenant)
+        except CommitlineError as e:
+            failed = isinstance(e, (StoreUnavailable, ConfigurationError))
+            self.observer.on_outcome(command_type or _reported_type(command, e), FAILED if failed else REFUSED,
+                                     e.code, time.perf_counter() - started)
+            raise
+        except Exception:
+            self.observer.on_outcome(command_type or _reported_type(command), FAILED, "internal_error",
+                                     time.perf_counter() - started)
+            raise
+        self.observer.on_outcome(command_type, REPLAYED if result.replayed else APPLIED, None,
+                                 time.perf_counter() - started)
+        return result
+
+    def _dispatch(self, cmd: Command, idempotency_key: str | None, tenant: str) -> DispatchResult:
         key = check_idempotency_key(idempotency_key, cmd.type)
         tenant = check_tenant(tenant)
         digest = fingerprint(cmd)
@@ -95,7 +150,13 @@ class CommandProcessor:
         def load(cls: type[Aggregate], other_id: UUID) -> Aggregate:
             return self._load_existing(cls, other_id, tenant)
 
+        attempts = 0
+
         def attempt() -> DispatchResult:
+            nonlocal attempts
+            attempts += 1
+            if attempts > 1:
+                self.observer.on_retry(cmd.type)
             try:
                 aggregate, foreign = self._load_for(handler, aggregate_id, expected, tenant)
                 changed = handler.run(aggregate, cmd, load)

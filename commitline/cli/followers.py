@@ -1,11 +1,14 @@
-"""Follower commands: ``publish``, ``publisher ...``, ``status``, ``project`` and ``projections ...``."""
+"""Follower commands: ``publish``, ``publisher ...``, ``status``, ``project`` and ``projections ...``; the
+``--metrics-port`` option of every command that runs followers (``publish``, ``project``, ``sagas run``)."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
 
 from rich.table import Table
 
@@ -13,6 +16,32 @@ from commitline.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, console, pr
 from commitline.infrastructure.followers.status import FollowerStatus
 
 log = logging.getLogger(__name__)
+
+
+def _metrics_port(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1-65535)")
+    return int(text)
+
+
+def add_metrics_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--metrics-port", type=_metrics_port, metavar="PORT",
+                        help="serve Prometheus metrics at http://HOST:PORT/metrics: every follower's position and "
+                        "lag (read from PostgreSQL at each scrape) and this process's own counters; no API key")
+    parser.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
+                        help="the address --metrics-port listens on (default 127.0.0.1)")
+
+
+@contextmanager
+def metrics_endpoint(args: argparse.Namespace, app: Any, followers: Sequence[Any]) -> Iterator[None]:
+    """``/metrics`` on ``--metrics-port`` while the followers run (nothing without the option)."""
+    if args.metrics_port is None:
+        yield
+        return
+    from commitline.infrastructure.metrics import MetricsServer
+
+    with MetricsServer(args.metrics_host, args.metrics_port, app.status, followers):
+        yield
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
@@ -26,7 +55,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
             log.warning("no KAFKA_BOOTSTRAP_SERVERS and no COMMITLINE_DATABASE_URL: publishing the embedded "
                         "database's events to an embedded in-memory broker at %s (for development)",
                         publisher.settings.kafka_bootstrap_servers)
-        app.run_until_signalled(publisher, drain=args.drain)
+        with metrics_endpoint(args, app, [publisher]):
+            app.run_until_signalled(publisher, drain=args.drain)
         m = publisher.metrics
         if publisher.waiting_for_operator:
             log.error("publisher stopped at a poison record after position %d (%d events published); "
@@ -101,8 +131,10 @@ def cmd_project(args: argparse.Namespace) -> int:
     from commitline.projections.storage import ProjectionNeedsRebuild
 
     with bootstrap() as app:
+        projectors = app.projectors(args.names)
         try:
-            app.run_until_signalled(*app.projectors(args.names))
+            with metrics_endpoint(args, app, projectors):
+                app.run_until_signalled(*projectors)
         except ProjectionNeedsRebuild as e:
             print(str(e), file=sys.stderr)
             return EXIT_REFUSED
@@ -224,6 +256,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "over when it dies. The position is saved only after the broker acknowledged everything up to it.",
     )
     publish.add_argument("--drain", action="store_true", help="exit once everything stored so far is published")
+    add_metrics_options(publish)
     publish.set_defaults(run=cmd_publish)
 
     publisher = sub.add_parser("publisher", help="skip or retry the record the publisher stopped at")
@@ -257,6 +290,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                              "works at a time (advisory lock), others wait.")
     project.add_argument("names", nargs="*", metavar="NAME", type=_projection_name,
                          help="projections to run (default: all)")
+    add_metrics_options(project)
     project.set_defaults(run=cmd_project)
 
     projections = sub.add_parser("projections", help="list, rebuild, skip a poison event, or retry a projection")

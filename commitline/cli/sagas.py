@@ -19,13 +19,14 @@ from commitline.cli.common import (
     error_exit,
     print_json,
 )
+from commitline.cli.followers import add_metrics_options, metrics_endpoint
 
 
 def cmd_sagas(args: argparse.Namespace) -> int:
     from commitline.composition import bootstrap
 
     if args.sagas_command == "run":
-        return _run_sagas()
+        return _run_sagas(args)
     with bootstrap() as app:
         if args.sagas_command == "list":
             try:
@@ -37,7 +38,7 @@ def cmd_sagas(args: argparse.Namespace) -> int:
             else:
                 for r in rows:
                     print(f"{r.order_id}  {r.state:<12} {r.stuck or r.failure}")
-                print(f"{len(rows)} saga(s){' stuck' if args.stuck else ''}", file=sys.stderr)
+                print(f"{len(rows)} saga(s){' STUCK or PARKED' if args.stuck else ''}", file=sys.stderr)
             return EXIT_OK
         from commitline.domain.fulfilment import fulfilment_id
 
@@ -50,7 +51,8 @@ def cmd_sagas(args: argparse.Namespace) -> int:
                                                 tenant=args.tenant)
             except CommitlineError as e:
                 return error_exit(e, EXIT_REFUSED)
-            print(f"fulfilment of {args.order_id} set back to COMPENSATING (version {result.version}); "
+            resumed = result.events[-1].payload.get("resumed", "COMPENSATING")
+            print(f"fulfilment of {args.order_id} resumed at {resumed} (version {result.version}); "
                   "the running process manager picks it up")
             return EXIT_OK
         try:
@@ -67,7 +69,7 @@ def cmd_sagas(args: argparse.Namespace) -> int:
         return EXIT_OK
 
 
-def _run_sagas() -> int:
+def _run_sagas(args: argparse.Namespace) -> int:
     from commitline.composition import bootstrap
 
     with bootstrap() as app:
@@ -75,23 +77,29 @@ def _run_sagas() -> int:
             logging.getLogger(__name__).warning(
                 "payments go through the SIMULATED gateway: set COMMITLINE_GATEWAY=http (with COMMITLINE_GATEWAY_URL) "
                 "or COMMITLINE_GATEWAY=module:factory for a real one")
-        app.run_until_signalled(app.fulfilment_runner(), app.projector("order_fulfilments"))
+        followers = [app.fulfilment_runner(), app.projector("order_fulfilments")]
+        with metrics_endpoint(args, app, followers):
+            app.run_until_signalled(*followers)
     return EXIT_OK
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     sagas = sub.add_parser("sagas", help="order fulfilment: run the process manager, show, list, retry")
     ssub = sagas.add_subparsers(dest="sagas_command", required=True, metavar="ACTION")
-    ssub.add_parser("run", help="run the order-fulfilment process manager until SIGINT/SIGTERM",
-                    description="Advances every placed order: reserve stock -> authorize payment -> confirm and "
-                    "capture; compensates in reverse on failure. One instance at a time (advisory lock).")
+    srun = ssub.add_parser("run", help="run the order-fulfilment process manager until SIGINT/SIGTERM",
+                           description="Advances every placed order: reserve stock -> authorize payment -> confirm "
+                           "and capture; compensates in reverse on failure. One instance at a time (advisory lock).")
+    add_metrics_options(srun)
     sshow = ssub.add_parser("show", help="the steps a fulfilment took and their outcomes")
     sshow.add_argument("order_id", type=aggregate_id, metavar="ORDER_ID")
     sshow.add_argument("--json", action="store_true")
     slist = ssub.add_parser("list", help="fulfilments and their state (from the order_fulfilments read model)")
-    slist.add_argument("--stuck", action="store_true", help="only those needing manual intervention")
+    slist.add_argument("--stuck", "--failed", dest="stuck", action="store_true",
+                       help="only those waiting for a person: STUCK (a compensation kept failing) or PARKED "
+                       "(advancing kept failing), with the reason")
     slist.add_argument("--json", action="store_true")
-    sretry = ssub.add_parser("retry", help="retry the compensations of a STUCK fulfilment after fixing the cause")
+    sretry = ssub.add_parser("retry", help="after fixing the cause: resume a PARKED fulfilment where it stopped, or "
+                             "retry the compensations of a STUCK one")
     sretry.add_argument("order_id", type=aggregate_id, metavar="ORDER_ID")
     for parser_, default in ((sshow, "default"), (sretry, "default"), (slist, None)):
         parser_.add_argument("--tenant", "-t", default=default,

@@ -3,20 +3,43 @@
 The serving process bootstraps first (schema migrated, the data folder's embedded PostgreSQL started or
 reused when no database is configured), so workers start on a current schema and find the same embedded
 server; it keeps that server until the last worker has stopped.
+
+With several workers, each records its metrics in files under ``PROMETHEUS_MULTIPROC_DIR``, a fresh
+directory this process makes before ``prometheus_client`` is first imported (it picks its mode at import)
+and removes once every worker has stopped, so ``/metrics`` from any worker sums them all.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from commitline.cli.common import EXIT_OK
 
+MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"  # = infrastructure.metrics.MULTIPROC_DIR, which must not be imported yet
+
+
+@contextmanager
+def metrics_files(workers: int) -> Iterator[None]:
+    """A fresh multiprocess metrics directory for several workers (left-over counts would be summed in); none,
+    and an inherited setting dropped, for one."""
+    if workers == 1:
+        os.environ.pop(MULTIPROC_DIR, None)
+        yield
+        return
+    directory = tempfile.mkdtemp(prefix="commitline-metrics-")
+    os.environ[MULTIPROC_DIR] = directory
+    try:
+        yield
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from commitline.composition import bootstrap
-    from commitline.http.app import create_app
     from commitline.infrastructure.config import load_settings
 
     settings = load_settings()
@@ -25,11 +48,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     workers = args.workers or settings.http_workers
     options = {"host": host, "port": port, "access_log": not args.no_access_log, "log_level": "info",
                "timeout_graceful_shutdown": 30}
-    with bootstrap(settings) as app:
-        if workers == 1:
-            uvicorn.run(create_app(app), **options)
-        else:
-            uvicorn.run("commitline.http.app:app_from_environment", factory=True, workers=workers, **options)
+    with metrics_files(workers):
+        import uvicorn
+
+        from commitline.composition import bootstrap
+        from commitline.http.app import create_app
+
+        with bootstrap(settings) as app:
+            if workers == 1:
+                uvicorn.run(create_app(app), **options)
+            else:
+                uvicorn.run("commitline.http.app:app_from_environment", factory=True, workers=workers, **options)
     return EXIT_OK
 
 

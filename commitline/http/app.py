@@ -100,6 +100,7 @@ def create_app(commitline: Commitline, *, lifespan: Any = None) -> FastAPI:
     install_problem_handlers(app)
     for module in (commands, reads, operations, status_page):
         app.include_router(module.router)
+    operations.instrument(app)  # every request counted and timed in /metrics
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 

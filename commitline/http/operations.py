@@ -1,7 +1,99 @@
-"""Operations endpoints: liveness (``/healthz``), readiness (``/readyz``) and Prometheus ``/metrics``."""
+"""Operations endpoints: liveness (``/healthz``), readiness (``/readyz``) and Prometheus ``/metrics``, and the
+middleware that counts and times every HTTP request (``instrument``).
+
+They are for operators and orchestrators and need no API key: ``/healthz`` never touches the database,
+``/readyz`` asks it whether this process can serve (``Commitline.unready()``), ``/metrics`` renders every
+worker's metrics and reads follower positions from PostgreSQL at scrape time (``infrastructure/metrics.py``).
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+import time
+from typing import Any
 
-router = APIRouter()
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from commitline.http.problems import PROBLEM_JSON, HttpProblem, problem_response
+from commitline.infrastructure.metrics import observe_request, render
+
+router = APIRouter(tags=["operations"])
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+UNMATCHED = "unmatched"  # the route label of a request no route answered (404): never its path
+READY_RETRY_AFTER_S = "5"
+
+
+class NotReady(HttpProblem):
+    code = "not_ready"
+    fields = ("reasons",)
+    message = "not ready: {summary}"
+
+    @property
+    def summary(self) -> str:
+        return "; ".join(self.reasons)
+
+
+@router.get("/healthz", summary="Liveness: the process runs (no database access)")
+async def healthz() -> dict[str, str]:
+    return {"status": "alive"}
+
+
+@router.get(
+    "/readyz",
+    summary="Readiness: the database answers and its schema is at this commitline's migration",
+    responses={503: {"description": "not ready; `reasons` says why",
+                     "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}}},
+)
+def readyz(request: Request) -> Response:
+    reasons = request.app.state.commitline.unready()
+    if reasons:
+        return problem_response(NotReady(reasons), request.url.path, {"Retry-After": READY_RETRY_AFTER_S})
+    return JSONResponse({"status": "ready"})
+
+
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics (text format): commands, latency, retries, conflicts, follower positions and lag",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}},
+)
+def metrics(request: Request) -> Response:
+    return Response(render(request.app.state.commitline.status), media_type=CONTENT_TYPE_LATEST)
+
+
+class RequestMetrics:
+    """ASGI middleware: each HTTP request counted and timed by method, route template and status."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500  # unless the app starts a response
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            method = scope["method"] if scope["method"] in _METHODS else "other"
+            observe_request(method, _route(scope), status, time.perf_counter() - started)
+
+
+def _route(scope: dict[str, Any]) -> str:
+    route = scope.get("route")  # set by the router on the shared scope once a route matched
+    return getattr(route, "path", None) or UNMATCHED
+
+
+def instrument(app: FastAPI) -> None:
+    app.add_middleware(RequestMetrics)

@@ -47,6 +47,7 @@ STATUS: dict[str, int] = {
     "aggregate_already_exists": 409,
     "wrong_aggregate_type": 409,
     "insufficient_stock": 409,
+    "order_already_confirmed": 409,
     "duplicate_reservation": 409,
     "task_closed": 409,
     "users_already_issued": 409,
@@ -54,6 +55,7 @@ STATUS: dict[str, int] = {
     "audit_query_error": 400,
     # the service
     "store_unavailable": 503,
+    "not_ready": 503,
     "configuration_error": 503,
     "internal_error": 500,
 }
@@ -164,3 +166,20 @@ def problem_response(error: CommitlineError, instance: str, headers: dict[str, s
         extra["Retry-After"] = "1"
     body = orjson.dumps(problem_document(error, instance), default=str)
     return Response(body, status_code=status_of(error), headers=extra, media_type=PROBLEM_JSON)
+
+
+def status_markdown() -> str:
+    """The README's table of error codes by HTTP status, generated from ``STATUS``."""
+    by_status: dict[int, list[str]] = {}
+    for code, status in STATUS.items():
+        by_status.setdefault(status, []).append(code)
+    rows = ["| HTTP status | error `code` |", "|---|---|"]
+    rows += [f"| {status} {HTTPStatus(status).phrase} | {', '.join(f'`{c}`' for c in codes)} |"
+             for status, codes in sorted(by_status.items())]
+    rows.append(f"| {DEFAULT_STATUS} {HTTPStatus(DEFAULT_STATUS).phrase} | any other code (a refusal of the request "
+                "as sent) |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(status_markdown())

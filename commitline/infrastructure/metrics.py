@@ -1,0 +1,199 @@
+"""Every Prometheus metric commitline exports, in one place, and the registries that expose them.
+
+- Recorded as things happen (module-level ``prometheus_client`` metrics): commands by type, outcome
+  and error code, dispatch latency, re-runs after the stream moved, version conflicts (``CommandMetrics``,
+  the application's ``DispatchObserver``), and HTTP requests by route and status (``observe_request``).
+- Read at scrape time from PostgreSQL (``StoreCollector`` over ``Commitline.status()``): the log head,
+  each follower's position, lag, liveness and status, STUCK sagas, and whether that read worked.
+- Read at scrape time from the followers this process runs (``FollowerCollector``): their own counters.
+
+Several ``commitline serve`` workers write their recorded metrics to ``PROMETHEUS_MULTIPROC_DIR``
+(``serve`` sets it before any worker starts); ``scrape_registry`` then sums every worker's files, and the
+PostgreSQL collector runs only in the worker answering the scrape. Labels never carry caller-supplied
+text: command types outside ``COMMAND_TYPES`` are ``unknown``, routes are templates, never paths.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
+
+from commitline.application.errors import ConfigurationError
+from commitline.application.processor import DispatchObserver
+
+log = logging.getLogger(__name__)
+MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+COMMANDS = Counter("commitline_commands", "Commands dispatched, by type, outcome (applied, replayed, refused, "
+                   "failed) and error code (empty unless refused or failed)", ["type", "outcome", "code"])
+DISPATCH_SECONDS = Histogram("commitline_dispatch_seconds", "Time to dispatch one command (any outcome), by type",
+                             ["type"], buckets=_LATENCY_BUCKETS)
+RETRIES = Counter("commitline_dispatch_retries", "Commands re-run because their stream moved meanwhile "
+                  "(no expected_version), by type", ["type"])
+CONFLICTS = Counter("commitline_conflicts", "Commands refused with a version conflict (concurrency_conflict), "
+                    "by type", ["type"])
+HTTP_REQUESTS = Counter("commitline_http_requests", "HTTP requests answered, by method, route template and status",
+                        ["method", "route", "status"])
+HTTP_SECONDS = Histogram("commitline_http_request_seconds", "Time to answer an HTTP request, by method and route "
+                         "template", ["method", "route"], buckets=_LATENCY_BUCKETS)
+
+
+class CommandMetrics(DispatchObserver):
+    """The command processor's observer: records every dispatch in the metrics above."""
+
+    def on_retry(self, command_type: str) -> None:
+        RETRIES.labels(command_type).inc()
+
+    def on_outcome(self, command_type: str, outcome: str, code: str | None, seconds: float) -> None:
+        COMMANDS.labels(command_type, outcome, code or "").inc()
+        DISPATCH_SECONDS.labels(command_type).observe(seconds)
+        if code == "concurrency_conflict":
+            CONFLICTS.labels(command_type).inc()
+
+
+def observe_request(method: str, route: str, status: int, seconds: float) -> None:
+    HTTP_REQUESTS.labels(method, route, str(status)).inc()
+    HTTP_SECONDS.labels(method, route).observe(seconds)
+
+
+class StoreCollector(Collector):
+    """Follower positions and lag, read from PostgreSQL at each scrape through ``status`` (a
+    ``Commitline.status``). A failed read is exported as ``commitline_store_up 0``, not as a failed scrape."""
+
+    def __init__(self, status: Callable[[], Any]):
+        self.status = status
+
+    def describe(self) -> list[Metric]:
+        return []  # registering must not query PostgreSQL
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("commitline_store_up", "1 if PostgreSQL answered this scrape's status read, else 0")
+        try:
+            report = self.status()
+        except Exception as e:  # the store's failure is what this metric reports; the scrape still answers
+            log.warning("metrics: cannot read follower status from PostgreSQL: %s", type(e).__name__)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        yield GaugeMetricFamily("commitline_log_head", "Position of the last event in the notification log",
+                                value=report.head)
+        gauges = {
+            "position": GaugeMetricFamily("commitline_follower_position", "Last log position the follower handled",
+                                          labels=["follower"]),
+            "lag_events": GaugeMetricFamily("commitline_follower_lag_events", "Events in the log after the "
+                                            "follower's position", labels=["follower"]),
+            "lag_seconds": GaugeMetricFamily("commitline_follower_lag_seconds", "Age of the oldest event the "
+                                             "follower has not handled (0 when caught up)", labels=["follower"]),
+            "alive": GaugeMetricFamily("commitline_follower_alive", "1 while a live PostgreSQL session holds the "
+                                       "follower's lease, else 0", labels=["follower"]),
+        }
+        status = GaugeMetricFamily("commitline_follower_status", "1 for the follower's current status (running, "
+                                   "retrying, failed, stopped, yielded, dead, never run)", labels=["follower", "status"])
+        for f in report.followers:
+            gauges["position"].add_metric([f.name], f.position)
+            gauges["lag_events"].add_metric([f.name], f.lag_events)
+            gauges["lag_seconds"].add_metric([f.name], f.lag_seconds)
+            gauges["alive"].add_metric([f.name], 1 if f.alive else 0)
+            status.add_metric([f.name, f.status], 1)
+        yield from gauges.values()
+        yield status
+        yield GaugeMetricFamily("commitline_fulfilments_stuck", "Order fulfilments STUCK, needing an operator",
+                                value=len(report.stuck_fulfilments))
+
+
+# A follower's own counters: (metric suffix, help, attribute of its ``metrics``), where it has that attribute.
+_FOLLOWER_COUNTERS = (
+    ("events_handled", "Events this process's follower handled (published or applied)",
+     ("events_published", "events_applied")),
+    ("batches", "Batches this process's follower handled", ("batches",)),
+    ("errors", "Failed attempts this process's follower retried (e.g. Kafka unavailable)", ("retries",)),
+    ("sagas_advanced", "Sagas this process's fulfilment runner advanced", ("advanced",)),
+)
+
+
+class FollowerCollector(Collector):
+    """The counters of the followers running in this process (``publish``, ``project``, ``sagas run``),
+    read from each follower's ``metrics`` at scrape time; a counter a follower does not keep is left out."""
+
+    def __init__(self, followers: Sequence[Any]):
+        self.followers = list(followers)
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        for suffix, text, attributes in _FOLLOWER_COUNTERS:
+            family = CounterMetricFamily(f"commitline_follower_{suffix}", text, labels=["follower"])
+            for follower in self.followers:
+                value = next((getattr(follower.metrics, a) for a in attributes if hasattr(follower.metrics, a)), None)
+                if value is not None:
+                    family.add_metric([follower.lease.name], value)
+            if family.samples:
+                yield family
+
+
+class _Forward(Collector):
+    """Everything in another registry (this process's recorded metrics)."""
+
+    def __init__(self, registry: CollectorRegistry):
+        self.registry = registry
+
+    def collect(self) -> Iterable[Metric]:
+        return self.registry.collect()
+
+
+def multiprocess() -> bool:
+    return bool(os.environ.get(MULTIPROC_DIR))
+
+
+def scrape_registry(status: Callable[[], Any] | None = None, followers: Sequence[Any] = ()) -> CollectorRegistry:
+    """What a scrape exposes: the recorded metrics (every worker's, in multiprocess mode), then the
+    PostgreSQL reads through ``status`` and the counters of ``followers``."""
+    registry = CollectorRegistry(auto_describe=False)
+    if multiprocess():
+        MultiProcessCollector(registry)
+    else:
+        registry.register(_Forward(REGISTRY))
+    if status is not None:
+        registry.register(StoreCollector(status))
+    if followers:
+        registry.register(FollowerCollector(followers))
+    return registry
+
+
+def render(status: Callable[[], Any] | None = None) -> bytes:
+    """One scrape in the Prometheus text format."""
+    return generate_latest(scrape_registry(status))
+
+
+class MetricsServer:
+    """``/metrics`` of a follower process, on its own port (a daemon thread); ``close()`` stops it."""
+
+    def __init__(self, host: str, port: int, status: Callable[[], Any], followers: Sequence[Any]):
+        try:
+            self.server, self.thread = start_http_server(port, addr=host,
+                                                         registry=scrape_registry(status, followers))
+        except OSError as e:
+            raise ConfigurationError("--metrics-port", f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+        self.host, self.port = host, self.server.server_port
+        log.info("Prometheus metrics at http://%s:%d/metrics", host, self.port)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def __enter__(self) -> MetricsServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,322 @@
+"""The operations endpoints against ``commitline serve`` as a real subprocess, over TCP with httpx:
+``/healthz``, ``/readyz`` (ready, then not once the schema is behind), ``/metrics`` counting commands by
+type, outcome and code with the latency histogram, the counts of two workers adding up, and the
+``--metrics-port`` of ``commitline project`` (a real subprocess) reporting follower positions.
+
+Metrics are read with prometheus-client's own parser; counters are compared before and after each test's
+requests, since the module's tests share one server.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import psycopg
+import pytest
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.integration.http.conftest import Server, free_port, start_server
+from tests.support import count_rows, wait_for
+
+PROBLEM_JSON = "application/problem+json"
+PAYMENT = {"type": "create_payment", "amount": "12.50", "currency": "EUR", "account": "acc-ops"}
+PROJECTION_NAMES = ("inventory_levels", "order_fulfilments", "payment_states", "task_statuses")
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def parse(text: str) -> Samples:
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def commands(samples: Samples, type_: str, outcome: str, code: str = "") -> float:
+    return value(samples, "commitline_commands_total", type=type_, outcome=outcome, code=code)
+
+
+def scrape(base_url: str) -> tuple[httpx.Response, Samples]:
+    response = httpx.get(f"{base_url}/metrics", timeout=30)  # no API key: an operator endpoint
+    assert response.status_code == 200, response.text
+    return response, parse(response.text)
+
+
+def key() -> str:
+    return f"k-{uuid.uuid4()}"
+
+
+def sql(dsn: str, query: str, *params: Any) -> Any:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute(query, params).fetchone()
+
+
+def log_head(dsn: str, schema: str) -> int:
+    return int(sql(dsn, f'SELECT coalesce(max(notification_id), 0) FROM "{schema}".events')[0])
+
+
+@pytest.fixture(scope="module")
+def module_schema(pg_dsn: str) -> Iterator[str]:
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    yield name
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+@pytest.fixture(scope="module")
+def served(pg_dsn: str, module_schema: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    running = start_server(pg_dsn, module_schema, tmp_path_factory.mktemp("serve") / "serve.log")
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def acme(served: Server) -> Iterator[httpx.Client]:
+    with served.client("acme") as client:
+        yield client
+
+
+def test_healthz_answers_without_a_key_or_the_database(served: Server) -> None:
+    response = httpx.get(f"{served.base_url}/healthz")
+    assert response.status_code == 200
+    assert response.json() == {"status": "alive"}
+
+
+def test_readyz_is_ready_then_not_once_the_schema_is_behind(served: Server, pg_dsn: str, module_schema: str) -> None:
+    ready = httpx.get(f"{served.base_url}/readyz")
+    assert ready.status_code == 200, ready.text
+    assert ready.json() == {"status": "ready"}
+
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        version, description = conn.execute(
+            f'DELETE FROM "{module_schema}".schema_migrations WHERE version = '
+            f'(SELECT max(version) FROM "{module_schema}".schema_migrations) RETURNING version, description').fetchone()
+    try:
+        behind = httpx.get(f"{served.base_url}/readyz")
+        assert behind.status_code == 503
+        assert behind.headers["content-type"] == PROBLEM_JSON
+        assert behind.headers["retry-after"]
+        problem = behind.json()
+        assert problem["code"] == "not_ready" and problem["status"] == 503
+        assert problem["type"] == "urn:commitline:problem:not_ready"
+        assert len(problem["reasons"]) == 1 and f"lacks migration {version}" in problem["reasons"][0]
+        assert problem["details"]["reasons"] == problem["reasons"]
+        assert httpx.get(f"{served.base_url}/healthz").status_code == 200  # alive all the same
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(f'INSERT INTO "{module_schema}".schema_migrations (version, description) VALUES (%s, %s)',
+                         (version, description))
+    assert httpx.get(f"{served.base_url}/readyz").status_code == 200
+
+
+def test_metrics_count_commands_by_type_outcome_and_code(served: Server, acme: httpx.Client, pg_dsn: str,
+                                                         module_schema: str) -> None:
+    _, before = scrape(served.base_url)
+    created_key = key()
+    created = acme.post("/v1/commands", json=PAYMENT, headers={"Idempotency-Key": created_key})
+    assert created.status_code == 201, created.text
+    payment_id = created.json()["aggregate_id"]
+    replayed = acme.post("/v1/commands", json=PAYMENT, headers={"Idempotency-Key": created_key})
+    assert replayed.status_code == 201 and replayed.headers["idempotent-replayed"] == "true"
+    submit = {"type": "submit_payment", "payment_id": payment_id, "expected_version": 1}
+    assert acme.post("/v1/commands", json=submit, headers={"Idempotency-Key": key()}).status_code == 200
+    stale = {"type": "complete_payment", "payment_id": payment_id, "expected_version": 1}
+    conflict = acme.post("/v1/commands", json=stale, headers={"Idempotency-Key": key()})
+    assert conflict.status_code == 409 and conflict.json()["code"] == "concurrency_conflict"
+    again = {"type": "submit_payment", "payment_id": payment_id}
+    illegal = acme.post("/v1/commands", json=again, headers={"Idempotency-Key": key()})
+    assert illegal.status_code == 409 and illegal.json()["code"] == "illegal_transition"
+    unknown = acme.post("/v1/commands", json={"type": "drop_tables"}, headers={"Idempotency-Key": key()})
+    assert unknown.status_code == 422 and unknown.json()["code"] == "unknown_command_type"
+
+    response, after = scrape(served.base_url)
+    assert response.headers["content-type"].startswith("text/plain")
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    def commands_delta(type_: str, outcome: str, code: str = "") -> float:
+        return commands(after, type_, outcome, code) - commands(before, type_, outcome, code)
+
+    assert commands_delta("create_payment", "applied") == 1
+    assert commands_delta("create_payment", "replayed") == 1
+    assert commands_delta("submit_payment", "applied") == 1
+    assert commands_delta("complete_payment", "refused", "concurrency_conflict") == 1
+    assert commands_delta("submit_payment", "refused", "illegal_transition") == 1
+    assert commands_delta("unknown", "refused", "unknown_command_type") == 1  # never the caller's text
+    assert "drop_tables" not in response.text
+    assert delta("commitline_conflicts_total", type="complete_payment") == 1
+    assert delta("commitline_conflicts_total", type="submit_payment") == 0
+
+    # the latency histogram: one observation per dispatch, in cumulative buckets
+    assert delta("commitline_dispatch_seconds_count", type="create_payment") == 2
+    assert delta("commitline_dispatch_seconds_count", type="submit_payment") == 2
+    assert delta("commitline_dispatch_seconds_bucket", type="create_payment", le="+Inf") == 2
+    assert delta("commitline_dispatch_seconds_sum", type="create_payment") > 0
+    buckets = sorted((float(dict(labels)["le"]), v) for (name, labels), v in after.items()
+                     if name == "commitline_dispatch_seconds_bucket" and dict(labels)["type"] == "create_payment")
+    assert [v for _, v in buckets] == sorted(v for _, v in buckets)
+
+    # HTTP requests by route template and status
+    route = {"method": "POST", "route": "/v1/commands"}
+    assert delta("commitline_http_requests_total", **route, status="201") == 2
+    assert delta("commitline_http_requests_total", **route, status="200") == 1
+    assert delta("commitline_http_requests_total", **route, status="409") == 2
+    assert delta("commitline_http_requests_total", **route, status="422") == 1
+    assert delta("commitline_http_request_seconds_count", **route) == 6
+
+    # read from PostgreSQL at scrape time: the log head and every known follower (none runs here)
+    head, events = log_head(pg_dsn, module_schema), count_rows(pg_dsn, module_schema)["events"]
+    assert value(after, "commitline_store_up") == 1
+    assert value(after, "commitline_log_head") == head
+    for name in ("kafka-publisher", "order-fulfilment", *PROJECTION_NAMES):
+        assert value(after, "commitline_follower_position", follower=name) == 0
+        assert value(after, "commitline_follower_lag_events", follower=name) == events
+        assert value(after, "commitline_follower_alive", follower=name) == 0
+        assert value(after, "commitline_follower_status", follower=name, status="never run") == 1
+    assert value(after, "commitline_fulfilments_stuck") == 0
+    assert served.key("acme") not in response.text
+
+
+def test_metrics_count_retries_of_commands_whose_stream_moved(served: Server, acme: httpx.Client, pg_dsn: str,
+                                                              module_schema: str) -> None:
+    """Concurrent receive_stock on one item (no expected_version) re-run after losing the append: each
+    re-run is counted, and every command still applies once."""
+    _, before = scrape(served.base_url)
+    item, sent = str(uuid.uuid4()), 0
+    command = {"type": "receive_stock", "item_id": item, "quantity": 1}
+
+    def send(_: int) -> int:
+        return acme.post("/v1/commands", json=command, headers={"Idempotency-Key": key()}).status_code
+
+    def retried() -> bool:
+        nonlocal sent
+        with ThreadPoolExecutor(16) as pool:
+            statuses = list(pool.map(send, range(16)))
+        sent += len(statuses)
+        assert set(statuses) <= {200, 201}, statuses
+        _, now = scrape(served.base_url)
+        return value(now, "commitline_dispatch_retries_total", type="receive_stock") > value(
+            before, "commitline_dispatch_retries_total", type="receive_stock")
+
+    wait_for(retried, "a receive_stock re-run after its stream moved", timeout=120)
+    _, after = scrape(served.base_url)
+    assert commands(after, "receive_stock", "applied") - commands(before, "receive_stock", "applied") == sent
+    stored = sql(pg_dsn, f'SELECT count(*), max(originator_version) FROM "{module_schema}".events '
+                 "WHERE originator_id = %s", item)
+    assert tuple(stored) == (sent, sent)
+
+
+def _worker_counts(directory: Path) -> dict[str, float]:
+    """Each worker's own count of applied create_payment commands, from its multiprocess file."""
+    counts = {}
+    for path in directory.glob("counter_*.db"):
+        merged = MultiProcessCollector.merge([str(path)])
+        counts[path.name] = sum(s.value for m in merged for s in m.samples
+                                if s.name == "commitline_commands_total"
+                                and s.labels == {"type": "create_payment", "outcome": "applied", "code": ""})
+    return counts
+
+
+def _metrics_dir(process: subprocess.Popen[bytes]) -> Path:
+    """The PROMETHEUS_MULTIPROC_DIR ``serve`` gave its workers (read from a worker's environment)."""
+    for child in psutil.Process(process.pid).children(recursive=True):
+        try:
+            found = child.environ().get("PROMETHEUS_MULTIPROC_DIR")
+        except psutil.Error:
+            continue
+        if found:
+            return Path(found)
+    raise AssertionError("no worker process has PROMETHEUS_MULTIPROC_DIR")
+
+
+def test_metrics_add_up_across_two_workers(pg_dsn: str, schema: str, tmp_path: Path) -> None:
+    server = start_server(pg_dsn, schema, tmp_path / "serve.log", "--workers", "2")
+    try:
+        directory = _metrics_dir(server.process)
+        assert directory.is_dir()
+        headers = {"Authorization": f"Bearer {server.key('acme')}"}
+        sent = 0
+
+        def send(_: int) -> int:  # a new connection each: the kernel hands connections to either worker
+            return httpx.post(f"{server.base_url}/v1/commands", json=PAYMENT, timeout=60,
+                              headers={**headers, "Idempotency-Key": key()}).status_code
+
+        def both_served() -> bool:
+            nonlocal sent
+            with ThreadPoolExecutor(8) as pool:
+                statuses = list(pool.map(send, range(24)))
+            sent += len(statuses)
+            assert statuses == [201] * len(statuses)
+            return len([c for c in _worker_counts(directory).values() if c > 0]) >= 2
+
+        wait_for(both_served, "both workers to serve some of the commands", timeout=180)
+        per_worker = _worker_counts(directory)
+        assert sum(per_worker.values()) == sent
+
+        for _ in range(4):  # whichever worker answers the scrape, it reports every worker's counts
+            _, samples = scrape(server.base_url)
+            assert commands(samples, "create_payment", "applied") == sent
+            assert value(samples, "commitline_http_requests_total", method="POST", route="/v1/commands",
+                         status="201") == sent
+            assert value(samples, "commitline_dispatch_seconds_count", type="create_payment") == sent
+            assert value(samples, "commitline_log_head") == log_head(pg_dsn, schema)
+    finally:
+        assert server.stop() == 0, server.output()
+    assert not directory.exists(), "serve removes its metrics directory on exit"
+
+
+def test_project_metrics_port_reports_positions_reaching_the_log_head(served: Server, acme: httpx.Client,
+                                                                      tmp_path: Path) -> None:
+    for _ in range(3):
+        assert acme.post("/v1/commands", json=PAYMENT, headers={"Idempotency-Key": key()}).status_code == 201
+    port = free_port()
+    log = (tmp_path / "project.log").open("wb")
+    project = subprocess.Popen([sys.executable, "-m", "commitline.cli", "project", "--metrics-port", str(port)],
+                               env=served.env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/metrics"
+
+    def caught_up() -> Samples | None:
+        assert project.poll() is None, (tmp_path / "project.log").read_text()
+        try:
+            response = httpx.get(url, timeout=10)
+        except httpx.TransportError:
+            return None
+        samples = parse(response.text)
+        head = value(samples, "commitline_log_head")
+        if head and all(value(samples, "commitline_follower_position", follower=n) == head for n in PROJECTION_NAMES):
+            return samples
+        return None
+
+    try:
+        samples = wait_for(caught_up, "every projection's position to reach the log head", timeout=120)
+        head = value(samples, "commitline_log_head")
+        assert head >= 3
+        for name in PROJECTION_NAMES:
+            assert value(samples, "commitline_follower_lag_events", follower=name) == 0
+            assert value(samples, "commitline_follower_alive", follower=name) == 1
+            assert value(samples, "commitline_follower_status", follower=name, status="running") == 1
+            assert value(samples, "commitline_follower_batches_total", follower=name) >= 1
+        assert value(samples, "commitline_follower_events_handled_total", follower="payment_states") >= 3
+        assert value(samples, "commitline_follower_position", follower="kafka-publisher") == 0  # not run
+    finally:
+        project.send_signal(signal.SIGINT)
+        try:
+            assert project.wait(timeout=60) == 0, (tmp_path / "project.log").read_text()
+        finally:
+            if project.poll() is None:
+                project.kill()
+                project.wait()
+            log.close()
