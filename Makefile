@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench unit clean
+.PHONY: demo test bench unit clean browser
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,8 +15,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/commitline demo
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -q
+
+# Headless Chromium and Tesseract OCR from the Debian packages, for the status page's browser test:
+# installed when missing (as root, or with password-less sudo), with the time it took; a no-op after.
+browser:
+	@.ci/install-browser
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit

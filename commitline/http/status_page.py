@@ -1,8 +1,110 @@
 """The operators' status page at ``/``: followers, blocked projections, stuck sagas and the last audit
-verification, read-only and refreshing itself."""
+verification, read-only and refreshing itself.
+
+``GET /v1/status`` is the JSON the page polls: the facts of ``commitline status --json`` (the log head,
+every follower's position, lag, liveness, status and problems, the STUCK sagas), each follower stopped at
+a poison event with the commands that unblock it, and the last recorded ``commitline audit verify``.
+The page (``static/status.html`` with its script and style, no external assets) renders that JSON and
+polls it every few seconds. Both need no API key: they are the operator's view across tenants, show
+counts, positions and ids but no event payloads, and belong on the operators' network like ``/metrics``.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from datetime import datetime, timezone
+from importlib import resources
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from commitline.composition import Commitline
+from commitline.http.problems import RouteNotFound
+from commitline.infrastructure.followers.status import FollowerStatus
+from commitline.infrastructure.kafka.publisher import PUBLISHER
+from commitline.infrastructure.store.audit_runs import ALL, AuditRuns
+from commitline.projections import PROJECTIONS
 
 router = APIRouter()
+
+_STATIC = resources.files("commitline.http") / "static"
+_PAGE = (_STATIC / "status.html").read_bytes()
+_ASSETS = {name: ((_STATIC / name).read_bytes(), media_type)
+           for name, media_type in (("status.js", "text/javascript; charset=utf-8"),
+                                    ("status.css", "text/css; charset=utf-8"))}
+# Everything the page loads comes from this server: no CDN, no inline script, nothing else allowed.
+_SECURITY = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+                               "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+_FRESH = {"Cache-Control": "no-store"}
+REASON = '"<why it is safe>"'
+
+
+def unblock_commands(follower: FollowerStatus) -> list[str]:
+    """The commands an operator runs for a follower stopped at a poison event: retry it (after fixing the
+    cause), or skip exactly that event; [] for a follower no command unblocks."""
+    at = (follower.error or {}).get("position", "N")
+    if follower.name == PUBLISHER:
+        return ["commitline publisher retry", f"commitline publisher skip --position {at} --reason {REASON}"]
+    if follower.name in PROJECTIONS:
+        return [f"commitline projections retry {follower.name}",
+                f"commitline projections skip {follower.name} --position {at} --reason {REASON}"]
+    return []
+
+
+def status_document(app: Commitline) -> dict[str, Any]:
+    """What the status page shows, as JSON (blocking: several reads of the store)."""
+    report = app.status()
+    runs = AuditRuns(app.datastore.get_connection, app.settings.schema_name)
+    last, last_all = runs.last(), runs.last(ALL)
+    blocked = []
+    for s in report.followers:
+        if s.status == "failed":
+            error = s.error or {}
+            blocked.append({"name": s.name, "position": s.position, "poison_position": error.get("position"),
+                            "event_type": error.get("event_type"), "message": error.get("message", ""),
+                            "alive": s.alive, "commands": unblock_commands(s)})
+    problems = report.problems()
+    return {
+        "generated_at": datetime.now(timezone.utc).isoformat(),
+        "schema": app.settings.schema_name,
+        "head": report.head,
+        "healthy": not problems,
+        "problems": [str(p) for p in problems],
+        "thresholds": {"max_lag_events": report.thresholds.max_lag_events,
+                       "max_lag_seconds": report.thresholds.max_lag_seconds},
+        "followers": [{**s.as_dict(), "problems": report.reasons(s)} for s in report.followers],
+        "blocked": blocked,
+        "stuck_fulfilments": [{"order_id": str(r.order_id), "tenant": r.tenant, "state": r.state, "reason": r.stuck,
+                               "command": f"commitline sagas retry {r.order_id} --tenant {r.tenant}"}
+                              for r in report.stuck_fulfilments],
+        "audit": {"last": last.as_dict() if last else None,
+                  "last_all": last_all.as_dict() if last_all else None},
+    }
+
+
+@router.get("/v1/status", tags=["operations"], summary="Followers, blocked projections, stuck sagas, last audit",
+            description="The operators' view behind the status page at `/` (no API key; no payloads): the log head; "
+            "each follower's position, lag, liveness, status and problems (as `commitline status --json`); "
+            "followers stopped at a poison event with the commands that unblock them; STUCK order fulfilments; "
+            "the last `commitline audit verify` run.")
+def status(request: Request) -> Response:
+    body = orjson.dumps(status_document(request.app.state.commitline), default=str)
+    return Response(body, media_type="application/json", headers=_FRESH)
+
+
+@router.get("/", include_in_schema=False)
+def page() -> Response:
+    return Response(_PAGE, media_type="text/html; charset=utf-8", headers={**_SECURITY, **_FRESH})
+
+
+@router.get("/static/{name}", include_in_schema=False)
+def asset(name: str, request: Request) -> Response:
+    if name not in _ASSETS:
+        raise RouteNotFound(request.url.path)
+    body, media_type = _ASSETS[name]
+    return Response(body, media_type=media_type, headers={**_SECURITY, "Cache-Control": "no-cache"})

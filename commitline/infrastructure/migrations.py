@@ -27,7 +27,7 @@ from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Composed, Identifier
 
 from commitline.infrastructure.followers.positions import Positions
-from commitline.infrastructure.store import api_keys, hash_backfill
+from commitline.infrastructure.store import api_keys, audit_runs, hash_backfill
 from commitline.infrastructure.store.recorder import store_schema_statements
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(3, "event store from before the audit: hash-chain columns computed in stream order, idempotency "
               "stream versions, snapshot hashes", run=hash_backfill.upgrade),
     Migration(4, "tenants' API keys (hashes only) for the HTTP API", api_keys.create_statements),
+    Migration(5, "audit verification runs, for the status page", audit_runs.create_statements),
 )
 LATEST = MIGRATIONS[-1].version
 
