@@ -49,7 +49,7 @@ from commitline.infrastructure.store.recorder import EventRecorder
 from commitline.projections import PROJECTIONS, ReadModels
 from commitline.projections.projector import Projector
 from commitline.projections.queries import FulfilmentRow
-from commitline.projections.rebuild import Progress, RebuildResult, rebuild
+from commitline.projections.rebuild import Progress, RebuildResult, rebuild, rebuild_many
 from commitline.projections.rebuild import abort as abort_rebuild
 from commitline.projections.storage import table_exists
 
@@ -213,6 +213,13 @@ class Commitline:
         """Rebuild projection ``name``; ``skip``: poison positions to pass with the operator's reason."""
         return rebuild(self.projection(name), self.recorder, self.conninfo,
                        batch_size=batch_size or self.settings.project_batch_size, progress=progress, skip=skip)
+
+    def rebuild_many(self, names: Iterable[str], *, batch_size: int | None = None,
+                     progress: Progress | None = None) -> list[RebuildResult]:
+        """Rebuild the named projections (all, if none are named), reading the log once for all of them."""
+        projections = [self.projection(name) for name in (list(names) or sorted(PROJECTIONS))]
+        return rebuild_many(projections, self.recorder, self.conninfo,
+                            batch_size=batch_size or self.settings.project_batch_size, progress=progress)
 
     def abort_rebuild(self, name: str) -> bool:
         """Discard an abandoned rebuild of ``name``; False if there was none."""

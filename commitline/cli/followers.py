@@ -188,34 +188,46 @@ def cmd_projections_list(args: argparse.Namespace) -> int:
 def cmd_projections_rebuild(args: argparse.Namespace) -> int:
     from commitline.cli.progress import progress_reporter
     from commitline.composition import bootstrap
+    from commitline.projections import PROJECTIONS
     from commitline.projections.rebuild import RebuildError
 
-    name = args.name
+    names = sorted(PROJECTIONS) if args.all else list(dict.fromkeys(args.names))
+    if not names:
+        print("projections rebuild: name one or more projections, or --all", file=sys.stderr)
+        return EXIT_USAGE
+    if args.skip and len(names) > 1:
+        print("projections rebuild: --skip names a position of one projection's log: rebuild that one alone",
+              file=sys.stderr)
+        return EXIT_USAGE
+    what = ", ".join(names)
     if args.abort:
         with bootstrap() as app:
-            try:
-                found = app.abort_rebuild(name)
-            except RebuildError as e:
-                print(str(e), file=sys.stderr)
-                return EXIT_REFUSED
-        print(f"rebuild of {name} aborted: its tables and position were discarded; the live view is untouched"
-              if found else f"no rebuild of {name} to abort")
+            for name in names:
+                try:
+                    found = app.abort_rebuild(name)
+                except RebuildError as e:
+                    print(str(e), file=sys.stderr)
+                    return EXIT_REFUSED
+                print(f"rebuild of {name} aborted: its tables and position were discarded; the live view is "
+                      "untouched" if found else f"no rebuild of {name} to abort")
         return EXIT_OK
     skip = dict.fromkeys(args.skip, args.reason)
-    with bootstrap() as app, progress_reporter(f"rebuild {name}") as progress:
+    with bootstrap() as app, progress_reporter(f"rebuild {what}") as progress:
         try:
-            result = app.rebuild(name, progress=progress, skip=skip)
+            results = ([app.rebuild(names[0], progress=progress, skip=skip)] if len(names) == 1
+                       else app.rebuild_many(names, progress=progress))
         except RebuildError as e:
-            print(f"rebuild of {name} failed: {e}", file=sys.stderr)
+            print(f"rebuild of {what} failed: {e}", file=sys.stderr)
             return EXIT_REFUSED
         except KeyboardInterrupt:
-            print(f"rebuild of {name} interrupted; the live view is untouched. Run it again to resume.",
+            print(f"rebuild of {what} interrupted; the live views are untouched. Run it again to resume.",
                   file=sys.stderr)
             return 130
-    rate = result.events_applied / result.seconds if result.seconds else 0
-    resumed = f", resumed from position {result.resumed_from}" if result.resumed_from else ""
-    print(f"rebuilt {name}: position {result.position}, {result.events_applied} events in {result.seconds:.1f} s "
-          f"({rate:,.0f} events/s){resumed}; swapped in atomically")
+    for result in results:
+        rate = result.events_applied / result.seconds if result.seconds else 0
+        resumed = f", resumed from position {result.resumed_from}" if result.resumed_from else ""
+        print(f"rebuilt {result.projection}: position {result.position}, {result.events_applied} events in "
+              f"{result.seconds:.1f} s ({rate:,.0f} events/s){resumed}; swapped in atomically")
     return EXIT_OK
 
 
@@ -300,8 +312,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     plist.set_defaults(run=cmd_projections_list)
     prebuild = psub.add_parser("rebuild", help="rebuild from the first event into fresh tables, then swap atomically",
                                description="Readers keep the old complete view until the rebuilt one replaces it "
-                               "in one transaction. Interrupt it and run it again to resume.")
-    prebuild.add_argument("name", metavar="NAME", type=_projection_name)
+                               "in one transaction. Interrupt it and run it again to resume. Several projections "
+                               "(or --all) are rebuilt reading the log once, each swapped in on its own.")
+    prebuild.add_argument("names", metavar="NAME", type=_projection_name, nargs="*")
+    prebuild.add_argument("--all", action="store_true", help="rebuild every projection (reading the log once)")
     prebuild.add_argument("--skip", type=int, action="append", default=[], metavar="N",
                           help="pass the poison event at position N (explicit, logged; repeatable). Events the live "
                           "projection skipped are skipped again without it")

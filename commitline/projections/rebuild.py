@@ -12,6 +12,10 @@
    view until that commit and the new complete view after it.
 
 ``abort`` discards an abandoned rebuild: its ``*__next`` tables and its position row.
+
+``rebuild_many`` rebuilds several projections reading the log once: each batch is applied to every
+projection that has not had it yet (each resumes from its own saved position), then each is swapped
+in on its own, exactly as above.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any
 import psycopg
 from eventsourcing.persistence import Notification
 
-from commitline.infrastructure.followers.engine import Follower, Handled
+from commitline.infrastructure.followers.engine import GAP_POLL_SECONDS, Follower, Handled
 from commitline.infrastructure.followers.lease import Lease, instance_id
 from commitline.infrastructure.followers.positions import Positions
 from commitline.infrastructure.store.recorder import EventRecorder
@@ -128,7 +132,16 @@ def rebuild(projection: Projection, recorder: EventRecorder, conninfo: dict[str,
             skip: dict[int, str] | None = None) -> RebuildResult:
     """Rebuild ``projection``; ``skip`` maps poison positions to pass (beyond the live projection's skips) to
     the operator's reason."""
-    return asyncio.run(_rebuild(projection, recorder, conninfo, batch_size, progress, swap_timeout, skip or {}))
+    return rebuild_many([projection], recorder, conninfo, batch_size=batch_size, progress=progress,
+                        swap_timeout=swap_timeout, skip=skip)[0]
+
+
+def rebuild_many(projections: Sequence[Projection], recorder: EventRecorder, conninfo: dict[str, Any], *,
+                 batch_size: int = 5000, progress: Progress | None = None, swap_timeout: float = 60.0,
+                 skip: dict[int, str] | None = None) -> list[RebuildResult]:
+    """Rebuild every projection in ``projections``, reading the log once for all of them."""
+    return asyncio.run(_rebuild(list(projections), recorder, conninfo, batch_size, progress, swap_timeout,
+                                skip or {}))
 
 
 def abort(projection: Projection, recorder: EventRecorder, conninfo: dict[str, Any]) -> bool:
@@ -154,34 +167,73 @@ def abort(projection: Projection, recorder: EventRecorder, conninfo: dict[str, A
     return found
 
 
-async def _rebuild(projection: Projection, recorder: EventRecorder, conninfo: dict[str, Any], batch_size: int,
-                   progress: Progress | None, swap_timeout: float, skip: dict[int, str]) -> RebuildResult:
-    replay = _Replay(projection, recorder, conninfo, batch_size, skip)
-    work = replay.lease
-    if not await asyncio.to_thread(work.try_acquire):
-        raise RebuildError(f"a rebuild of {projection.name} is already running")
+async def _rebuild(projections: list[Projection], recorder: EventRecorder, conninfo: dict[str, Any],
+                   batch_size: int, progress: Progress | None, swap_timeout: float,
+                   skip: dict[int, str]) -> list[RebuildResult]:
+    replays = [_Replay(p, recorder, conninfo, batch_size, skip) for p in projections]
+    held: list[_Replay] = []
     started = time.perf_counter()
-    report = (lambda position, head: progress(position, head, replay.metrics.applied)) if progress else None
     try:
-        resumed_from = await asyncio.to_thread(work.run, lambda conn: _prepare(conn, replay.schema, projection,
-                                                                              work.name))
-        position = await replay.catch_up(work, resumed_from, report)
-        live = Lease(conninfo, replay.schema, projection.name, f"rebuild:{instance_id()}")
-        if not await asyncio.to_thread(live.acquire, swap_timeout):
-            raise RebuildError(f"the live projector of {projection.name} did not yield within {swap_timeout:.0f} s; "
-                               f"the rebuilt tables are kept, run the rebuild again to resume")
-        try:
-            replay.writer = live
-            position = await replay.catch_up(live, position, report)
-            await asyncio.to_thread(live.run, lambda conn: _swap(conn, replay.schema, projection, position, work.name))
-        finally:
-            await asyncio.to_thread(live.release, "stopped")
-        applied = replay.metrics.applied
-        log.info("rebuilt %s up to position %d (%d events applied)", projection.name, position, applied)
-        return RebuildResult(projection.name, position, applied, time.perf_counter() - started, resumed_from)
+        for replay in replays:
+            if not await asyncio.to_thread(replay.lease.try_acquire):
+                raise RebuildError(f"a rebuild of {replay.projection.name} is already running")
+            held.append(replay)
+        resumed = [await asyncio.to_thread(r.lease.run, lambda conn, r=r: _prepare(conn, r.schema, r.projection,
+                                                                                 r.lease.name)) for r in replays]
+        positions = await _catch_up_together(replays, list(resumed), recorder, batch_size, progress)
+        results = []
+        for replay, position, resumed_from in zip(replays, positions, resumed):
+            position = await _swap_in_live(replay, position, conninfo, swap_timeout, progress)
+            applied = replay.metrics.applied
+            log.info("rebuilt %s up to position %d (%d events applied)", replay.projection.name, position, applied)
+            results.append(RebuildResult(replay.projection.name, position, applied, time.perf_counter() - started,
+                                         resumed_from))
+        return results
     finally:
-        await replay.wakeup.close()
-        await asyncio.to_thread(work.release, "stopped")
+        for replay in replays:
+            await replay.wakeup.close()
+        for replay in held:
+            await asyncio.to_thread(replay.lease.release, "stopped")
+
+
+async def _catch_up_together(replays: list[_Replay], positions: list[int], recorder: EventRecorder, batch_size: int,
+                             progress: Progress | None) -> list[int]:
+    """Read the log once up to its head, giving each replay the part of each batch it has not applied yet."""
+    while True:
+        start = min(positions)
+        batch = await asyncio.to_thread(recorder.select_notifications, start + 1, batch_size)
+        head = await asyncio.to_thread(recorder.max_notification_id) or 0
+        if not batch:
+            if head <= start:
+                return positions
+            await asyncio.sleep(GAP_POLL_SECONDS)  # a gap still being proven at the head
+            continue
+        for i, replay in enumerate(replays):
+            part = [n for n in batch if n.id > positions[i]]
+            if part:
+                handled = await replay.handle(part, positions[i])
+                positions[i] = replay.metrics.position = handled.position
+        if progress is not None:
+            progress(min(positions), head, sum(r.metrics.applied for r in replays))
+
+
+async def _swap_in_live(replay: _Replay, position: int, conninfo: dict[str, Any], swap_timeout: float,
+                        progress: Progress | None) -> int:
+    """Take the live lease (the live projector yields it), apply what arrived meanwhile, swap: the new position."""
+    projection = replay.projection
+    live = Lease(conninfo, replay.schema, projection.name, f"rebuild:{instance_id()}")
+    if not await asyncio.to_thread(live.acquire, swap_timeout):
+        raise RebuildError(f"the live projector of {projection.name} did not yield within {swap_timeout:.0f} s; "
+                           f"the rebuilt tables are kept, run the rebuild again to resume")
+    report = (lambda at, head: progress(at, head, replay.metrics.applied)) if progress else None
+    try:
+        replay.writer = live
+        position = await replay.catch_up(live, position, report)
+        await asyncio.to_thread(live.run, lambda conn: _swap(conn, replay.schema, projection, position,
+                                                             replay.lease.name))
+    finally:
+        await asyncio.to_thread(live.release, "stopped")
+    return position
 
 
 def _prepare(conn: psycopg.Connection[Any], schema: str, projection: Projection, follower: str) -> int:

@@ -159,6 +159,37 @@ def test_rebuilt_view_equals_live_view_table_for_table(app: Commitline, pg_dsn: 
     assert all(rows for table, rows in live.items() if table != "rm_order_fulfilments")
 
 
+def test_several_projections_rebuilt_reading_the_log_once(app: Commitline, pg_dsn: str, schema: str) -> None:
+    threads = [projector(app, name).start() for name in PROJECTIONS]
+    try:
+        mixed_workload(app, "a")
+        for t in threads:
+            t.wait_until_at(app.recorder.max_notification_id())
+    finally:
+        for t in threads:
+            t.stop()
+    live = {table: table_rows(pg_dsn, schema, table) for table in ALL_TABLES}
+    head = app.recorder.max_notification_id()
+    reads: list[tuple[int, int]] = []
+    select = app.recorder.select_notifications
+
+    def counted(start: int, limit: int, *args: object, **kwargs: object) -> list:
+        batch = select(start, limit, *args, **kwargs)
+        reads.append((start, len(batch)))
+        return batch
+
+    app.recorder.select_notifications = counted  # type: ignore[method-assign]
+    try:
+        results = app.rebuild_many(list(PROJECTIONS), batch_size=37)
+    finally:
+        del app.recorder.select_notifications
+    assert [r.projection for r in results] == list(PROJECTIONS) and all(r.position == head for r in results)
+    assert {table: table_rows(pg_dsn, schema, table) for table in ALL_TABLES} == live
+    # every event was read once for all four projections (the swaps only find nothing more to read)
+    assert sum(n for _, n in reads) == head, reads
+    assert [r for r in app.status().followers if r.name.endswith("@rebuild")] == []
+
+
 def test_projector_killed_mid_batch_never_double_counts(app: Commitline, pg_dsn: str, schema: str) -> None:
     task_id = app.dispatch({"type": "create_survey_task", "title": "t"}, idempotency_key="t").aggregate_id
     app.dispatch({"type": "issue_survey_task", "task_id": str(task_id),

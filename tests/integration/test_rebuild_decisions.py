@@ -92,3 +92,16 @@ def test_an_abandoned_rebuild_is_discarded_by_abort(app: Commitline) -> None:
     again = commitline(["projections", "rebuild", NAME, "--abort"], url, schema)
     assert again.returncode == 0 and "no rebuild" in again.stdout
     assert app.rebuild(NAME).resumed_from == 0
+
+
+def test_rebuild_all_from_the_cli_reads_once_and_refuses_an_ambiguous_skip(app: Commitline, pg_dsn: str,
+                                                                          schema: str) -> None:
+    pay(app, "a")
+    done = commitline(["projections", "rebuild", "--all"], pg_dsn, schema)
+    assert done.returncode == 0, done.stderr
+    rebuilt = [line for line in done.stdout.splitlines() if line.startswith("rebuilt ")]
+    assert len(rebuilt) == 4 and all("swapped in atomically" in line for line in rebuilt)
+    ambiguous = commitline(["projections", "rebuild", NAME, "task_statuses", "--skip", "3"], pg_dsn, schema)
+    assert ambiguous.returncode == 2 and "rebuild that one alone" in ambiguous.stderr
+    nothing = commitline(["projections", "rebuild"], pg_dsn, schema)
+    assert nothing.returncode == 2 and "--all" in nothing.stderr
