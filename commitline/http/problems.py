@@ -27,6 +27,7 @@ STATUS: dict[str, int] = {
     "missing_idempotency_key": 400,
     "invalid_idempotency_key": 400,
     "invalid_query": 400,
+    "invalid_tenant": 400,
     "unauthorized": 401,
     "not_found": 404,
     "method_not_allowed": 405,

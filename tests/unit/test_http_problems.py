@@ -1,0 +1,40 @@
+"""The HTTP status of every typed error comes from one table, and the README shows that table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from commitline.application import errors
+from commitline.domain.errors import CommitlineError
+from commitline.http.problems import STATUS, problem_document, status_markdown
+
+
+def every_error_class(cls: type = CommitlineError) -> set[type]:
+    found = set()
+    for sub in cls.__subclasses__():
+        found |= {sub} | every_error_class(sub)
+    return found
+
+
+def test_every_typed_error_has_its_status_in_the_table() -> None:
+    import commitline.http.app  # noqa: F401 (registers every HttpProblem)
+
+    codes = {cls.code for cls in every_error_class()}
+    abstract = {"error", "domain_error"}
+    assert codes - abstract - set(STATUS) == set(), "add these codes to STATUS in commitline/http/problems.py"
+
+
+def test_readme_status_table_is_generated_from_the_table() -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    start = readme.index("| HTTP status | error `code` |")
+    assert readme[start:readme.find("\n\n", start)] == status_markdown(), \
+        "run: python -m commitline.http.problems, paste into README.md"
+
+
+def test_a_problem_document_carries_the_code_and_details() -> None:
+    error = errors.ConcurrencyConflict("7b0c", 1, 2)
+    document = problem_document(error, "/v1/commands")
+    assert document["status"] == 409 and document["code"] == "concurrency_conflict"
+    assert document["type"] == "urn:commitline:problem:concurrency_conflict"
+    assert document["details"]["actual_version"] == 2 and document["actual_version"] == 2
+    assert document["instance"] == "/v1/commands"
