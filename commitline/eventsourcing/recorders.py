@@ -6,6 +6,10 @@
   Writes continue each stream's hash chain from the head it last read or wrote (no extra round
   trip for ``repository.get`` then ``save``). ``insert_events(..., idempotency_key=k)`` records
   ``k`` in the same transaction; a repeated key raises ``IdempotencyKeyUsed``, nothing written.
+  A notification read that an unfinished write below its ids cut short waits (up to ``GAP_WAIT_S``) for that
+  write to commit or roll back and reads again: eventsourcing's runners read only when prompted by a commit,
+  and a write that rolls back prompts nobody, so returning at once could leave a follower waiting for the
+  next write (commitline's own followers poll instead).
 - ``CommitlineProcessRecorder``: the same plus the tracking record in the events' transaction.
 - ``CommitlineTrackingRecorder``: eventsourcing's tracking recorder (nothing in it serialises
   writers), creating the schema when missing.
@@ -18,6 +22,7 @@ psycopg error into eventsourcing's type (``IntegrityError`` for a conflicting ve
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -35,6 +40,8 @@ from commitline.eventsourcing.errors import IdempotencyKeyUsed
 from commitline.infrastructure.store.recorder import EventRecorder, InTransaction
 
 _REMEMBERED_HEADS = 100_000
+GAP_WAIT_S = 2.0  # appends are short transactions: one below a read's ids ends well within this
+GAP_POLL_S = 0.01
 
 
 def _related_name(events_table_name: str, suffix: str) -> str:
@@ -65,6 +72,15 @@ class CommitlineApplicationRecorder(EventRecorder):
 
     def _connection(self) -> Any:
         return self.datastore.get_connection()
+
+    def select_notifications(self, start: int | None, limit: int, stop: int | None = None,
+                             topics: Sequence[str] = (), *, inclusive_of_start: bool = True) -> Sequence[Any]:
+        deadline = time.monotonic() + GAP_WAIT_S
+        while True:
+            found, blocked = self.read_notifications(start, limit, stop, topics, inclusive_of_start=inclusive_of_start)
+            if blocked is None or time.monotonic() >= deadline:
+                return found
+            time.sleep(GAP_POLL_S)
 
     def create_table(self) -> None:
         with self.datastore.transaction(commit=True) as curs:

@@ -10,10 +10,11 @@ from uuid import UUID, uuid4
 
 import psycopg
 import pytest
-from eventsourcing.application import Application
+from eventsourcing.application import Application, ProcessingEvent
 from eventsourcing.domain import Aggregate, event
 from eventsourcing.persistence import IntegrityError, Notification, OperationalError, StoredEvent, Tracking
 from eventsourcing.postgres import PostgresApplicationRecorder
+from eventsourcing.system import MultiThreadedRunner, ProcessApplication, System
 from psycopg.sql import SQL, Identifier
 
 from commitline.application.chain import GENESIS, chain
@@ -203,6 +204,37 @@ def test_a_subscription_passes_an_aborted_write_without_another_write(orders: Or
         recorder.insert_events([stored("kept")])  # id 2: its NOTIFY finds a gap not yet proven
         wait_for(lambda: [n.id for n in received] == [2], "the committed event after the aborted one", timeout=30)
     consumer.join(30)
+
+
+class Tally(ProcessApplication[UUID]):
+    """Counts the Counters its leader created (the policy records nothing, only counts)."""
+
+    name = "Tally"
+
+    def __init__(self, env: Any = None) -> None:
+        super().__init__(env)
+        self.seen = 0
+
+    def policy(self, domain_event: Any, processing_event: ProcessingEvent) -> None:
+        if type(domain_event).__name__ == "Created":
+            self.seen += 1
+
+
+def test_a_multithreaded_runner_passes_a_rolled_back_write(env: dict[str, str], pg_dsn: str, schema: str) -> None:
+    """The runner reads only when a commit prompts it; a read cut short by a write that then rolls back
+    (which prompts nobody) waits for it to end instead of leaving the follower stalled."""
+    runner: MultiThreadedRunner[UUID] = MultiThreadedRunner(System([[Orders, Tally]]), env=env)
+    runner.start()
+    try:
+        orders, tally = runner.get(Orders), runner.get(Tally)
+        for round_ in range(1, 13):
+            aborted = hold_open_write(pg_dsn, schema, "orders_events", "lost")
+            orders.save(Counter())  # its id is above the open write's: the prompted read stops at the gap
+            aborted.rollback()
+            aborted.close()
+            wait_for(lambda: tally.seen == round_, f"the event after rolled-back write {round_}", timeout=30)
+    finally:
+        runner.stop()
 
 
 # -- errors -----------------------------------------------------------------------------------------------

@@ -285,6 +285,19 @@ class EventRecorder(PostgresApplicationRecorder):
         """Notifications from ``start`` in id order, ending before any gap not yet proven permanent.
 
         With ``topics``, up to ``limit`` notifications of those topics (filtered before the limit)."""
+        return self.read_notifications(start, limit, stop, topics, inclusive_of_start=inclusive_of_start)[0]
+
+    def read_notifications(
+        self,
+        start: int | None,
+        limit: int,
+        stop: int | None = None,
+        topics: Sequence[str] = (),
+        *,
+        inclusive_of_start: bool = True,
+    ) -> tuple[list[Notification], int | None]:
+        """``select_notifications``, and the id of the gap not yet proven permanent that ended the read early
+        (None if none did)."""
         first = 1 if start is None else (start if inclusive_of_start else start + 1)
         first = max(first, 1)  # ids start at 1: nothing below can be missing
         if topics:
@@ -298,13 +311,14 @@ class EventRecorder(PostgresApplicationRecorder):
                 rows = conn.cursor(row_factory=tuple_row).execute(
                     self._q.select_log_until, (first, stop, limit), prepare=True).fetchall()
         notifications: list[Notification] = []
-        expected, new_gap = first, None
+        expected, new_gap, blocked = first, None, None
         xmin = int(rows[0][0]) if rows else 0
         with self._gaps_lock:
             for _, nid, originator_id, version, topic, state in rows:
                 if nid > expected:
                     if not self._passable(expected, xmin):
                         new_gap = expected if expected not in self._gaps else None
+                        blocked = expected
                         break
                     # Proven permanent (aborted ids). The entry stays: xmin only grows, so the
                     # proof holds for every other reader of this recorder too.
@@ -316,9 +330,10 @@ class EventRecorder(PostgresApplicationRecorder):
             self._forget_old_gaps()
         if new_gap is not None:
             self._note_gap(new_gap)
-        return notifications
+        return notifications, blocked
 
-    def _select_of_topics(self, first: int, limit: int, stop: int | None, topics: list[str]) -> list[Notification]:
+    def _select_of_topics(self, first: int, limit: int, stop: int | None,
+                          topics: list[str]) -> tuple[list[Notification], int | None]:
         """The page of matching rows and, in the same statement (snapshot), the gaps below its last row."""
         with self._connection() as conn:
             rows = conn.cursor(row_factory=tuple_row).execute(
@@ -326,7 +341,7 @@ class EventRecorder(PostgresApplicationRecorder):
                 {"first": first, "stop": _NO_STOP if stop is None else stop, "topics": topics, "limit": limit},
                 prepare=True).fetchall()
         if not rows:
-            return []
+            return [], None
         xmin = int(rows[0][0])
         gaps = sorted(row[2] for row in rows if row[1])
         cutoff, new_gap = None, None
@@ -343,7 +358,7 @@ class EventRecorder(PostgresApplicationRecorder):
                          state=bytes(state))
             for _, is_gap, nid, originator_id, version, topic, state in sorted(rows, key=lambda r: r[2])
             if not is_gap and (cutoff is None or nid < cutoff)
-        ]
+        ], cutoff
 
     def _passable(self, gap: int, xmin: int) -> bool:
         """Is the gap starting at ``gap`` proven permanent by a snapshot with this xmin? (Lock held.)"""
