@@ -59,6 +59,7 @@ import contextlib
 import gc
 import inspect
 import os
+import threading
 import time
 import uuid
 from collections import defaultdict
@@ -80,8 +81,9 @@ from commitline.infrastructure.config import Settings, load_settings
 from commitline.infrastructure.kafka.envelope import KafkaRecord, to_record, topic_for
 from commitline.infrastructure.followers.thread import FollowerThread
 from commitline.infrastructure.kafka.producer import ensure_topics, new_producer
-from commitline.infrastructure.followers.positions import Positions
-from commitline.infrastructure.kafka.publisher import PUBLISHER, KafkaPublisher
+from commitline.infrastructure.kafka.partitioned import PartitionedPublisher
+from commitline.infrastructure.kafka.publisher import PUBLISHER
+from commitline.infrastructure.followers.buckets import BucketLog, BucketPage
 from commitline.infrastructure.store.recorder import EventRecorder
 
 AGGREGATE_COUNT = 1_000
@@ -136,39 +138,18 @@ def percentile(values: Sequence[float], q: float) -> float:
 # --------------------------------------------------------------------------- publish_throughput
 
 
-class FirstReadClock:
-    """Stands in for the recorder (delegating everything) and notes when the log is first read:
-    the publisher holds the lease and has read its position by then."""
+class GatedLog(BucketLog):
+    """The bucket log, empty until ``go`` is set: the instances join, share the buckets and start their
+    producers first, so the timed part is publishing only."""
 
-    def __init__(self, recorder: EventRecorder):
-        self._recorder = recorder
-        self.first_read: float | None = None
+    def __init__(self, recorder: EventRecorder, buckets: int, go: threading.Event):
+        super().__init__(recorder, buckets)
+        self.go = go
 
-    def select_notifications(self, *args: Any, **kwargs: Any) -> Any:
-        if self.first_read is None:
-            self.first_read = time.perf_counter()
-        return self._recorder.select_notifications(*args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._recorder, name)
-
-
-class TimedPublisher(KafkaPublisher):
-    """KafkaPublisher that notes how long its one-off producer setup took, to subtract it.
-
-    (Hooks ``_producer_ready``; should that ever be renamed, ``setup_s`` stays 0 and the
-    producer start is simply counted, a few ms against us.)"""
-
-    setup_s = 0.0
-
-    async def _producer_ready(self) -> AIOKafkaProducer:
-        if self._producer is not None:
-            return self._producer
-        t0 = time.perf_counter()
-        try:
-            return await super()._producer_ready()
-        finally:
-            self.setup_s += time.perf_counter() - t0
+    def read(self, bucket: int, first: int, limit: int) -> BucketPage:
+        if not self.go.is_set():
+            return BucketPage([], first - 1)
+        return super().read(bucket, first, limit)
 
 
 def chain_links() -> Callable[[Sequence[StoredEvent]], list[tuple[bytes, bytes]]] | None:
@@ -234,33 +215,63 @@ def read_rows(app: Commitline, settings: Settings) -> tuple[RawRow, ...]:
     return held
 
 
-def reset_position(app: Commitline) -> None:
-    """Publish from position 0 again (the bench schema's own ``follower_positions`` row)."""
+def reset_positions(app: Commitline) -> None:
+    """Publish from position 0 again: the bench schema's publisher rows (the group's and its buckets') go."""
     with psycopg.connect(**app.conninfo, autocommit=True) as conn:
-        Positions(app.settings.schema_name).save(conn, PUBLISHER, 0)
+        conn.execute(f"DELETE FROM {app.settings.schema_name}.follower_positions WHERE name = %s "
+                     "OR starts_with(name, %s)", (PUBLISHER, f"{PUBLISHER}/"))
 
 
-def measure_publisher(app: Commitline, settings: Settings) -> tuple[float, int]:
-    """(seconds publishing, events published) from position 0 to the head, one-off setup excluded."""
+def measure_publishers(app: Commitline, settings: Settings, instances: int) -> tuple[float, int]:
+    """(seconds, events published) for ``instances`` publish instances, each on its own thread and event loop
+    in this process (sharing the GIL, not the CPU of separate processes), from position 0 to the head.
+    Timed from ``go`` (every instance joined, the buckets shared fairly, every producer started and the
+    topics created) until every bucket's position reached the head."""
+    reset_positions(app)
+    head = app.recorder.max_notification_id() or 0
+    go = threading.Event()
+    buckets = settings.publish_buckets
 
-    async def main() -> tuple[float, int]:
-        clock = FirstReadClock(app.recorder)
-        publisher = TimedPublisher(clock, app.conninfo, settings, owner=OWNER)  # type: ignore[arg-type]
-        stop = asyncio.Event()
-        done: dict[str, float] = {}
+    def make() -> PartitionedPublisher:
+        publisher = app.publisher(settings, owner=f"{OWNER}-{uuid.uuid4().hex[:4]}")
+        publisher.log = GatedLog(app.recorder, buckets, go)
+        return publisher
 
-        def caught_up() -> None:
-            done.setdefault("at", time.perf_counter())
-            stop.set()
+    threads = [FollowerThread(make).start() for _ in range(instances)]
+    try:
+        deadline = time.monotonic() + 60
+        shares = sorted([buckets // instances + (1 if i < buckets % instances else 0) for i in range(instances)])
+        while sorted(len(t.follower.owned) for t in threads) != shares:  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, "the instances did not share the buckets"
+            time.sleep(0.01)
 
-        publisher.on_caught_up = caught_up
-        reset_position(app)
-        await ensure_topics(settings, all_topics(settings.kafka_topic_prefix))  # as for the raw side
-        await publisher.run(stop)
-        assert clock.first_read is not None
-        return done["at"] - clock.first_read - publisher.setup_s, publisher.metrics.events_published
+        async def warm(publisher: PartitionedPublisher) -> None:
+            async with publisher.producers.use():
+                pass
 
-    return asyncio.run(main())
+        for t in threads:
+            asyncio.run_coroutine_threadsafe(warm(t.follower), t._loop).result(60)  # type: ignore[arg-type]
+        t0 = time.perf_counter()
+        go.set()
+        for t in threads:
+            t._loop.call_soon_threadsafe(t.follower.wakeup.poke)  # type: ignore[union-attr]
+
+        def low() -> int:
+            positions: dict[int, int] = {}
+            for t in threads:
+                for bucket, worker in list(t.follower._workers.items()):  # type: ignore[union-attr]
+                    positions[bucket] = worker.publisher.metrics.position
+            return min(positions.get(b, 0) for b in range(buckets))
+
+        while low() < head:
+            assert time.monotonic() < deadline + 120, "the publishers did not reach the head"
+            time.sleep(0.005)
+        seconds = time.perf_counter() - t0
+        published = sum(t.follower.metrics.events_published for t in threads)  # type: ignore[union-attr]
+    finally:
+        for t in threads:
+            t.stop()
+    return seconds, published
 
 
 def measure_raw_throughput(settings: Settings, prefix: str, rows: Sequence[RawRow], old_prefix: str) -> float:
@@ -318,36 +329,39 @@ def measure_raw_send(settings: Settings, prefix: str, rows: Sequence[RawRow], ol
     return asyncio.run(main())
 
 
+INSTANCES = (1, 2, 4)
+
+
 def publish_throughput(ctx: BenchContext) -> Iterator[str]:
-    events = 20_000 if ctx.quick else 100_000
-    order = "rcr" if ctx.quick else "rcrcr"  # r: raw send_batch, c: commitline
-    ours_times: list[float] = []
+    events = 20_000 if ctx.quick else 60_000
+    rounds = 1 if ctx.quick else 2  # each round: raw, then 1, 2 and 4 instances; a last raw run at the end
+    ours: dict[int, list[float]] = {n: [] for n in INSTANCES}
     raw_times: list[float] = []
-    send_s = None
+    letters = iter("cdefghijklmnopq")
     with fresh_schema(ctx.dsn) as schema, kafka_app(ctx, schema) as (app, settings, prefix):
         t0 = time.perf_counter()
         prefill(app, events)
         fill_s = time.perf_counter() - t0
         rows = read_rows(app, settings)  # also warms the table (hint bits, cache) for both sides
         assert len(rows) == events, (len(rows), events)
-        for n, side in enumerate(order):
-            letter = "cdefg"[n] if side == "c" else "rstuv"[n]
-            if side == "c":
-                seconds, published = measure_publisher(
-                    app, settings.model_copy(update={"kafka_topic_prefix": prefix(letter)}))
-                assert published == events, (published, events)
-                ours_times.append(seconds)
-            else:
-                raw_times.append(measure_raw_throughput(settings, prefix(letter), rows, settings.kafka_topic_prefix))
-        if not ctx.quick:
-            send_s = measure_raw_send(settings, prefix("p"), rows, settings.kafka_topic_prefix)
-    ours = events / min(ours_times)
+        for _ in range(rounds):
+            raw_times.append(measure_raw_throughput(settings, prefix(next(letters)), rows, settings.kafka_topic_prefix))
+            for n in INSTANCES:
+                run_settings = settings.model_copy(update={"kafka_topic_prefix": prefix(next(letters))})
+                asyncio.run(ensure_topics(run_settings, all_topics(run_settings.kafka_topic_prefix)))
+                seconds, published = measure_publishers(app, run_settings, n)
+                assert published >= events, (published, events)
+                ours[n].append(seconds)
+        raw_times.append(measure_raw_throughput(settings, prefix(next(letters)), rows, settings.kafka_topic_prefix))
     raw = events / min(raw_times)
-    yield (f"publish throughput: commitline={ours:.0f} events/s raw_aiokafka={raw:.0f} records/s "
-           f"ratio={ours / raw:.2f} ({events} events)")
-    send_text = f"; raw per-record send() {events / send_s:.0f} records/s" if send_s else ""
-    yield (f"publish throughput details: commitline runs {', '.join(f'{s:.2f}' for s in ours_times)} s; "
-           f"raw send_batch runs {', '.join(f'{s:.2f}' for s in raw_times)} s{send_text}; "
+    for n in INSTANCES:
+        rate = events / min(ours[n])
+        yield (f"publish throughput instances={n}: commitline={rate:.0f} events/s raw_aiokafka={raw:.0f} records/s "
+               f"ratio={rate / raw:.2f}")
+    yield (f"publish throughput details: {events} events over {AGGREGATE_COUNT} aggregates, "
+           f"{settings.publish_buckets} buckets; instances are PartitionedPublishers on threads of this process "
+           f"(one event loop each, one GIL); runs {'; '.join(f'{n}: ' + ', '.join(f'{s:.2f}' for s in ours[n]) for n in INSTANCES)} s; "
+           f"raw send_batch runs {', '.join(f'{s:.2f}' for s in raw_times)} s; "
            f"avg value {sum(len(r[2]) for r in rows) // len(rows)} B; prefill {fill_s:.1f} s; "
            f"broker {'KAFKA_BOOTSTRAP_SERVERS' if kafka_overrides() else 'embedded Tansu'}")
 

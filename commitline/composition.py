@@ -33,10 +33,20 @@ from commitline.infrastructure.embedded.local import RunningBroker, shared_kafka
 from commitline.infrastructure.embedded.postgres import EmbeddedPostgres
 from commitline.infrastructure.embedded.shared import SharedServer
 from commitline.infrastructure.followers.engine import Follower
-from commitline.infrastructure.followers.health import Problem, StuckSaga, Thresholds, follower_reasons, judge
+from commitline.infrastructure.followers.buckets import parse_bucket_name
+from commitline.infrastructure.followers.group_status import GroupStatus, group_status
+from commitline.infrastructure.followers.health import (
+    Problem,
+    StuckSaga,
+    Thresholds,
+    bucket_reasons,
+    follower_reasons,
+    judge,
+)
 from commitline.infrastructure.followers.status import FollowerStatus, follower_statuses
 from commitline.infrastructure.kafka.producer import client_options
-from commitline.infrastructure.kafka.publisher import PUBLISHER, KafkaPublisher
+from commitline.infrastructure.kafka.partitioned import UNOWNED_GRACE_SECONDS, PartitionedPublisher
+from commitline.infrastructure.kafka.publisher import PUBLISHER
 from commitline.infrastructure.metrics import CommandMetrics
 from commitline.infrastructure.sagas.gateways import GatewayContext, load_gateway
 from commitline.infrastructure.sagas.runner import RUNNER, FulfilmentRunner
@@ -79,6 +89,7 @@ class StatusReport:
     followers: list[FollowerStatus]
     stuck_fulfilments: list[FulfilmentRow]
     thresholds: Thresholds
+    publisher: GroupStatus | None = None  # the publish instances and their buckets
 
     def follower_names(self, names: Iterable[str]) -> list[str]:
         """``names`` (or an alias: publisher, sagas) as follower names; UnknownFollower names any other."""
@@ -92,7 +103,14 @@ class StatusReport:
     def problems(self, only: Collection[str] | None = None) -> list[Problem]:
         """What is unhealthy: among all followers, or only those in ``only`` (which must then be running)."""
         stuck = [StuckSaga(str(r.order_id), r.stuck, r.state) for r in self.stuck_fulfilments]
-        return judge(self.followers, stuck, self.thresholds, only=only, saga_runner=RUNNER)
+        problems = judge(self.followers, stuck, self.thresholds, only=only, saga_runner=RUNNER)
+        if self.publisher is not None and (only is None or PUBLISHER in only):
+            problems += [Problem(s.name, reason) for s in self.publisher.buckets for reason in self.bucket_reasons(s)]
+        return problems
+
+    def bucket_reasons(self, bucket: FollowerStatus) -> list[str]:
+        members = len(self.publisher.members) if self.publisher is not None else 0
+        return bucket_reasons(bucket, self.thresholds, members, UNOWNED_GRACE_SECONDS)
 
     def reasons(self, follower: FollowerStatus) -> list[str]:
         return follower_reasons(follower, self.thresholds)
@@ -142,9 +160,12 @@ class Commitline:
                 "run commitline migrate" for m in missing]
 
     def status(self) -> StatusReport:
-        head, followers = follower_statuses(self.recorder, [PUBLISHER, RUNNER, *sorted(PROJECTIONS)])
+        # The publisher's bucket rows are shown per publish instance (``publisher``), not as followers.
+        head, followers = follower_statuses(self.recorder, [PUBLISHER, RUNNER, *sorted(PROJECTIONS)],
+                                            include=lambda name: parse_bucket_name(name) is None)
         limits = Thresholds(self.settings.status_max_lag_events, self.settings.status_max_lag_s)
-        return StatusReport(head, followers, self._stuck_fulfilments(), limits)
+        publisher = group_status(self.recorder, PUBLISHER, self.settings.publish_buckets, head)
+        return StatusReport(head, followers, self._stuck_fulfilments(), limits, publisher)
 
     def _stuck_fulfilments(self) -> list[FulfilmentRow]:
         with self.datastore.get_connection() as conn:
@@ -177,8 +198,9 @@ class Commitline:
         # Tansu rejects InitProducerId, so the embedded broker runs without producer idempotence.
         return self.settings.model_copy(update={"kafka_bootstrap_servers": bootstrap_servers, "kafka_idempotence": False})
 
-    def publisher(self, settings: Settings | None = None, **options: Any) -> KafkaPublisher:
-        """The Kafka publisher, to ``settings``' broker or by default the configured Kafka. Without a
+    def publisher(self, settings: Settings | None = None, **options: Any) -> PartitionedPublisher:
+        """The Kafka publisher, to ``settings``' broker or by default the configured Kafka: one instance of the
+        publish group, owning its fair share of the ``COMMITLINE_PUBLISH_BUCKETS`` buckets. Without a
         configured Kafka it publishes to an embedded broker only when the database is embedded too (the
         demo setup, where both vanish together); with a configured database it raises ConfigurationError
         naming KAFKA_BOOTSTRAP_SERVERS, since positions saved for a broker that vanishes with the process
@@ -193,7 +215,7 @@ class Commitline:
             settings = self.start_embedded_kafka_if_unset()
             options.setdefault("broker_in_memory", self.settings.kafka_bootstrap_servers is None)
         client_options(settings)  # a TLS file that cannot be loaded is refused now, not once publishing starts
-        return KafkaPublisher(self.recorder, self.conninfo, settings, **options)
+        return PartitionedPublisher(self.recorder, self.conninfo, settings, **options)
 
     def projector(self, name: str, **options: Any) -> Projector:
         options.setdefault("batch_size", self.settings.project_batch_size)

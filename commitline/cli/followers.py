@@ -87,6 +87,37 @@ def status_table(head: int, statuses: list[FollowerStatus],
     return table
 
 
+def _publisher_json(report: Any) -> dict[str, Any] | None:
+    group = report.publisher
+    if group is None:
+        return None
+    out = group.as_dict()
+    for row, bucket in zip(out["buckets"], group.buckets):
+        row["problems"] = report.bucket_reasons(bucket)
+    return out
+
+
+def publisher_tables(report: Any) -> list[Table]:
+    """The publish instances with their buckets, then every bucket with its owner, position and lag."""
+    group = report.publisher
+    instances = Table(title=f"publish instances ({group.bucket_count} buckets, COMMITLINE_PUBLISH_BUCKETS)")
+    for column in ("instance", "session", "buckets", "lag (events)"):
+        instances.add_column(column)
+    for m in group.members:
+        lag = sum(group.buckets[b].lag_events for b in m.buckets)
+        instances.add_row(m.owner or "?", f"pid {m.backend.pid}", group.describe(m), str(lag))
+    if group.unowned:
+        instances.add_row("[red]nobody[/red]", "", f"[red]{group.describe_buckets(group.unowned)}[/red]", "")
+    buckets = Table(title="publisher buckets")
+    for column in ("bucket", "status", "owner", "session", "position", "lag (events)", "lag (s)", "problem"):
+        buckets.add_column(column)
+    for s in group.buckets:
+        problem = "; ".join(report.bucket_reasons(s))
+        buckets.add_row(s.name, s.status, s.owner or "", f"pid {s.backend.pid}" if s.backend else "", str(s.position),
+                        str(s.lag_events), f"{s.lag_seconds:.1f}", f"[red]{problem}[/red]" if problem else "")
+    return [instances, buckets]
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from commitline.composition import UnknownFollower, bootstrap
 
@@ -108,10 +139,15 @@ def cmd_status(args: argparse.Namespace) -> int:
                     "thresholds": {"max_lag_events": report.thresholds.max_lag_events,
                                    "max_lag_seconds": report.thresholds.max_lag_seconds},
                     "followers": [{**s.as_dict(), "problems": report.reasons(s)} for s in report.followers],
+                    "publisher": _publisher_json(report),
                     "stuck_fulfilments": [str(r.order_id) for r in report.stuck_fulfilments]}, sys.stdout)
     elif args.check is None:
         out = console()
         out.print(status_table(report.head, report.followers, report.reasons))
+        if report.publisher is not None and (report.publisher.members or any(
+                s.recorded_status is not None for s in report.publisher.buckets)):
+            for table in publisher_tables(report):
+                out.print(table)
         if report.stuck_fulfilments:
             out.print(f"[red]{len(report.stuck_fulfilments)} order fulfilment(s) STUCK, needing manual intervention"
                       "[/red] (commitline sagas list --stuck)")
@@ -240,7 +276,9 @@ def cmd_intervene(args: argparse.Namespace) -> int:
     name = getattr(args, "name", PUBLISHER)
     with bootstrap() as app:
         try:
-            if args.action == "skip":
+            if name == PUBLISHER:
+                message = _intervene_in_buckets(app, args)
+            elif args.action == "skip":
                 message = skip(app.datastore, name, args.position, args.reason)
             else:
                 message = retry(app.datastore, name)
@@ -249,6 +287,32 @@ def cmd_intervene(args: argparse.Namespace) -> int:
             return EXIT_REFUSED
     print(message)
     return EXIT_OK
+
+
+def _intervene_in_buckets(app: Any, args: argparse.Namespace) -> str:
+    """``publisher skip/retry``: a poison record stops only its bucket. ``skip --position N`` finds the bucket
+    stopped at N; ``retry`` retries every stopped bucket. Then the publisher's own row is brought up to date."""
+    from commitline.infrastructure.followers.group import stopped_buckets, write_summary
+    from commitline.infrastructure.followers.interventions import retry, skip
+    from commitline.infrastructure.followers.positions import Positions
+    from commitline.infrastructure.kafka.publisher import PUBLISHER
+
+    schema = app.datastore.schema
+    with app.datastore.get_connection() as conn:
+        stopped = stopped_buckets(conn, schema, PUBLISHER)
+    if not stopped:  # nothing stopped in a bucket: the publisher's own row says why (or that nothing is)
+        return (skip(app.datastore, PUBLISHER, args.position, args.reason) if args.action == "skip"
+                else retry(app.datastore, PUBLISHER))
+    if args.action == "skip":
+        bucket = next((n for n, error in stopped if error.get("position") == args.position), stopped[0][0])
+        message = skip(app.datastore, bucket, args.position, args.reason)
+    else:
+        message = "\n".join(retry(app.datastore, bucket) for bucket, _ in stopped)
+    with app.datastore.get_connection() as conn:
+        _, status, _ = Positions(schema).read(conn, PUBLISHER)
+        write_summary(conn, schema, PUBLISHER, app.settings.publish_buckets, None,
+                      "stopped" if status in ("failed", "retrying", "never run") else status)
+    return message
 
 
 def _projection_name(text: str) -> str:
@@ -264,14 +328,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "publish",
         help="publish every stored event to Kafka in commit order until SIGINT/SIGTERM",
         description="Follow the notification log and publish each event (topic per aggregate type, key = aggregate "
-        "id, acks=all). Only one instance publishes at a time (PostgreSQL advisory lock); others wait and take "
-        "over when it dies. The position is saved only after the broker acknowledged everything up to it.",
+        "id, acks=all). The log is divided into COMMITLINE_PUBLISH_BUCKETS buckets by aggregate id; any number of "
+        "instances share them, each bucket owned by one live instance at a time (PostgreSQL advisory locks), "
+        "rebalanced when instances join, leave or die. Each bucket's position is saved only after the broker "
+        "acknowledged everything of it up to there.",
     )
     publish.add_argument("--drain", action="store_true", help="exit once everything stored so far is published")
     add_metrics_options(publish)
     publish.set_defaults(run=cmd_publish)
 
-    publisher = sub.add_parser("publisher", help="skip or retry the record the publisher stopped at")
+    publisher = sub.add_parser("publisher", help="skip or retry the record a publisher bucket stopped at")
     pubsub = publisher.add_subparsers(dest="publisher_command", required=True, metavar="ACTION")
     pubskip = pubsub.add_parser("skip", help="never publish the poison record the publisher stopped at (explicit, "
                                 "logged); it continues after it")

@@ -89,8 +89,9 @@ def test_every_event_exactly_once_in_order_under_concurrent_writers(pg_dsn: str,
         assert envelope["payload"] == {"quantity": envelope["payload"]["quantity"]}
 
 
-def publisher_process(pg_dsn: str, schema: str, bootstrap_servers: str, *extra: str) -> subprocess.Popen:
-    env = {**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn, "COMMITLINE_SCHEMA": schema,
+def publisher_process(pg_dsn: str, schema: str, bootstrap_servers: str, *extra: str, **settings: str
+                      ) -> subprocess.Popen:
+    env = {**os.environ, **settings, "COMMITLINE_DATABASE_URL": pg_dsn, "COMMITLINE_SCHEMA": schema,
            "KAFKA_BOOTSTRAP_SERVERS": bootstrap_servers, "COMMITLINE_KAFKA_IDEMPOTENCE": "false",
            "COMMITLINE_KAFKA_TOPIC_PREFIX": f"{schema}.", "COMMITLINE_KAFKA_PARTITIONS": "4",
            "COMMITLINE_PUBLISH_BATCH_SIZE": "50", "COMMITLINE_PUBLISH_POLL_INTERVAL_MS": "200"}
@@ -205,7 +206,9 @@ def test_failover_between_three_instances_never_interleaves(pg_dsn: str, schema:
     with bootstrap(settings) as app:
         stop = threading.Event()
         writer = keep_writing(app, stop, "failover")
-        procs = {p.pid: p for p in (publisher_process(pg_dsn, schema, kafka_bootstrap) for _ in range(3))}
+        # One bucket: one instance publishes, the others stand by (parallel buckets: test_partitioned_publishing).
+        procs = {p.pid: p for p in (publisher_process(pg_dsn, schema, kafka_bootstrap, COMMITLINE_PUBLISH_BUCKETS="1")
+                                    for _ in range(3))}
         try:
             first = wait_for_owner(pg_dsn, schema, procs, None)
             wait_for_progress(pg_dsn, schema, beyond=published_position(pg_dsn, schema) + 100)

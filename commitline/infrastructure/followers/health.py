@@ -5,7 +5,9 @@ Pure logic over ``FollowerStatus`` rows and stuck sagas, no I/O. Unhealthy, alwa
 - a follower ``dead`` (its row says it works, but no live session holds its lease);
 - a follower stopped at a poison event (``failed``) or ``retrying`` a failing batch;
 - a live follower (not a rebuild, which lags by design) lagging beyond either threshold;
-- a STUCK saga, when all followers are judged or the saga runner is named.
+- a STUCK saga, when all followers are judged or the saga runner is named;
+- a bucket of a follower group (the publisher's) that is dead, failed, retrying or lagging, or that no
+  live instance has owned for longer than a rebalance takes while instances run (``bucket_reasons``).
 
 A follower ``stopped`` cleanly or ``never run`` is a deployment's choice, not a fault: it is
 unhealthy only when ``only`` names it, i.e. when the caller says it should be running.
@@ -64,6 +66,17 @@ def follower_reasons(s: FollowerStatus, limits: Thresholds, *, required: bool = 
             s.lag_events > limits.max_lag_events or s.lag_seconds > limits.max_lag_seconds):
         reasons.append(f"lagging by {s.lag_events} events / {s.lag_seconds:.1f} s "
                        f"(limits {limits.max_lag_events} events / {limits.max_lag_seconds:g} s)")
+    return reasons
+
+
+def bucket_reasons(s: FollowerStatus, limits: Thresholds, members: int, grace_seconds: float) -> list[str]:
+    """Why a bucket of a follower group is unhealthy: as any follower, and also when nobody owns it for more
+    than ``grace_seconds`` while ``members`` instances run (a rebalance hands buckets over in about a second)."""
+    reasons = follower_reasons(s, limits)
+    unowned_for = s.last_moved_seconds if s.last_moved_seconds is not None else float("inf")
+    if members and not s.alive and s.status != DEAD and unowned_for > grace_seconds:
+        since = "" if s.last_moved_seconds is None else f" for {s.last_moved_seconds:.0f} s"
+        reasons.append(f"unowned{since} while {members} instance(s) run")
     return reasons
 
 

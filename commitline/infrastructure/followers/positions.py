@@ -78,12 +78,15 @@ class Positions:
             + (" FOR UPDATE" if for_update else "")), (name,)).fetchone()
         return (int(row[0]), str(row[1]), row[2]) if row else (0, "never run", None)
 
-    def claim(self, conn: Connection, name: str, owner: str) -> None:
+    def claim(self, conn: Connection, name: str, owner: str, *, start_from: str | None = None) -> None:
+        """Mark ``name`` running under ``owner``; without a row yet, it starts at 0, or at the position of the
+        follower ``start_from`` (a publisher bucket at the publisher's: republishing is safe, skipping is not)."""
         conn.execute(self._sql(
             # A follower stopped at a poison event stays stopped until an operator decides.
-            "INSERT INTO {positions} AS t (name, owner, status) VALUES (%s, %s, 'running') "
+            "INSERT INTO {positions} AS t (name, owner, status, position) VALUES (%s, %s, 'running', "
+            "coalesce((SELECT position FROM {positions} WHERE name = %s), 0)) "
             "ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, updated_at = now(), "
-            "status = CASE WHEN t.status = 'failed' THEN 'failed' ELSE 'running' END"), (name, owner))
+            "status = CASE WHEN t.status = 'failed' THEN 'failed' ELSE 'running' END"), (name, owner, start_from))
 
     def save(self, conn: Connection, name: str, position: int, *, poison: dict[str, Any] | None = None) -> None:
         """Move the position; with ``poison`` the follower stops there, waiting for an operator."""

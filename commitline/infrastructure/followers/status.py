@@ -9,7 +9,7 @@ that holds the follower's advisory lock (``lease.py``), found in ``pg_locks`` an
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -105,16 +105,17 @@ def lease_holders(conn: Any, schema: str, names: list[str]) -> dict[str, Backend
     return {name: Backend(pid, application, started, client) for name, pid, application, started, client in rows}
 
 
-def follower_statuses(recorder: EventRecorder, known: Iterable[str] = ()) -> tuple[int, list[FollowerStatus]]:
+def follower_statuses(recorder: EventRecorder, known: Iterable[str] = (),
+                      include: Callable[[str], bool] = lambda name: True) -> tuple[int, list[FollowerStatus]]:
     """The log head and the status of every ``known`` follower (in that order, ``never run`` if it never
-    ran), then of every other follower that has a row (a rebuild, say), by name."""
+    ran), then of every other follower that has a row (a rebuild, say) and that ``include`` accepts, by name."""
     schema = recorder.datastore.schema
     events = Identifier(schema, EVENTS_TABLE)
     with recorder.datastore.get_connection() as conn:
         cur = conn.cursor(row_factory=tuple_row)
         head = cur.execute(SQL("SELECT coalesce(max(notification_id), 0) FROM {}").format(events)).fetchone()[0]
         rows = {r[0]: r for r in cur.execute(_ROWS.format(positions=Identifier(schema, POSITIONS_TABLE))).fetchall()}
-        names = list(dict.fromkeys([*known, *sorted(rows)]))
+        names = list(dict.fromkeys([*known, *(name for name in sorted(rows) if include(name))]))
         holders = lease_holders(conn, schema, names)
         lags = {position: _lag(cur, events, position)
                 for position in {rows[n][1] if n in rows else 0 for n in names}}

@@ -1,5 +1,8 @@
 """The Kafka publisher: follows the notification log and publishes every event, in order.
 
+This is one stream's publisher. ``commitline publish`` runs ``partitioned.PartitionedPublisher``,
+which runs one of these per bucket of aggregates it owns (``BucketPublisher``, its own position each).
+
 Loop, while holding the ``kafka-publisher`` lease:
   read the next batch after the saved position (gap-safe) -> build records ->
   send in per-partition order and wait for every ack (acks=all) -> save the position.
@@ -24,7 +27,8 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 
 from aiokafka import AIOKafkaProducer
@@ -117,15 +121,15 @@ class KafkaPublisher(Follower):
                 end, reason = i, (f"record of {size} bytes is larger than the broker's limit of {limit} bytes "
                                   "(COMMITLINE_KAFKA_MAX_MESSAGE_BYTES)")
                 break
-        producer = await self._producer_ready()
-        while True:  # send everything before the first record the broker cannot take
-            try:
-                await send_in_order(producer, records[:end])
-                break
-            except RecordRefused as refused:
-                end = records.index(refused.record)
-                reason = (f"the broker refused the record batch starting here as too large ({refused}); "
-                          "set COMMITLINE_KAFKA_MAX_MESSAGE_BYTES to the broker's message.max.bytes")
+        async with self._batch_producer() as producer:
+            while True:  # send everything before the first record the broker cannot take
+                try:
+                    await send_in_order(producer, records[:end])
+                    break
+                except RecordRefused as refused:
+                    end = records.index(refused.record)
+                    reason = (f"the broker refused the record batch starting here as too large ({refused}); "
+                              "set COMMITLINE_KAFKA_MAX_MESSAGE_BYTES to the broker's message.max.bytes")
         self._acked = records[:end]
         if end == len(records):
             return Handled(batch[-1].id)
@@ -147,6 +151,11 @@ class KafkaPublisher(Follower):
 
     async def on_stop(self) -> None:
         await self._close_producer()
+
+    @asynccontextmanager
+    async def _batch_producer(self) -> AsyncIterator[AIOKafkaProducer]:
+        """The producer to send a batch with (a bucket worker's is shared with the others of its instance)."""
+        yield await self._producer_ready()
 
     async def _producer_ready(self) -> AIOKafkaProducer:
         if self._producer is None:

@@ -360,6 +360,22 @@ class EventRecorder(PostgresApplicationRecorder):
             if not is_gap and (cutoff is None or nid < cutoff)
         ], cutoff
 
+    def first_unproven_gap(self, gaps: Sequence[int], xmin: int) -> int | None:
+        """For a filtered read done elsewhere (``followers/buckets.py``): the first of ``gaps`` (first missing
+        ids below the read's last row, read in the same snapshot, whose xmin is ``xmin``) not yet proven
+        permanent, which the read must stop before; None when every one may be passed. Shares this
+        recorder's gap bookkeeping, so a gap proven for one reader is passed by all."""
+        cutoff, new_gap = None, None
+        with self._gaps_lock:
+            for gap in sorted(gaps):
+                if not self._passable(gap, xmin):
+                    cutoff, new_gap = gap, (gap if gap not in self._gaps else None)
+                    break
+            self._forget_old_gaps()
+        if new_gap is not None:
+            self._note_gap(new_gap)
+        return cutoff
+
     def _passable(self, gap: int, xmin: int) -> bool:
         """Is the gap starting at ``gap`` proven permanent by a snapshot with this xmin? (Lock held.)"""
         bound = self._gaps.get(gap)

@@ -1,0 +1,115 @@
+"""Where a follower group stands (the Kafka publisher's buckets), as PostgreSQL sees it now: each live
+instance (a session holding the group's membership lock, ``group.py``) with the buckets it owns, and
+each bucket with its owner, position and lag (events of that bucket after its position, and the age of
+the first of them). Liveness follows ``status.py``'s rules: only locks held by live sessions count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import orjson
+from psycopg.rows import tuple_row
+from psycopg.sql import SQL, Identifier
+
+from commitline.infrastructure.followers.buckets import bucket_name, bucket_positions_sql, sequence_of
+from commitline.infrastructure.followers.positions import POSITIONS_TABLE
+from commitline.infrastructure.followers.status import (
+    _ROWS,
+    NEVER_RUN,
+    Backend,
+    FollowerStatus,
+    derive_status,
+    lease_holders,
+)
+from commitline.infrastructure.store.recorder import EVENTS_TABLE, EventRecorder
+
+_MEMBERS = SQL("""
+SELECT l.pid, a.application_name, a.backend_start, a.client_addr::text
+FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+ AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+ AND l.classid = hashtext(%(count_key)s)::oid AND l.objid = %(count)s::int4::oid
+ORDER BY l.pid
+""")
+
+
+@dataclass(frozen=True)
+class Member:
+    """A live instance of the group: its session, the owner name it writes, and the buckets it owns."""
+
+    backend: Backend
+    owner: str | None
+    buckets: list[int]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"owner": self.owner, **self.backend.as_dict(), "buckets": self.buckets}
+
+
+@dataclass(frozen=True)
+class GroupStatus:
+    name: str
+    bucket_count: int
+    members: list[Member]
+    buckets: list[FollowerStatus]  # one per bucket, in bucket order; backend = the session owning it
+
+    @property
+    def unowned(self) -> list[int]:
+        return [b for b, s in enumerate(self.buckets) if s.backend is None]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "bucket_count": self.bucket_count,
+                "instances": [m.as_dict() for m in self.members], "unowned": self.unowned,
+                "buckets": [{**s.as_dict(), "bucket": b} for b, s in enumerate(self.buckets)]}
+
+    def describe(self, member: Member) -> str:
+        return self.describe_buckets(member.buckets)
+
+    @staticmethod
+    def describe_buckets(buckets: list[int]) -> str:
+        return f"{sequence_of(buckets)} ({len(buckets)})" if buckets else "none"
+
+
+def group_status(recorder: EventRecorder, name: str, bucket_count: int, head: int) -> GroupStatus:
+    schema = recorder.datastore.schema
+    names = [bucket_name(name, b, bucket_count) for b in range(bucket_count)]
+    with recorder.datastore.get_connection() as conn:
+        cur = conn.cursor(row_factory=tuple_row)
+        members = cur.execute(_MEMBERS, {"count_key": f"{schema}/{name}@buckets", "count": bucket_count}).fetchall()
+        rows = {r[0]: r for r in cur.execute(
+            _ROWS.format(positions=Identifier(schema, POSITIONS_TABLE)) + SQL(" WHERE name = ANY(%s)"),
+            ([*names, name],)).fetchall()}
+        holders = lease_holders(conn, schema, names)
+        start = rows[name][1] if name in rows else 0  # where a bucket without a row will start
+        positions = [rows[n][1] if n in rows else start for n in names]
+        lags = {bucket: (count, first) for bucket, count, first in cur.execute(
+            bucket_positions_sql(schema),
+            {"bucket_list": list(range(bucket_count)), "positions": positions, "buckets": bucket_count}).fetchall()}
+        firsts = [first for _, first in lags.values() if first is not None]
+        states = dict(cur.execute(SQL("SELECT notification_id, state FROM {} WHERE notification_id = ANY(%s)").format(
+            Identifier(schema, EVENTS_TABLE)), (firsts,)).fetchall()) if firsts else {}
+    now = datetime.now(timezone.utc)
+    buckets = []
+    for b, n in enumerate(names):
+        count, first = lags.get(b, (0, None))
+        age = 0.0
+        if first is not None and first in states:
+            age = max(0.0, (now - datetime.fromisoformat(orjson.loads(bytes(states[first]))["at"])).total_seconds())
+        backend = holders.get(n)
+        if n in rows:
+            _, position, owner, recorded, error, updated_at, moved = rows[n]
+        else:
+            position, owner, recorded, error, updated_at, moved = start, None, None, None, None, None
+        status = derive_status(recorded, backend is not None) if recorded is not None or backend else NEVER_RUN
+        buckets.append(FollowerStatus(n, status, owner, position, head, count, age, updated_at, error, recorded,
+                                      backend, moved))
+    group_members = []
+    for pid, application, started, client in members:
+        owned = [b for b, s in enumerate(buckets) if s.backend is not None and s.backend.pid == pid]
+        prefix = f"commitline {name} "  # the member connection's application name, unless the URL sets one
+        owner = next((buckets[b].owner for b in owned if buckets[b].owner),
+                     application[len(prefix):] if application and application.startswith(prefix) else None)
+        group_members.append(Member(Backend(pid, application, started, client), owner, owned))
+    return GroupStatus(name, bucket_count, group_members, buckets)

@@ -1,0 +1,228 @@
+"""Several ``commitline publish`` processes sharing the buckets, against a real broker, read back with an
+independent Kafka client (confluent-kafka, i.e. librdkafka: not the aiokafka the publisher uses)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import defaultdict
+from uuid import uuid4
+
+import orjson
+import psycopg
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+from commitline.composition import Commitline, bootstrap
+from commitline.domain import AGGREGATES
+from commitline.infrastructure.followers.buckets import bucket_of
+from commitline.infrastructure.followers.group_status import GroupStatus, group_status
+from commitline.infrastructure.kafka.envelope import topic_for
+from commitline.infrastructure.kafka.publisher import PUBLISHER
+from tests.support import kafka_settings, wait_for
+
+BUCKETS = 16
+
+
+def publish_process(pg_dsn: str, schema: str, bootstrap_servers: str) -> subprocess.Popen:
+    env = {**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn, "COMMITLINE_SCHEMA": schema,
+           "KAFKA_BOOTSTRAP_SERVERS": bootstrap_servers, "COMMITLINE_KAFKA_IDEMPOTENCE": "false",
+           "COMMITLINE_KAFKA_TOPIC_PREFIX": f"{schema}.", "COMMITLINE_KAFKA_PARTITIONS": "4",
+           "COMMITLINE_PUBLISH_BUCKETS": str(BUCKETS), "COMMITLINE_PUBLISH_BATCH_SIZE": "100",
+           "COMMITLINE_PUBLISH_POLL_INTERVAL_MS": "200"}
+    return subprocess.Popen([sys.executable, "-m", "commitline.cli", "publish"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def group(app: Commitline) -> GroupStatus:
+    return group_status(app.recorder, PUBLISHER, BUCKETS, app.recorder.max_notification_id() or 0)
+
+
+def shares(app: Commitline) -> dict[int, int]:
+    """Live instance (backend pid) -> buckets it owns; {} unless every bucket has a live owner."""
+    g = group(app)
+    return {} if g.unowned else {m.backend.pid: len(m.buckets) for m in g.members}
+
+
+def bucket_positions(pg_dsn: str, schema: str) -> list[int]:
+    with psycopg.connect(pg_dsn) as conn:
+        rows = dict(conn.execute(f"SELECT name, position FROM {schema}.follower_positions "
+                                 "WHERE starts_with(name, %s)", (f"{PUBLISHER}/",)).fetchall())
+    return [rows.get(f"{PUBLISHER}/{b:02d}of{BUCKETS}", 0) for b in range(BUCKETS)]
+
+
+def stored_events(pg_dsn: str, schema: str) -> dict[str, tuple[str, int]]:
+    """event id -> (aggregate id, version), straight from the store."""
+    with psycopg.connect(pg_dsn) as conn:
+        rows = conn.execute(f"SELECT originator_id, originator_version, state FROM {schema}.events").fetchall()
+    return {orjson.loads(bytes(s))["id"]: (str(a), v) for a, v, s in rows}
+
+
+def consume_everything(bootstrap_servers: str, prefix: str) -> list[tuple[str, int, int, dict]]:
+    """(topic, partition, offset, envelope) of every record of the prefix's topics, each partition read from its
+    beginning to the end offset it had when reading began: manual assignment, no consumer group."""
+    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"reader-{uuid.uuid4()}",
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    try:
+        metadata = consumer.list_topics(timeout=20)
+        wanted = [topic_for(prefix, a.__name__) for a in AGGREGATES]
+        partitions = [TopicPartition(t, p, OFFSET_BEGINNING) for t in wanted if t in metadata.topics
+                      for p in metadata.topics[t].partitions]
+        ends = {(tp.topic, tp.partition): consumer.get_watermark_offsets(tp, timeout=20)[1] for tp in partitions}
+        remaining = {tp for tp, end in ends.items() if end > 0}
+        consumer.assign(partitions)
+        records = []
+        deadline = time.monotonic() + 120
+        while remaining:
+            assert time.monotonic() < deadline, f"could not read to the end of {sorted(remaining)}"
+            for m in consumer.consume(num_messages=2000, timeout=0.5):
+                if m.error():
+                    assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
+                    continue
+                records.append((m.topic(), m.partition(), m.offset(), orjson.loads(m.value())))
+                assert m.key().decode() == records[-1][3]["aggregate_id"], "key = aggregate id"
+                if m.offset() + 1 >= ends[(m.topic(), m.partition())]:
+                    remaining.discard((m.topic(), m.partition()))
+        return sorted(records, key=lambda r: (r[0], r[1], r[2]))
+    finally:
+        consumer.close()
+
+
+def keep_writing(app: Commitline, stop: threading.Event, tag: str, written: list[int]) -> threading.Thread:
+    shared = [str(uuid4()) for _ in range(3)]
+
+    def write() -> None:
+        own = [str(uuid4()) for _ in range(4)]
+        n = 0
+        while not stop.is_set():
+            item = shared[n % 3] if n % 7 == 0 else own[n % 4]  # contended streams leave gaps in the log
+            app.dispatch({"type": "receive_stock", "item_id": item, "quantity": 1}, idempotency_key=f"{tag}-{n}")
+            n += 1
+        written.append(n)
+
+    thread = threading.Thread(target=write, name=tag)
+    thread.start()
+    return thread
+
+
+def test_three_instances_killed_at_random_lose_and_reorder_nothing(
+    pg_dsn: str, schema: str, kafka_bootstrap: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = kafka_settings(pg_dsn, schema, kafka_bootstrap, publish_buckets=BUCKETS)
+    with bootstrap(settings) as app, bootstrap(settings) as late_app:
+        # The second app's writers hold every commit open for a while after their ids were drawn: later ids of
+        # the other writers commit first, and a publisher that passed the gap would never publish these.
+        late_app.recorder.before_commit = lambda: time.sleep(random.uniform(0.05, 0.5))
+        stop, written = threading.Event(), []
+        writers = [keep_writing(late_app if i < 4 else app, stop, f"w{i}", written) for i in range(20)]
+        procs = [publish_process(pg_dsn, schema, kafka_bootstrap) for _ in range(3)]
+        kills = 0
+        try:
+            wait_for(lambda: len(group(app).members) == 3, "three publish instances", timeout=60)
+            while kills < 12:
+                # Kill at a random moment of progress: once the lowest bucket position moved past a random
+                # number of events beyond where it was at the last kill.
+                watermark = min(bucket_positions(pg_dsn, schema))
+                step = random.randint(5, 150)
+                wait_for(lambda: min(bucket_positions(pg_dsn, schema)) > watermark + step,
+                         "the buckets to move on", timeout=60)
+                victim = random.randrange(len(procs))
+                assert procs[victim].poll() is None, procs[victim].stderr.read().decode()[-3000:]
+                procs[victim].send_signal(signal.SIGKILL)
+                procs[victim].wait(10)
+                kills += 1
+                procs[victim] = publish_process(pg_dsn, schema, kafka_bootstrap)
+        finally:
+            stop.set()
+            for writer in writers:
+                writer.join(60)
+        head = app.recorder.max_notification_id()
+        wait_for(lambda: min(bucket_positions(pg_dsn, schema)) >= head, "every bucket to publish the head", 120)
+        # The last instance restarted may still be taking its share: wait until the group settled.
+        wait_for(lambda: sorted(shares(app).values()) == [5, 5, 6], "every bucket owned, shared fairly", timeout=30)
+
+        status = subprocess.run([sys.executable, "-m", "commitline.cli", "status", "--json"], capture_output=True,
+                                text=True, timeout=60, env={**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn,
+                                                            "COMMITLINE_SCHEMA": schema,
+                                                            "COMMITLINE_PUBLISH_BUCKETS": str(BUCKETS)})
+        publisher = json.loads(status.stdout)["publisher"]
+        live = {p.pid for p in procs}
+        instances = {i["pid"]: i for i in publisher["instances"]}
+        assert len(instances) == 3 and publisher["unowned"] == []
+        assert sorted(b for i in instances.values() for b in i["buckets"]) == list(range(BUCKETS)), \
+            "each bucket owned by exactly one instance"
+        assert {i["owner"].rsplit(":", 1)[1] for i in instances.values()} == {str(p) for p in live}, \
+            "the owners are the live processes"
+
+        expected = stored_events(pg_dsn, schema)
+        records = consume_everything(kafka_bootstrap, settings.kafka_topic_prefix)
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            assert proc.wait(60) == 0, proc.stderr.read().decode()[-3000:]
+
+    seen: set[str] = set()
+    duplicates = 0
+    last_version: dict[str, int] = {}
+    partitions_of: dict[str, set[tuple[str, int]]] = defaultdict(set)
+    for topic, partition, _, envelope in records:  # in the order a consumer of each partition reads them
+        aggregate, version = envelope["aggregate_id"], envelope["version"]
+        partitions_of[aggregate].add((topic, partition))
+        if envelope["event_id"] in seen:
+            duplicates += 1  # sent again by a new owner after a kill: at-least-once
+            continue
+        seen.add(envelope["event_id"])
+        assert version == last_version.get(aggregate, 0) + 1, \
+            f"aggregate {aggregate}: version {version} first read after {last_version.get(aggregate, 0)}"
+        last_version[aggregate] = version
+    missing = set(expected) - seen
+    with capsys.disabled():
+        print(f"\n[partitioned publishers] {kills} SIGKILLs, {len(expected)} events ({sum(written)} commands), "
+              f"{duplicates} duplicates, {len(missing)} missing")
+    assert not missing and seen == set(expected)
+    assert all(len(p) == 1 for p in partitions_of.values()), "an aggregate's records share one partition"
+    assert len({bucket_of(uuid.UUID(a), BUCKETS) for a in last_version}) == BUCKETS, "the workload spans every bucket"
+    assert kills >= 10
+
+
+def test_buckets_are_shared_fairly_and_rebalanced_when_instances_leave_and_join(
+    pg_dsn: str, schema: str, kafka_bootstrap: str
+) -> None:
+    settings = kafka_settings(pg_dsn, schema, kafka_bootstrap, publish_buckets=BUCKETS)
+    with bootstrap(settings) as app:
+        procs = [publish_process(pg_dsn, schema, kafka_bootstrap) for _ in range(3)]
+        try:
+            wait_for(lambda: sorted(shares(app).values()) == [5, 5, 6], "three instances owning 5, 5 and 6 buckets",
+                     timeout=30)
+            assert {m.owner.rsplit(":", 1)[1] for m in group(app).members} == {str(p.pid) for p in procs}
+
+            procs[0].send_signal(signal.SIGTERM)
+            assert procs[0].wait(30) == 0, procs[0].stderr.read().decode()[-3000:]
+            wait_for(lambda: sorted(shares(app).values()) == [8, 8], "the other two taking its buckets", timeout=10)
+
+            procs[1].send_signal(signal.SIGKILL)  # dies without letting go: its session's locks vanish
+            procs[1].wait(10)
+            wait_for(lambda: sorted(shares(app).values()) == [16], "the last one taking every bucket", timeout=10)
+
+            procs[0] = publish_process(pg_dsn, schema, kafka_bootstrap)
+            procs[1] = publish_process(pg_dsn, schema, kafka_bootstrap)
+            wait_for(lambda: sorted(shares(app).values()) == [5, 5, 6], "newcomers taking their share", timeout=30)
+            for n in range(20):  # and they publish
+                app.dispatch({"type": "receive_stock", "item_id": str(uuid4()), "quantity": 1},
+                             idempotency_key=f"after-{n}")
+            head = app.recorder.max_notification_id()
+            wait_for(lambda: min(bucket_positions(pg_dsn, schema)) >= head, "every bucket to publish the head", 30)
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            for proc in procs:
+                proc.wait(60)
+        assert [p.returncode for p in procs] == [0, 0, 0], [p.stderr.read().decode()[-2000:] for p in procs]
