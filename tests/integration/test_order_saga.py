@@ -57,14 +57,17 @@ class Shop:
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
 
-    def outcome(self, order_id: UUID) -> tuple[str, str, str | None, int]:
+    def outcome(self, order_id: UUID) -> tuple[str | None, str | None, str | None, int]:
         """(saga state, order state, payment state, captures at the gateway)"""
         store = self.app.store
         saga = store.load(OrderFulfilment, fulfilment_id(order_id))
         order = store.load(Order, order_id)
         payment = store.load(PaymentTransaction, payment_id_for(order_id))
         captures = self.gateway.ledger_rows().get(FulfilmentSaga.gateway_key(order_id), ("", 0))[1]
-        return (saga.state.value, order.state.value, payment.state.value if payment.state else None, captures)
+        def value(state: object) -> str | None:  # None: not started yet (the runner has not reached it)
+            return state.value if state is not None else None  # type: ignore[attr-defined]
+
+        return (value(saga.state), value(order.state), value(payment.state), captures)
 
     def reserved_for(self, order_id: UUID) -> str | None:
         reservation = self.app.store.load(InventoryItem, self.item).reservations.get(str(order_id))
