@@ -1,5 +1,6 @@
 """``commitline serve`` as a real subprocess on a free loopback port, and API keys made with the real
-``commitline tenants add``; tests talk to it with httpx over TCP."""
+``commitline tenants add``; tests talk to it with httpx over TCP. ``server`` is one per test; ``served``
+one per module (starting a server costs seconds), on its own schema, with ``acme``'s client."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import signal
 import socket
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import psycopg
 import pytest
 
 from tests.support import wait_for
@@ -100,3 +103,24 @@ def server(pg_dsn: str, schema: str, tmp_path: Path) -> Iterator[Server]:
     running = start_server(pg_dsn, schema, tmp_path / "serve.log")
     yield running
     running.stop()
+
+
+@pytest.fixture(scope="module")
+def module_schema(pg_dsn: str) -> Iterator[str]:
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    yield name
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+@pytest.fixture(scope="module")
+def served(pg_dsn: str, module_schema: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    running = start_server(pg_dsn, module_schema, tmp_path_factory.mktemp("serve") / "serve.log")
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def acme(served: Server) -> Iterator[httpx.Client]:
+    with served.client("acme") as client:
+        yield client

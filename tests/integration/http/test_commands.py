@@ -29,27 +29,6 @@ SECRET_AT = len("clk_0123456789ab_")  # where a key's secret part starts, after 
 PAYMENT = {"type": "create_payment", "amount": "12.50", "currency": "EUR", "account": "acc-http"}
 
 
-@pytest.fixture(scope="module")
-def module_schema(pg_dsn: str) -> Iterator[str]:
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    yield name
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-
-
-@pytest.fixture(scope="module")
-def served(pg_dsn: str, module_schema: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    running = start_server(pg_dsn, module_schema, tmp_path_factory.mktemp("serve") / "serve.log")
-    yield running
-    running.stop()
-
-
-@pytest.fixture(scope="module")
-def acme(served: Server) -> Iterator[httpx.Client]:
-    with served.client("acme") as client:
-        yield client
-
-
 @pytest.fixture
 def rows(pg_dsn: str, module_schema: str) -> Any:
     return lambda: count_rows(pg_dsn, module_schema)

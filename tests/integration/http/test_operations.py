@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,6 @@ from typing import Any
 import httpx
 import psutil
 import psycopg
-import pytest
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -65,27 +63,6 @@ def sql(dsn: str, query: str, *params: Any) -> Any:
 
 def log_head(dsn: str, schema: str) -> int:
     return int(sql(dsn, f'SELECT coalesce(max(notification_id), 0) FROM "{schema}".events')[0])
-
-
-@pytest.fixture(scope="module")
-def module_schema(pg_dsn: str) -> Iterator[str]:
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    yield name
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-
-
-@pytest.fixture(scope="module")
-def served(pg_dsn: str, module_schema: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    running = start_server(pg_dsn, module_schema, tmp_path_factory.mktemp("serve") / "serve.log")
-    yield running
-    running.stop()
-
-
-@pytest.fixture(scope="module")
-def acme(served: Server) -> Iterator[httpx.Client]:
-    with served.client("acme") as client:
-        yield client
 
 
 def test_healthz_answers_without_a_key_or_the_database(served: Server) -> None:
