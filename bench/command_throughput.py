@@ -25,16 +25,32 @@
       snapshots its loads would grow with the run and the comparison would flatter us.
       It has no idempotency record (commitline does strictly more work per command).
 
+    - state_stored: the design the seeds use instead of event sourcing (seed 002's write path),
+      written with psycopg and a pool of the same size: one row per item with a version column;
+      per command one read (the idempotency key's row and the item's row, one statement), then
+      one transaction, pipelined: ``UPDATE items SET state, version = version + 1 WHERE id AND
+      version``, an outbox ``INSERT`` and an idempotency-key ``INSERT``.
+    - raw_insert: the ceiling: one-row ``INSERT`` transactions (autocommit) from the same number
+      of psycopg threads on a pool of the same size. Nothing can do a command in fewer commits.
+
     Each measurement uses fresh aggregates and a freshly opened app, runs a warm-up (pool
     growth, prepared statements) and then counts the commands completed within the fixed
-    window. Measurements alternate stock/ours, then ours/stock (ABBA against drift) and the
-    best of the rounds is reported. Also printed: commitline's command latency p50/p99 (and
-    the stock one) in the reported round.
+    window. Measurements rotate the order of the systems every round (against drift) and the
+    best of the rounds is reported. Also printed: every system's command latency p50/p99 in the
+    reported round.
+
+``processes``
+    commitline's commands/s at 32 writers in 1 process and split over 2 processes (16 each, as
+    the HTTP server's workers would be), each with its own pool and aggregate cache, same server.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
+import textwrap
 import time
 import uuid
 from collections import Counter
@@ -43,8 +59,11 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
+import orjson
 from eventsourcing.application import Application
 from eventsourcing.domain import Aggregate, event
+from psycopg import sql
+from psycopg_pool import ConnectionPool
 
 from bench.harness import POOL_MAX_OVERFLOW, POOL_SIZE, BenchContext, commitline_app, fresh_schema, run_together
 from commitline.application.errors import ConcurrencyConflict
@@ -211,31 +230,143 @@ def measure_stock(ctx: BenchContext, schema: str, writers: int, warmup: float, d
         app.close()
 
 
+def _pool(ctx: BenchContext, schema: str) -> ConnectionPool:
+    pool = ConnectionPool(ctx.dsn, min_size=POOL_SIZE, max_size=POOL_SIZE + POOL_MAX_OVERFLOW, open=False,
+                          kwargs={"autocommit": True, "options": f"-c search_path={schema}"})
+    pool.open(wait=True, timeout=30)
+    return pool
+
+
+def measure_state_stored(ctx: BenchContext, schema: str, writers: int, warmup: float,
+                         duration: float) -> Measurement:
+    run = uuid.uuid4().hex[:8]
+    items, outbox, keys = (sql.Identifier(f"ss_{name}_{run}") for name in ("items", "outbox", "keys"))
+    with _pool(ctx, schema) as pool:
+        with pool.connection() as conn:
+            conn.execute(sql.SQL("CREATE TABLE {} (id uuid PRIMARY KEY, state jsonb NOT NULL, version int8 NOT NULL)")
+                         .format(items))
+            conn.execute(sql.SQL("CREATE TABLE {} (id bigserial PRIMARY KEY, aggregate_id uuid NOT NULL, "
+                                 "type text NOT NULL, payload jsonb NOT NULL, published boolean NOT NULL DEFAULT "
+                                 "false)").format(outbox))
+            conn.execute(sql.SQL("CREATE TABLE {} (tenant text, key text, response jsonb NOT NULL, "
+                                 "PRIMARY KEY (tenant, key))").format(keys))
+            ids = [uuid.uuid4() for _ in range(writers)]
+            for i in ids:
+                conn.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s, 1)").format(items),
+                             (i, orjson.dumps({"on_hand": 1}).decode()))
+        read = sql.SQL("SELECT i.state, i.version, (SELECT response FROM {} WHERE tenant = %s AND key = %s) "
+                       "FROM {} i WHERE i.id = %s").format(keys, items)
+        update = sql.SQL("UPDATE {} SET state = %s, version = version + 1 WHERE id = %s AND version = %s").format(items)
+        to_outbox = sql.SQL("INSERT INTO {} (aggregate_id, type, payload) VALUES (%s, %s, %s)").format(outbox)
+        to_keys = sql.SQL("INSERT INTO {} (tenant, key, response) VALUES (%s, %s, %s)").format(keys)
+
+        def command(i: int, seq: int) -> None:
+            key = f"{run}-{i}-{seq}"
+            with pool.connection() as conn:
+                state, version, earlier = conn.execute(read, ("default", key, ids[i]), prepare=True).fetchone()
+                if earlier is not None:
+                    return
+                state = {**state, "on_hand": state["on_hand"] + 1}
+                payload = orjson.dumps({"quantity": 1}).decode()
+                with conn.pipeline(), conn.transaction():
+                    moved = conn.execute(update, (orjson.dumps(state).decode(), ids[i], version), prepare=True)
+                    conn.execute(to_outbox, (ids[i], "StockReceived", payload), prepare=True)
+                    conn.execute(to_keys, ("default", key, orjson.dumps({"version": version + 1}).decode()),
+                                 prepare=True)
+                if moved.rowcount != 1:
+                    raise ConcurrencyConflict(ids[i], version, None)
+
+        return drive(writers, command, warmup, duration)
+
+
+def measure_raw_insert(ctx: BenchContext, schema: str, writers: int, warmup: float, duration: float) -> Measurement:
+    table = sql.Identifier(f"raw_{uuid.uuid4().hex[:8]}")
+    with _pool(ctx, schema) as pool:
+        with pool.connection() as conn:
+            conn.execute(sql.SQL("CREATE TABLE {} (id bigserial PRIMARY KEY, payload bytea NOT NULL)").format(table))
+        insert = sql.SQL("INSERT INTO {} (payload) VALUES (%s)").format(table)
+        payload = bytes(100)
+
+        def command(i: int, seq: int) -> None:
+            with pool.connection() as conn:
+                conn.execute(insert, (payload,), prepare=True)
+
+        return drive(writers, command, warmup, duration)
+
+
+SYSTEMS: dict[str, Callable[..., Measurement]] = {
+    "commitline": measure_commitline, "stock_eventsourcing": measure_stock,
+    "state_stored": measure_state_stored, "raw_insert": measure_raw_insert,
+}
+
+
+def _ratio(a: Measurement, b: Measurement) -> float:
+    return a.rate / b.rate if b.rate else float("inf")
+
+
 def throughput(ctx: BenchContext) -> Iterator[str]:
     warmup, duration, rounds = (0.3, 1.0, 1) if ctx.quick else (1.0, 3.0, 2)
-    systems: dict[str, Callable[..., Measurement]] = {"stock": measure_stock, "commitline": measure_commitline}
+    names = list(SYSTEMS)
     with fresh_schema(ctx.dsn) as schema:
         for writers in WRITER_COUNTS:
             best: dict[str, Measurement] = {}
             for r in range(rounds):
-                order = ("stock", "commitline") if r % 2 == 0 else ("commitline", "stock")
+                order = names[r % len(names):] + names[:r % len(names)]
+                order = order if r % 2 == 0 else order[::-1]
                 for name in order:
-                    m = systems[name](ctx, schema, writers, warmup, duration)
+                    m = SYSTEMS[name](ctx, schema, writers, warmup, duration)
                     if name not in best or m.rate > best[name].rate:
                         best[name] = m
-            ours, stock = best["commitline"], best["stock"]
-            ratio = ours.rate / stock.rate if stock.rate else float("inf")
-            yield (f"commands/s writers={writers}: commitline={ours.rate:.0f} "
-                   f"stock_eventsourcing={stock.rate:.0f} ratio={ratio:.2f}")
-            yield (f"latency writers={writers}: commitline p50={ours.percentile(0.5) * 1000:.1f}ms "
-                   f"p99={ours.percentile(0.99) * 1000:.1f}ms; stock_eventsourcing "
-                   f"p50={stock.percentile(0.5) * 1000:.1f}ms p99={stock.percentile(0.99) * 1000:.1f}ms")
+            ours = best["commitline"]
+            yield (f"commands/s writers={writers}: "
+                   + " ".join(f"{name}={best[name].rate:.0f}" for name in names)
+                   + f" ratio={_ratio(ours, best['stock_eventsourcing']):.2f}"
+                   f" ratio_state_stored={_ratio(ours, best['state_stored']):.2f}"
+                   f" ratio_raw={_ratio(ours, best['raw_insert']):.2f}")
+            yield (f"latency writers={writers}: " + "; ".join(
+                f"{name} p50={best[name].percentile(0.5) * 1000:.1f}ms p99={best[name].percentile(0.99) * 1000:.1f}ms"
+                for name in names))
             for name, m in best.items():
                 if m.errors:
                     yield (f"errors writers={writers}: {name} {m.errors} failed commands, first: "
                            f"{type(m.first_error).__name__}: {m.first_error}")
 
 
+_WORKER = textwrap.dedent("""
+    import sys
+    from bench.command_throughput import measure_commitline
+    from bench.harness import BenchContext
+    dsn, schema, writers, warmup, duration = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), \
+        float(sys.argv[5])
+    m = measure_commitline(BenchContext(dsn=dsn, quick=True), schema, writers, warmup, duration)
+    print(len(m.latencies), m.errors)
+""")
+
+
+def processes(ctx: BenchContext) -> Iterator[str]:
+    """32 writers in 1 process, then 16 in each of 2 processes started together (same window)."""
+    warmup, duration = (1.0, 1.0) if ctx.quick else (2.0, 3.0)
+    total_writers = 32
+    rates = {}
+    with fresh_schema(ctx.dsn) as schema:
+        for count in (1, 2):
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+            procs = [subprocess.Popen([sys.executable, "-c", _WORKER, ctx.dsn, schema, str(total_writers // count),
+                                       str(warmup), str(duration)], stdout=subprocess.PIPE, text=True, env=env)
+                     for _ in range(count)]
+            done, errors = 0, 0
+            for proc in procs:
+                out, _ = proc.communicate(timeout=300)
+                if proc.returncode != 0:
+                    raise RuntimeError(f"a bench worker process failed with exit code {proc.returncode}")
+                n, e = out.split()[-2:]
+                done, errors = done + int(n), errors + int(e)
+            rates[count] = done / duration
+            yield (f"commands/s processes={count} writers={total_writers}: commitline={rates[count]:.0f}"
+                   + (f" errors={errors}" if errors else ""))
+    yield f"processes: 2 vs 1 ratio={_ratio(Measurement(rates[2]), Measurement(rates[1])):.2f}"
+
+
 #: What ``python -m bench`` runs from this module, in order: (name, callable).
-BENCHMARKS = (("contention", contention), ("throughput", throughput))
+BENCHMARKS = (("contention", contention), ("throughput", throughput), ("processes", processes))
 

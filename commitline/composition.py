@@ -349,7 +349,8 @@ def bootstrap(settings: Settings | None = None, *, apply_migrations: bool = True
         if shared is not None:
             shared.release()
         raise StoreUnavailable(describe_failure(e, parts)) from None
-    store = PostgresEventStore(recorder, settings.snapshot_interval, max_event_bytes=settings.max_event_bytes)
+    store = PostgresEventStore(recorder, settings.snapshot_interval, max_event_bytes=settings.max_event_bytes,
+                               cache_size=settings.aggregate_cache_size, group_commit=settings.group_commit_max)
     retry = RetryPolicy(
         settings.retry_max_attempts, settings.retry_base_delay_ms / 1000, settings.retry_max_delay_ms / 1000
     )

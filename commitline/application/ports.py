@@ -39,12 +39,27 @@ class IdempotencyRecord:
     outcome: bytes
 
 
+@dataclass(frozen=True)
+class CommandLoad:
+    """What a command starts from, read in one round trip: the key's stored record if the key was used
+    (then nothing else was decoded: ``aggregate`` is None), else the aggregate to decide on; ``foreign``
+    when its stream is another tenant's (then ``aggregate`` is a blank stand-in, nothing of it decoded)."""
+
+    aggregate: Aggregate | None
+    foreign: bool
+    earlier: IdempotencyRecord | None
+
+
 class EventStore(Protocol):
     def load(self, cls: type[A], aggregate_id: UUID, *, tenant: str | None = None) -> A:
         """The aggregate as of its latest event; a blank one (version 0) if it has none.
 
         A stream belongs to the tenant of its first event. With ``tenant``, a stream owned by another
         tenant raises ForeignStream; without it the load is not tenant-scoped (operators, tests)."""
+
+    def load_for_command(self, cls: type[A], aggregate_id: UUID, *, tenant: str, key: str) -> CommandLoad:
+        """The (tenant, key) record, or the aggregate the command changes (tenant-scoped as above):
+        for the processor, which then decides and ``append``s it (or drops it)."""
 
     def append(
         self, aggregate: Aggregate, events: Sequence[Event], *, tenant: str, idempotency: IdempotencyRecord | None

@@ -4,11 +4,13 @@
    before any I/O.
 2. Look the (tenant, key) up: a stored outcome with the same fingerprint is returned
    as ``replayed=True``; a different fingerprint raises IdempotencyKeyReused.
-3. Load the aggregate by replaying its events (from a snapshot when there is one), and any other
-   aggregate the command reads, all tenant-scoped (below).
+3. Load the aggregate (the store's cached copy brought up to date, or its snapshot and the events
+   after it), and any other aggregate the command reads, all tenant-scoped (below). Steps 2 and 3
+   are one read round trip (``EventStore.load_for_command``).
 4. Run the domain method; it raises on an illegal transition or a broken invariant
    (unless a twin with the same key committed meanwhile: then the twin's outcome is returned).
-5. Append the events and the idempotency record in one short transaction. If the
+5. Append the events and the idempotency record in one short transaction (which the store may share
+   with concurrent commands', each still atomic on its own). If the
    stream moved meanwhile: with ``expected_version`` raise ConcurrencyConflict, without
    it reload and decide again after a jittered back-off, a bounded number of times.
    If a concurrent twin with the same key committed first, return its outcome.
@@ -33,6 +35,7 @@ moved as a retry. The default observer does nothing; composition wires the Prome
 from __future__ import annotations
 
 import hashlib
+import random
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -55,6 +58,7 @@ from commitline.application.errors import (
 )
 from commitline.application.handlers import HANDLERS, Handler, Stream
 from commitline.application.ports import (
+    CommandLoad,
     EventStore,
     ForeignStream,
     IdempotencyRecord,
@@ -140,9 +144,6 @@ class CommandProcessor:
         key = check_idempotency_key(idempotency_key, cmd.type)
         tenant = check_tenant(tenant)
         digest = fingerprint(cmd)
-        earlier = self._earlier_outcome(tenant, key, digest)
-        if earlier is not None:
-            return earlier
         handler = HANDLERS[type(cmd)]
         aggregate_id = handler.target(cmd) or uuid5(_DERIVED_ID_NAMESPACE, f"{tenant}\x00{key}")
         expected = cmd.expected_version if isinstance(cmd, VersionedCommand) else None
@@ -158,10 +159,13 @@ class CommandProcessor:
             if attempts > 1:
                 self.observer.on_retry(cmd.type)
             try:
-                aggregate, foreign = self._load_for(handler, aggregate_id, expected, tenant)
-                changed = handler.run(aggregate, cmd, load)
-                if foreign:  # decided as if the stream were empty; it is another tenant's: not ours to start
-                    raise self._unavailable(handler, cmd, aggregate_id)
+                # The key's record and the aggregate in one read: a used key answers before any other check.
+                loaded = self.store.load_for_command(handler.aggregate, aggregate_id, tenant=tenant, key=key)
+                if loaded.earlier is None:
+                    aggregate = self._checked(handler, loaded, aggregate_id, expected)
+                    changed = handler.run(aggregate, cmd, load)
+                    if loaded.foreign:  # decided as if the stream were empty; it is another tenant's: not ours
+                        raise self._unavailable(handler, cmd, aggregate_id)
             except StoreUnavailable:
                 raise  # not a refusal: looking for a twin would only wait for the store again
             except CommitlineError:
@@ -171,6 +175,8 @@ class CommandProcessor:
                 if twin is not None:
                     return twin
                 raise
+            if loaded.earlier is not None:
+                return self._outcome_of(loaded.earlier, digest)
             events = changed.collect_events()
             result = self._result(cmd, tenant, changed, events)
             record = IdempotencyRecord(tenant, key, digest, cmd.type, aggregate_id, changed.version, result.outcome_bytes())
@@ -186,19 +192,28 @@ class CommandProcessor:
                     raise self._lost_race(handler, aggregate_id, expected, tenant) from None
                 raise  # re-run by ``retrying`` after a jittered back-off
 
-        retrying = self.retry.retrying(StreamMoved)
-        try:
-            return retrying(attempt)
-        except StreamMoved:  # it moved under every attempt
-            attempts = retrying.statistics["attempt_number"]
-            raise ConcurrencyConflict(aggregate_id, None, self.store.stream_version(aggregate_id), attempts) from None
+        # ``RetryPolicy.retrying``'s schedule, without building a tenacity ``Retrying`` per command: at most
+        # ``max_attempts`` runs, the pause before re-run n uniform in [0, min(max_delay, base_delay * 2**(n-1))].
+        policy = self.retry
+        for n in range(1, policy.max_attempts + 1):
+            try:
+                return attempt()
+            except StreamMoved:
+                if n == policy.max_attempts:  # it moved under every attempt
+                    raise ConcurrencyConflict(aggregate_id, None, self.store.stream_version(aggregate_id),
+                                              n) from None
+                time.sleep(random.uniform(0, min(policy.max_delay, policy.base_delay * 2 ** (n - 1))))
+        raise AssertionError("unreachable")
 
     def _earlier_outcome(self, tenant: str, key: str, digest: bytes) -> DispatchResult | None:
         record = self.store.find_outcome(tenant, key)
-        if record is None:
-            return None
+        return None if record is None else self._outcome_of(record, digest)
+
+    @staticmethod
+    def _outcome_of(record: IdempotencyRecord, digest: bytes) -> DispatchResult:
+        """The stored outcome of a key, if it was used for this same request."""
         if record.fingerprint != digest:
-            raise IdempotencyKeyReused(tenant, key, record.command_type)
+            raise IdempotencyKeyReused(record.tenant, record.key, record.command_type)
         return DispatchResult.from_outcome(record.outcome)
 
     def _load_existing(self, cls: type[Aggregate], aggregate_id: UUID, tenant: str) -> Aggregate:
@@ -211,14 +226,12 @@ class CommandProcessor:
             raise AggregateNotFound(cls.__name__, aggregate_id)
         return aggregate
 
-    def _load_for(self, handler: Handler, aggregate_id: UUID, expected: int | None,
-                  tenant: str) -> tuple[Aggregate, bool]:
-        """The aggregate the command changes, and whether its stream is another tenant's (then a blank
-        stand-in is returned, so every check below behaves exactly as for an unused id)."""
-        try:
-            aggregate, foreign = self.store.load(handler.aggregate, aggregate_id, tenant=tenant), False
-        except ForeignStream:
-            aggregate, foreign = handler.aggregate.blank(aggregate_id), True
+    @staticmethod
+    def _checked(handler: Handler, loaded: CommandLoad, aggregate_id: UUID, expected: int | None) -> Aggregate:
+        """The aggregate the command changes, if its stream is as the command needs it (a blank stand-in
+        when the stream is another tenant's, so every check here behaves exactly as for an unused id)."""
+        aggregate = loaded.aggregate
+        assert aggregate is not None
         name = handler.aggregate.__name__
         if handler.stream is Stream.NEW and aggregate.exists:
             raise AggregateAlreadyExists(name, aggregate_id)
@@ -226,7 +239,7 @@ class CommandProcessor:
             raise AggregateNotFound(name, aggregate_id)
         if expected is not None and aggregate.version != expected:
             raise ConcurrencyConflict(aggregate_id, expected, aggregate.version)
-        return aggregate, foreign
+        return aggregate
 
     @staticmethod
     def _unavailable(handler: Handler, cmd: Command, aggregate_id: UUID) -> CommitlineError:

@@ -51,6 +51,10 @@ class Settings(BaseSettings):
     """longest wait for a pooled connection; then the call fails with `StoreUnavailable`"""
     snapshot_interval: int = Field(100, ge=0, validation_alias="COMMITLINE_SNAPSHOT_INTERVAL")
     """snapshot every N events of a stream (0 disables)"""
+    aggregate_cache_size: int = Field(10_000, ge=0, le=10_000_000, validation_alias="COMMITLINE_AGGREGATE_CACHE_SIZE")
+    """aggregates each process keeps decoded between commands (least recently used go first; 0 disables)"""
+    group_commit_max: int = Field(48, ge=0, le=60, validation_alias="COMMITLINE_GROUP_COMMIT_MAX")
+    """most concurrent commands appended in one shared transaction, each atomic on its own (0: one each)"""
     retry_max_attempts: int = Field(10, ge=1, le=100, validation_alias="COMMITLINE_RETRY_MAX_ATTEMPTS")
     """attempts for a command without `expected_version` whose stream keeps moving"""
     retry_base_delay_ms: float = Field(5, ge=0, validation_alias="COMMITLINE_RETRY_BASE_DELAY_MS")

@@ -10,6 +10,10 @@ stream (``ForeignStream``), reading the owner in the same single round trip as t
 
 It remembers the chain hash of each recently loaded or written stream head, so appending
 the next events continues the hash chain without another read in the common case.
+
+The command path (``load_for_command`` then ``append``): one read round trip (the idempotency key's
+record and the stream's new events in one statement), the decoded aggregate kept between commands
+(``aggregate_cache``), and appends coalesced with those of concurrent commands (``group_commit``).
 """
 
 from __future__ import annotations
@@ -24,12 +28,14 @@ from uuid import UUID
 import orjson
 from eventsourcing.persistence import StoredEvent
 
-from commitline.application.chain import chain
+from commitline.application.chain import GENESIS, chain
 from commitline.application.errors import EventTooLarge, WrongAggregateType
-from commitline.application.ports import ForeignStream, IdempotencyRecord
+from commitline.application.ports import CommandLoad, ForeignStream, IdempotencyRecord
 from commitline.domain import Aggregate, Event
+from commitline.infrastructure.store.aggregate_cache import AggregateCache, Entry
 from commitline.infrastructure.store.codec import decode_event, decode_snapshot, encode_event, encode_snapshot
-from commitline.infrastructure.store.recorder import EventRecorder, Snapshot
+from commitline.infrastructure.store.group_commit import GroupCommitter
+from commitline.infrastructure.store.recorder import CommandRead, EventRecorder, PendingAppend, Snapshot
 
 A = TypeVar("A", bound=Aggregate)
 log = logging.getLogger(__name__)
@@ -37,8 +43,12 @@ log = logging.getLogger(__name__)
 
 class PostgresEventStore:
     def __init__(self, recorder: EventRecorder, snapshot_interval: int = 100, remembered_heads: int = 100_000, *,
-                 max_event_bytes: int = 900_000):
+                 max_event_bytes: int = 900_000, cache_size: int = 10_000, group_commit: int = 48):
+        """``cache_size``: aggregates kept decoded (0: none); ``group_commit``: the most commands per
+        shared transaction (0: every append in its own, as ``recorder.append`` does it)."""
         self.recorder = recorder
+        self.cache = AggregateCache(cache_size)
+        self.committer = GroupCommitter(recorder, max_batch=group_commit) if group_commit else None
         self.snapshot_interval = snapshot_interval
         self.max_event_bytes = max_event_bytes
         self._heads: OrderedDict[UUID, tuple[int, bytes]] = OrderedDict()
@@ -66,9 +76,58 @@ class PostgresEventStore:
         self._remember(aggregate_id, aggregate.version, head_hash)
         return aggregate
 
+    def load_for_command(self, cls: type[A], aggregate_id: UUID, *, tenant: str, key: str) -> CommandLoad:
+        """The idempotency key's record if it has one (then nothing else is decoded), else the aggregate
+        to decide on (the cached one brought up to date, or loaded), in one read round trip."""
+        entry = self.cache.take(aggregate_id)
+        if entry is not None and type(entry.aggregate) is not cls:
+            entry = None  # a load of the wrong type raises below, as ``load`` does
+        known = entry.aggregate.version if entry is not None else 0
+        read = self.recorder.read_for_command(aggregate_id, known, entry is None and self.snapshot_interval > 0,
+                                              tenant, key)
+        if read.idempotency is not None:
+            if entry is not None:
+                self.cache.put(entry)
+            return CommandLoad(None, False, read.idempotency)
+        if entry is not None and read.events and read.events[0].originator_version != known + 1:
+            entry = None  # cannot happen with an append-only store: trust nothing, read it all again
+            read = self.recorder.read_for_command(aggregate_id, 0, self.snapshot_interval > 0, tenant, key)
+        if entry is not None:
+            if entry.owner != tenant:
+                self.cache.put(entry)
+                return CommandLoad(cls.blank(aggregate_id), True, None)
+            aggregate: A = entry.aggregate  # type: ignore[assignment]
+            for s in read.events:
+                aggregate.apply(decode_event(s.topic, s.originator_id, s.originator_version, s.state).event)
+            head = read.head_hash or entry.head_hash
+        else:
+            try:
+                aggregate = self._decoded(cls, aggregate_id, read, tenant)
+            except ForeignStream:
+                return CommandLoad(cls.blank(aggregate_id), True, None)
+            head = read.head_hash or GENESIS
+        self._remember(aggregate_id, aggregate.version, head)
+        return CommandLoad(aggregate, False, None)
+
+    def _decoded(self, cls: type[A], aggregate_id: UUID, read: CommandRead, tenant: str) -> A:
+        owner = stream_owner(read.snapshot, read.events)
+        if owner is not None and owner != tenant:
+            raise ForeignStream(aggregate_id)
+        start: A | None = None
+        if read.snapshot is not None:
+            if read.snapshot.aggregate_type != cls.__name__:
+                raise WrongAggregateType(aggregate_id, cls.__name__, read.snapshot.aggregate_type)
+            start = decode_snapshot(cls, read.snapshot.state)  # type: ignore[assignment]
+        recorded = [decode_event(s.topic, s.originator_id, s.originator_version, s.state) for s in read.events]
+        if recorded and recorded[0].aggregate_type != cls.__name__:
+            raise WrongAggregateType(aggregate_id, cls.__name__, recorded[0].aggregate_type)
+        return cls.replay(aggregate_id, [r.event for r in recorded], start)
+
     def append(
         self, aggregate: Aggregate, events: Sequence[Event], *, tenant: str, idempotency: IdempotencyRecord | None
     ) -> None:
+        """Store the events and the key's record atomically (coalesced with concurrent commands' appends
+        when group commit is on); then ``aggregate``, now the stream's head, is kept in the cache."""
         stored = [encode_event(e, tenant) for e in events]
         for s in stored:
             if len(s.state) > self.max_event_bytes:
@@ -76,10 +135,16 @@ class PostgresEventStore:
                                     self.max_event_bytes)
         before = stored[0].originator_version - 1
         links = chain(self._head_hash(aggregate.id, before), stored)
-        self.recorder.append(stored, idempotency, links=links)
+        if self.committer is not None:
+            outcome = self.committer.append_many([PendingAppend(stored, idempotency, links)])[0]
+            if isinstance(outcome, BaseException):
+                raise outcome
+        else:
+            self.recorder.append(stored, idempotency, links=links)
         self._remember(aggregate.id, aggregate.version, links[-1][1])
         if self._snapshot_due(before, aggregate.version):
             self._take_snapshot(aggregate)
+        self.cache.put(Entry(aggregate, tenant, links[-1][1]))
 
     def find_outcome(self, tenant: str, key: str) -> IdempotencyRecord | None:
         return self.recorder.find_idempotency(tenant, key)

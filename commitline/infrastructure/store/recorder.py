@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
@@ -58,7 +58,9 @@ from typing_extensions import Self
 
 from commitline.application.chain import GENESIS, chain
 from commitline.application.ports import IdempotencyRecord, KeyAlreadyRecorded, StreamMoved
+from commitline.infrastructure.store import pipelined
 from commitline.infrastructure.store.datastore import StoreDatastore
+from commitline.infrastructure.store.pipelined import SYNC, Statement
 from commitline.infrastructure.store.subscription import PollingSubscription
 
 EVENTS_TABLE = "events"
@@ -89,6 +91,30 @@ class Snapshot:
     first_event_state: bytes | None = None
 
 
+@dataclass(frozen=True)
+class PendingAppend:
+    """One command's append, waiting to go out in a batch (``append_batch``)."""
+
+    events: Sequence[StoredEvent]
+    idempotency: IdempotencyRecord | None
+    links: Sequence[tuple[bytes, bytes]]
+
+    @property
+    def size(self) -> int:
+        return sum(len(e.state) for e in self.events)
+
+
+@dataclass
+class CommandRead:
+    """What ``read_for_command`` found: the key's record, the snapshot, the events after it or after the
+    version the caller knew, and the hash of the last of them (None if it read neither)."""
+
+    idempotency: IdempotencyRecord | None = None
+    snapshot: Snapshot | None = None
+    events: list[StoredEvent] = field(default_factory=list)
+    head_hash: bytes | None = None
+
+
 class EventRecorder(PostgresApplicationRecorder):
     datastore: StoreDatastore
     #: Seconds between a subscription's polls when no wake-up arrives (it also re-reads after a gap).
@@ -108,6 +134,9 @@ class EventRecorder(PostgresApplicationRecorder):
         # Test seam for crash-safety tests: runs inside the append transaction,
         # after the inserts and before COMMIT.
         self.before_commit: Callable[[], None] | None = None
+        # Test seam for the batch path: runs between two commands of a batch (given how many are inserted).
+        self.between_commands: Callable[[int], None] | None = None
+        self._idempotency_table = idempotency_table
 
     # -- schema -------------------------------------------------------------------
 
@@ -179,11 +208,76 @@ class EventRecorder(PostgresApplicationRecorder):
                         conn.rollback()
                     raise
         except pg_errors.UniqueViolation as e:
-            constraint = e.diag.constraint_name or ""
-            if constraint.startswith(IDEMPOTENCY_TABLE):
-                raise KeyAlreadyRecorded(constraint) from None
-            raise StreamMoved(constraint) from None
+            raise self._refusal(e) from None
         return ids
+
+    def _refusal(self, error: pg_errors.Error) -> Exception:
+        """What an insert's failure means for its command: a twin holds the key, the stream moved, or
+        the error itself (deadlock and serialization failures mean another writer took the version)."""
+        if isinstance(error, pg_errors.UniqueViolation):
+            constraint = error.diag.constraint_name or ""
+            if constraint.startswith(self._idempotency_table):
+                return KeyAlreadyRecorded(constraint)
+            return StreamMoved(constraint)
+        if isinstance(error, (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)):
+            return StreamMoved(type(error).__name__)
+        return error
+
+    def append_batch(self, batch: Sequence[PendingAppend]) -> list[list[int] | Exception]:
+        """Several commands' appends in ONE transaction and one round trip, each atomic on its own: per
+        command its notification ids, or what refused it (``KeyAlreadyRecorded``, ``StreamMoved``, ...),
+        which never touches the others. Each command runs in a savepoint; a sync after it lets the
+        server go on after an error, and the unconditional ``ROLLBACK TO SAVEPOINT`` after the sync
+        undoes a failed command only (after a success it undoes the empty savepoint just taken).
+        Nothing is acknowledged before COMMIT succeeded; if it fails, the whole batch raises.
+
+        The writer's xid is drawn before any notification id, as in ``append`` (the gap proof)."""
+        q = self._q
+        steps: list[pipelined.Step] = [b"BEGIN", (q.xid_statement, ()), b"SAVEPOINT c"]
+        spans: list[tuple[int, int]] = []
+        for k, pending in enumerate(batch):
+            start = len(steps)
+            if pending.idempotency is not None:
+                steps.append((q.insert_key, _idempotency_params(pending.idempotency)))
+            for e, (prev, this) in zip(pending.events, pending.links, strict=True):
+                steps.append((q.insert_event, (e.originator_id, e.originator_version, e.topic, e.state, prev, this)))
+            spans.append((start, len(steps)))
+            steps += [b"RELEASE SAVEPOINT c", b"SAVEPOINT c", SYNC, b"ROLLBACK TO SAVEPOINT c"]
+            if self.between_commands is not None and k < len(batch) - 1:
+                steps.append(lambda k=k: self.between_commands(k + 1))  # type: ignore[misc]
+        if self.before_commit is not None:
+            steps.append(self.before_commit)
+        commit = len(steps)
+        steps += [b"COMMIT", q.notify_bytes, SYNC]
+        with self._connection() as conn:
+            results = pipelined.run(conn, steps)
+            if not pipelined.committed(results[commit]) and pipelined.statements_lost(conn, results):
+                if conn.pgconn.transaction_status != TransactionStatus.IDLE:
+                    conn.rollback()
+                results = pipelined.run(conn, steps)  # nothing ran: the first prepared statement failed
+            return self._batch_outcomes(conn, batch, spans, results, results[commit])
+
+    def _batch_outcomes(self, conn: Any, batch: Sequence[PendingAppend], spans: list[tuple[int, int]],
+                        results: list[Any], commit: Any) -> list[list[int] | Exception]:
+        if not pipelined.committed(commit):
+            failed = commit
+            if conn.pgconn.transaction_status != TransactionStatus.IDLE:
+                conn.rollback()
+            if failed is not None and failed.status == pipelined.FATAL:
+                raise pipelined.error_of(failed, conn.pgconn)
+            raise pg_errors.InFailedSqlTransaction("the batch's transaction failed before COMMIT")
+        outcomes: list[list[int] | Exception] = []
+        for (start, end), pending in zip(spans, batch):
+            replies = results[start:end]
+            failed = next((r for r in replies if not pipelined.ok(r)), None)
+            if failed is None:
+                ids = [pipelined.int8(r.get_value(0, 0)) for r in replies[len(replies) - len(pending.events):]]
+                outcomes.append(ids)
+            elif failed.status == pipelined.FATAL:
+                outcomes.append(self._refusal(pipelined.error_of(failed, conn.pgconn)))
+            else:  # skipped after another failure of its own statements: cannot happen, but never acknowledge
+                outcomes.append(pg_errors.InFailedSqlTransaction("the command's statements were skipped"))
+        return outcomes
 
     def _insert_in_one_round_trip(self, conn: Any, params: tuple[Any, ...],
                                   idempotency: IdempotencyRecord | None) -> list[int]:
@@ -240,6 +334,38 @@ class EventRecorder(PostgresApplicationRecorder):
         events = [StoredEvent(aggregate_id, v, t, bytes(s)) for _, v, t, s, _, _ in rows]
         head_hash = bytes(rows[-1][4]) if rows else snapshot.event_hash if snapshot else GENESIS
         return snapshot, events, head_hash
+
+    def read_for_command(self, aggregate_id: UUID, known_version: int, use_snapshot: bool, tenant: str,
+                         key: str) -> CommandRead:
+        """One round trip before a command: the key's record, and the stream after ``known_version``
+        (from its latest snapshot above that version if ``use_snapshot``): one statement, one snapshot."""
+        steps = [(self._q.read_for_command, (aggregate_id, known_version, tenant, key, use_snapshot)), SYNC]
+        with self._connection() as conn:
+            (result, _) = pipelined.run(conn, steps)
+            if pipelined.statements_lost(conn, [result]):
+                (result, _) = pipelined.run(conn, steps)
+            if not pipelined.ok(result):
+                raise pipelined.error_of(result, conn.pgconn)  # type: ignore[arg-type]
+        assert result is not None
+        value = result.get_value
+        read = CommandRead()
+        int8, text = pipelined.int8, pipelined.text
+        for row in range(result.ntuples):
+            kind = int.from_bytes(value(row, 0), "big")  # type: ignore[arg-type]
+            version, name, state, hashed = int8(value(row, 1)), text(value(row, 2)), bytes(value(row, 3)), bytes(
+                value(row, 4))  # type: ignore[arg-type]
+            if kind == 0:
+                read.events.append(StoredEvent(aggregate_id, version, name, state))
+                read.head_hash = hashed
+            elif kind == 1:
+                first = value(row, 5)
+                read.snapshot = Snapshot(aggregate_id, version, name, state, hashed,
+                                         bytes(first) if first is not None else None)
+                read.head_hash = hashed
+            else:
+                read.idempotency = IdempotencyRecord(tenant, key, hashed, name, pipelined.uuid(value(row, 6)),
+                                                     version, state)  # type: ignore[arg-type]
+        return read
 
     def event_hash(self, aggregate_id: UUID, version: int) -> bytes:
         """The stored hash of one event; GENESIS for version 0 and for an event that does not exist
@@ -499,6 +625,28 @@ class _Statements:
             "FROM span WHERE notification_id > prev + 1"
         )
         self.max_notification_id = q("SELECT max(notification_id) FROM {events}")
+        # The command hot path (``pipelined``): one read per command, appends batched in one transaction.
+        # Read: the key's record (kind 2), the latest snapshot if asked for (kind 1, with the first event's
+        # state, which names the owner), and the events after both it and the version the caller knows (kind 0).
+        self.read_for_command = Statement.of(q(
+            "WITH s AS (SELECT version, aggregate_type, state, event_hash FROM {snaps} "
+            "WHERE $5 AND aggregate_id = $1 AND version > $2 ORDER BY version DESC LIMIT 1) "
+            "SELECT 2, stream_version, command_type, outcome, fingerprint, NULL::bytea, aggregate_id FROM {idem} "
+            "WHERE tenant = $3 AND key = $4 UNION ALL "
+            "SELECT 1, version, aggregate_type, state, event_hash, (SELECT state FROM {events} "
+            "WHERE originator_id = $1 AND originator_version = 1), NULL::uuid FROM s UNION ALL "
+            "SELECT 0, originator_version, topic, state, event_hash, NULL::bytea, NULL::uuid FROM {events} "
+            "WHERE originator_id = $1 AND originator_version > greatest($2, coalesce((SELECT version FROM s), 0)) "
+            "ORDER BY 1 DESC, 2"), ("uuid", "int8", "text", "text", "bool"))
+        self.xid_statement = Statement.of(self.assign_xid, ())
+        self.insert_event = Statement.of(q(
+            "INSERT INTO {events} (originator_id, originator_version, topic, state, prev_hash, event_hash) "
+            "VALUES ($1, $2, $3, $4, $5, $6) RETURNING notification_id"),
+            ("uuid", "int8", "text", "bytea", "bytea", "bytea"))
+        self.insert_key = Statement.of(q(
+            "INSERT INTO {idem} (tenant, key, fingerprint, command_type, aggregate_id, stream_version, outcome) "
+            "VALUES ($1, $2, $3, $4, $5, $6, $7)"), ("text", "text", "bytea", "text", "uuid", "int8", "bytea"))
+        self.notify_bytes = self.notify.as_bytes(None)
 
     def append_only_statements(self) -> list[Composed]:
         """The trigger function and the triggers that reject UPDATE, DELETE and TRUNCATE on the events table."""

@@ -1,0 +1,222 @@
+"""The command hot path's wire: named prepared statements sent over libpq's pipeline, one round trip.
+
+psycopg's cursor does per call what the hot path needs once: composing the SQL, converting the query,
+adapting every parameter, and its pipeline waits for replies at every sync. Here a statement is
+prepared once per connection (by name), its parameters go as bytes (text format, bytea in binary),
+and a whole sequence of statements, syncs included, is sent before any reply is read. A sync inside
+an explicit transaction does not end it: after an error the server skips to the next sync and
+the transaction waits, aborted, for what comes after it (``ROLLBACK TO SAVEPOINT``). That is what lets
+``recorder.EventRecorder.append_batch`` keep each command of a batch atomic on its own in one
+round trip.
+
+Sending and receiving overlap (psycopg's ``send`` reads replies while it flushes), so a large
+sequence never deadlocks on full socket buffers.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from psycopg import errors as pg_errors
+from psycopg import pq
+from psycopg.generators import fetch, send
+from psycopg.sql import Composable
+
+OIDS = {"uuid": 2950, "int8": 20, "int4": 23, "text": 25, "bytea": 17, "bool": 16}
+_OK = (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK)
+FATAL = pq.ExecStatus.FATAL_ERROR
+_SYNC = pq.ExecStatus.PIPELINE_SYNC
+SQLSTATE = pq.DiagnosticField.SQLSTATE
+
+
+@dataclass(frozen=True)
+class Statement:
+    """A statement prepared by ``name`` on each connection that runs it; ``types`` name its
+    parameters' PostgreSQL types (``OIDS``), bytea ones are sent in binary."""
+
+    name: bytes
+    sql: bytes
+    types: tuple[str, ...]
+
+    @classmethod
+    def of(cls, query: Composable, types: Sequence[str]) -> Statement:
+        """Named after its text: recorders of other schemas or tables sharing a connection never clash."""
+        sql = query.as_bytes(None)
+        return cls(b"cl_" + hashlib.sha1(sql).hexdigest()[:20].encode(), sql, tuple(types))
+
+    def params(self, values: Sequence[Any]) -> list[bytes | None]:
+        return [None if v is None else dump(v) for dump, v in zip(self._dumps, values)]
+
+    @functools.cached_property
+    def formats(self) -> list[int]:
+        return [1 if t == "bytea" else 0 for t in self.types]
+
+    @functools.cached_property
+    def _dumps(self) -> list[Callable[[Any], bytes]]:
+        return [_DUMPS[t] for t in self.types]
+
+
+def _bytes(value: Any) -> bytes:
+    return value
+
+
+def _str(value: Any) -> bytes:
+    return str(value).encode()
+
+
+_DUMPS: dict[str, Callable[[Any], bytes]] = {
+    "bytea": _bytes, "text": str.encode, "uuid": _str, "int8": _str, "int4": _str,
+    "bool": lambda v: b"t" if v else b"f",
+}
+
+
+#: One step of a pipeline: a prepared statement with its values, a plain command (BEGIN, SAVEPOINT ...),
+#: a sync, or a hook run once every reply before it has arrived (then the rest is sent).
+Step = tuple[Statement, Sequence[Any]] | bytes | Callable[[], None] | None
+SYNC: None = None
+
+
+# The statements prepared on each connection (a pooled connection is used by one thread at a time).
+_prepared: weakref.WeakKeyDictionary[Any, set[bytes]] = weakref.WeakKeyDictionary()
+_prepared_lock = threading.Lock()
+
+
+def run(conn: Any, steps: Sequence[Step]) -> list[pq.abc.PGresult | None]:
+    """Send ``steps`` (ending with a sync), return one result per step (None for syncs and hooks;
+    a FATAL_ERROR or PIPELINE_ABORTED result where the server failed or skipped it).
+
+    Any failure to talk to the server closes the connection (the pool then replaces it): it may hold
+    unread replies or an open transaction."""
+    pgconn = conn.pgconn
+    with _prepared_lock:
+        prepared = _prepared.setdefault(conn, set())
+    _psycopg_deallocates_first(conn, prepared)
+    results: list[pq.abc.PGresult | None] = []
+    newly: dict[bytes, Statement] = {}
+    for step in steps:
+        if type(step) is tuple and step[0].name not in prepared:
+            newly[step[0].name] = step[0]
+    try:
+        pgconn.enter_pipeline_mode()
+        # Prepares first, each followed by a sync: one queued after an error would be skipped, not made, and
+        # one the server already has (our bookkeeping lost track of it) fails alone, harmlessly.
+        sent: list[int] = []  # per step sent since the last read: -1 prepare, 0 sync, 1 statement
+        for name, statement in newly.items():
+            pgconn.send_prepare(name, statement.sql, [OIDS[t] for t in statement.types])
+            pgconn.pipeline_sync()
+            sent += [-1, 0]
+        for step in steps:
+            kind = type(step)
+            if kind is tuple:
+                statement, values = step  # type: ignore[misc]
+                pgconn.send_query_prepared(statement.name, statement.params(values), statement.formats,
+                                           result_format=1)
+                sent.append(1)
+            elif kind is bytes:
+                pgconn.send_query_params(step, None, result_format=1)
+                sent.append(1)
+            elif step is None:
+                pgconn.pipeline_sync()
+                sent.append(0)
+            else:  # a hook
+                pgconn.send_flush_request()  # else the server keeps the replies after the last sync
+                results.extend(_receive(conn, sent))
+                sent = []
+                step()  # type: ignore[operator]
+                results.append(None)
+        results.extend(_receive(conn, sent))
+        pgconn.exit_pipeline_mode()
+        prepared.update(newly)
+    except BaseException:
+        conn.close()
+        raise
+    return results
+
+
+def _psycopg_deallocates_first(conn: Any, prepared: set[bytes]) -> None:
+    """psycopg sends ``DEALLOCATE ALL`` before its next statement on a connection where it saw a ROLLBACK
+    (and had prepared statements of its own): then ours would go too. If one is pending, let it run now,
+    and prepare ours after it. (psycopg's private state, read defensively: should it change, the
+    ``statements_lost`` retry still recovers, only more often.)"""
+    manager = getattr(conn, "_prepared", None)
+    pending = getattr(manager, "_to_flush", None)
+    if pending and None in pending:
+        conn.wait(manager.maintain_gen(conn))  # type: ignore[union-attr]
+        prepared.clear()
+
+
+def _receive(conn: Any, sent: list[int]) -> list[pq.abc.PGresult | None]:
+    """The replies to what was sent: the last result of each statement, None for each sync."""
+    if not sent:
+        return []
+    pgconn = conn.pgconn
+    conn.wait(send(pgconn))
+    out: list[pq.abc.PGresult | None] = []
+    prepares = 0
+    for kind in sent:
+        last = None
+        while True:  # a statement's results end with None; a sync is one PIPELINE_SYNC result
+            result = conn.wait(fetch(pgconn)) if pgconn.is_busy() else pgconn.get_result()
+            if result is None:
+                break
+            last = result
+            if result.status == _SYNC:
+                break
+        if kind == 1:
+            out.append(last)
+        elif kind == 0:
+            if not prepares:
+                out.append(None)
+            prepares = max(0, prepares - 1)
+        elif last is None or last.status == FATAL and last.error_field(SQLSTATE) != b"42P05":  # 42P05: it exists
+            raise error_of(last, pgconn) if last is not None else pg_errors.ProtocolViolation("no reply")
+        else:
+            prepares += 1  # its sync is not a step either
+    return out
+
+
+def statements_lost(conn: Any, results: Sequence[pq.abc.PGresult | None]) -> bool:
+    """Did the server no longer know a statement prepared on ``conn``? psycopg sends ``DEALLOCATE ALL``
+    on a connection after it saw a ROLLBACK there, dropping ours too. Then they are forgotten (the next
+    run prepares them again) and the caller runs its pipeline again: the first of them failed, so the
+    server skipped everything up to the next sync, and ran nothing that used them."""
+    lost = any(r is not None and r.status == FATAL and r.error_field(SQLSTATE) == b"26000"
+               for r in results)
+    if lost:
+        with _prepared_lock:
+            _prepared.pop(conn, None)
+    return lost
+
+
+def committed(result: pq.abc.PGresult | None) -> bool:
+    """Did this COMMIT commit? (In a failed transaction COMMIT succeeds, as a ROLLBACK.)"""
+    return ok(result) and (result.command_status or b"").startswith(b"COMMIT")  # type: ignore[union-attr]
+
+
+def error_of(result: pq.abc.PGresult, pgconn: Any) -> pg_errors.Error:
+    """The psycopg exception (with its diagnostics) a failed result stands for."""
+    return pg_errors.error_from_result(result, encoding=pgconn._encoding)
+
+
+def ok(result: pq.abc.PGresult | None) -> bool:
+    return result is not None and result.status in _OK
+
+
+# Binary result columns.
+def int8(value: bytes) -> int:
+    return int.from_bytes(value, "big", signed=True)
+
+
+def uuid(value: bytes) -> UUID:
+    return UUID(bytes=bytes(value))
+
+
+def text(value: bytes) -> str:
+    return bytes(value).decode()

@@ -1,0 +1,162 @@
+"""The throughput mechanisms' failure modes, on a real PostgreSQL and real processes: a refusal inside a
+coalesced batch touches nobody else, a process killed between two commands of a batch leaves nothing,
+and the aggregate cache never decides on a stream another process moved."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from uuid import UUID, uuid4
+
+import pytest
+
+from commitline.application.chain import GENESIS, chain
+from commitline.application.errors import ConcurrencyConflict
+from commitline.application.ports import IdempotencyRecord, KeyAlreadyRecorded, StreamMoved
+from commitline.composition import Commitline
+from commitline.domain.inventory import InventoryItem, StockReceived
+from commitline.domain.aggregate import utcnow
+from commitline.infrastructure.store.codec import encode_event
+from commitline.infrastructure.store.recorder import PendingAppend
+from tests.support import count_rows
+
+
+def received(item: UUID, version: int, key: str, *, tenant: str = "default") -> PendingAppend:
+    """The append of one ``receive_stock`` command at ``version`` (hash chain continued from the stored head)."""
+    event = StockReceived(event_id=uuid4(), aggregate_id=item, version=version, occurred_at=utcnow(), quantity=1)
+    stored = [encode_event(event, tenant)]
+    return PendingAppend(stored, IdempotencyRecord(tenant, key, key.encode().ljust(32, b"."), "receive_stock", item,
+                                                   version, b"{}"), chain(GENESIS, stored))
+
+
+def keys(pg_dsn: str, schema: str) -> set[str]:
+    import psycopg
+
+    with psycopg.connect(pg_dsn) as conn:
+        return {r[0] for r in conn.execute(f'SELECT key FROM "{schema}".idempotency_keys')}
+
+
+def test_a_conflict_inside_a_batch_refuses_that_command_only(app: Commitline, pg_dsn: str, schema: str) -> None:
+    taken, free = uuid4(), uuid4()
+    assert app.store.committer is not None, "group commit is on by default"
+    app.store.committer.append_many([received(taken, 1, "first")])
+    before = count_rows(pg_dsn, schema)
+
+    outcomes = app.store.committer.append_many([
+        received(free, 1, "a"),
+        received(taken, 1, "loses-the-version"),  # version 1 of this stream is stored: the stream moved
+        received(uuid4(), 1, "first"),  # a twin's key: recorded already
+        received(taken, 2, "b"),
+    ])
+
+    assert isinstance(outcomes[1], StreamMoved) and isinstance(outcomes[2], KeyAlreadyRecorded)
+    assert all(isinstance(o, list) and len(o) == 1 for o in (outcomes[0], outcomes[3])), outcomes
+    after = count_rows(pg_dsn, schema)
+    # Each refused command wrote nothing, neither its event nor its key; the others committed.
+    assert (after["events"] - before["events"], after["idempotency_keys"] - before["idempotency_keys"]) == (2, 2)
+    assert {"a", "b"} <= keys(pg_dsn, schema) and "loses-the-version" not in keys(pg_dsn, schema)
+    assert app.store.load(InventoryItem, taken).version == 2
+
+
+def test_racers_coalesced_into_batches_still_have_one_winner(app: Commitline, pg_dsn: str, schema: str) -> None:
+    from tests.integration.test_concurrency import run_at_once
+
+    item = app.dispatch({"type": "receive_stock", "item_id": str(uuid4()), "quantity": 1}, idempotency_key="make")
+    others = [app.dispatch({"type": "receive_stock", "item_id": str(uuid4()), "quantity": 1},
+                           idempotency_key=f"other-{i}").aggregate_id for i in range(8)]
+
+    def racer(i: int) -> object:
+        if i % 2:  # bystanders on their own streams, in the same batches
+            return app.dispatch({"type": "receive_stock", "item_id": str(others[i // 2]), "quantity": 1},
+                                idempotency_key=f"bystander-{i}")
+        return app.dispatch({"type": "receive_stock", "item_id": str(item.aggregate_id), "quantity": 1,
+                             "expected_version": 1}, idempotency_key=f"racer-{i}")
+
+    outcomes = run_at_once(16, racer)
+    racers, bystanders = outcomes[0::2], outcomes[1::2]
+    assert sum(not isinstance(o, BaseException) for o in racers) == 1
+    assert sum(isinstance(o, ConcurrencyConflict) for o in racers) == 7
+    assert not any(isinstance(o, BaseException) for o in bystanders), bystanders
+    assert app.store.load(InventoryItem, item.aggregate_id).version == 2
+
+
+def test_a_process_killed_between_two_commands_of_a_batch_leaves_nothing(app: Commitline, pg_dsn: str,
+                                                                         schema: str) -> None:
+    first, second = uuid4(), uuid4()
+    before = count_rows(pg_dsn, schema)
+    script = textwrap.dedent(f"""
+        import os, signal
+        from uuid import UUID
+        from commitline.composition import bootstrap
+        from tests.support import settings_for
+        from tests.integration.test_throughput_mechanisms import received
+        app = bootstrap(settings_for({pg_dsn!r}, {schema!r}))
+        app.recorder.between_commands = lambda inserted: os.kill(os.getpid(), signal.SIGKILL)
+        app.store.committer.append_many([received(UUID("{first}"), 1, "k1"), received(UUID("{second}"), 1, "k2")])
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=os.getcwd(), capture_output=True, timeout=60)
+    assert proc.returncode == -9, proc.stderr.decode()[-2000:]
+    assert count_rows(pg_dsn, schema) == before
+    # Nothing was acknowledged, nothing is stored: the same commands go through once, in full.
+    outcomes = app.store.committer.append_many([received(first, 1, "k1"), received(second, 1, "k2")])  # type: ignore[union-attr]
+    assert all(isinstance(o, list) for o in outcomes), outcomes
+    assert {"k1", "k2"} <= keys(pg_dsn, schema)
+
+
+def test_the_cache_applies_what_another_process_wrote(app: Commitline, pg_dsn: str, schema: str) -> None:
+    item = app.dispatch({"type": "receive_stock", "item_id": str(uuid4()), "quantity": 1}, idempotency_key="i1")
+    assert len(app.store.cache), "the written aggregate is cached"
+    other_process(pg_dsn, schema, item.aggregate_id, "from-elsewhere", 10)
+
+    result = app.dispatch({"type": "receive_stock", "item_id": str(item.aggregate_id), "quantity": 100,
+                           "expected_version": 2}, idempotency_key="i3")
+
+    assert result.version == 3
+    assert app.store.load(InventoryItem, item.aggregate_id, use_snapshot=False).on_hand == 111
+    assert app.store.load(InventoryItem, item.aggregate_id).on_hand == 111
+
+
+def test_a_decision_on_a_state_gone_stale_after_the_read_is_retried_not_stored(
+        app: Commitline, pg_dsn: str, schema: str) -> None:
+    item = app.dispatch({"type": "receive_stock", "item_id": str(uuid4()), "quantity": 1}, idempotency_key="j1")
+    read = app.recorder.read_for_command
+    calls: list[int] = []
+
+    def read_then_another_process_writes(*args: object, **kwargs: object) -> object:
+        found = read(*args, **kwargs)  # type: ignore[arg-type]
+        calls.append(1)
+        if len(calls) == 1:  # between this command's read and its append, another process moves the stream
+            other_process(pg_dsn, schema, item.aggregate_id, f"in-between-{uuid4()}", 10)
+        return found
+
+    app.recorder.read_for_command = read_then_another_process_writes  # type: ignore[method-assign]
+    try:
+        result = app.dispatch({"type": "receive_stock", "item_id": str(item.aggregate_id), "quantity": 100},
+                              idempotency_key="j3")
+    finally:
+        del app.recorder.read_for_command
+    assert len(calls) == 2, "the append was refused and the command re-read the stream"
+    assert result.version == 3
+    assert app.store.load(InventoryItem, item.aggregate_id, use_snapshot=False).on_hand == 111
+
+    # With expected_version the same race is a conflict, never a write on the stale state.
+    app.recorder.read_for_command = read_then_another_process_writes  # type: ignore[method-assign]
+    calls.clear()
+    try:
+        with pytest.raises(ConcurrencyConflict):
+            app.dispatch({"type": "receive_stock", "item_id": str(item.aggregate_id), "quantity": 1000,
+                          "expected_version": 3}, idempotency_key="j5")
+    finally:
+        del app.recorder.read_for_command
+    assert app.store.load(InventoryItem, item.aggregate_id, use_snapshot=False).on_hand == 121
+
+
+def other_process(pg_dsn: str, schema: str, item: UUID, key: str, quantity: int) -> None:
+    """``commitline dispatch`` in a process of its own (its own pool and cache)."""
+    env = {**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn, "COMMITLINE_SCHEMA": schema}
+    command = '{"type": "receive_stock", "item_id": "%s", "quantity": %d}' % (item, quantity)
+    out = subprocess.run([sys.executable, "-m", "commitline.cli", "dispatch", "-k", key, command],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
