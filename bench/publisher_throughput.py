@@ -10,19 +10,18 @@ product's own producer configuration (``kafka_producer.new_producer``: acks="all
 512 KiB record batches, idempotence as above).
 
 ``publish_throughput``
-    The event log is pre-filled with 100,000 ``StockReceived`` events (``--quick``: 20,000)
+    The event log is pre-filled with 60,000 ``StockReceived`` events (``--quick``: 20,000)
     over 1,000 ``InventoryItem`` aggregates: ``recorder.append`` of 1,000 stored events per
     transaction (version v of every aggregate), built with ``codec.encode_event`` from real
     domain events (with valid per-stream hash-chain links precomputed when the recorder's
-    ``append`` takes ``links``; otherwise it would look up each event's predecessor). Then
-    :class:`KafkaPublisher` publishes everything from position 0 to the head with its default
-    batch size (``COMMITLINE_PUBLISH_BATCH_SIZE``, 2,000); ``on_caught_up`` ends the run. Its
-    topics are created before ``run()`` (as the raw side's are). Timed: from its first
-    ``select_notifications`` call (lease held, position read: noted by a recorder stand-in
-    that delegates everything) to ``on_caught_up``, *minus* its first ``_producer_ready()``
-    call (admin round trip finding the topics exist, producer start, metadata bootstrap;
-    noted by a thin subclass). What remains is every read of the log, ``to_record``,
-    ``send_in_order`` with its acks, every position save and the final empty read + head check.
+    ``append`` takes ``links``; otherwise it would look up each event's predecessor). Then 1, 2
+    and 4 publish instances (``PartitionedPublisher``, ``COMMITLINE_PUBLISH_BUCKETS`` buckets, each
+    on its own thread and event loop in this process: one GIL for all) publish everything from
+    position 0 with the default batch size (``COMMITLINE_PUBLISH_BATCH_SIZE``, 2,000). Timed: from
+    the moment every instance joined, the buckets are shared fairly and every producer started
+    (until then their log reads return nothing: ``GatedLog``) until every bucket's position
+    reached the head. What remains is every read of the log, ``to_record``, ``send_in_order``
+    with its acks and every position save.
 
     Baseline, same run, same broker, same records: before any measurement the whole log is
     read with ``select_notifications`` and turned into the very same records with
@@ -35,8 +34,8 @@ product's own producer configuration (``kafka_producer.new_producer``: acks="all
     turning each held header tuple back into the list aiokafka wants) are timed, from after
     ``producer.start()`` to the last ack. That is the fastest honest raw variant: the
     per-record ``send()`` pipeline (every future awaited at the end) is 2-3x slower in
-    Python, and is printed for reference (normal mode only). Order raw, ours, raw, ours, raw
-    (``--quick``: raw, ours, raw); the best run of each side is reported.
+    Python (``measure_raw_send``, not run by default). Order: raw, 1, 2, 4 instances, twice
+    (``--quick``: once), then raw again; the best run of each is reported.
 
 ``commit_to_ack_latency``
     The publisher runs on its own event loop in a thread (as in production: never on the
@@ -63,7 +62,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -146,10 +145,10 @@ class GatedLog(BucketLog):
         super().__init__(recorder, buckets)
         self.go = go
 
-    def read(self, bucket: int, first: int, limit: int) -> BucketPage:
+    def read(self, positions: Mapping[int, int], limit: int) -> BucketPage:
         if not self.go.is_set():
-            return BucketPage([], first - 1)
-        return super().read(bucket, first, limit)
+            return BucketPage([], [], min(positions.values()))
+        return super().read(positions, limit)
 
 
 def chain_links() -> Callable[[Sequence[StoredEvent]], list[tuple[bytes, bytes]]] | None:
@@ -259,8 +258,7 @@ def measure_publishers(app: Commitline, settings: Settings, instances: int) -> t
         def low() -> int:
             positions: dict[int, int] = {}
             for t in threads:
-                for bucket, worker in list(t.follower._workers.items()):  # type: ignore[union-attr]
-                    positions[bucket] = worker.publisher.metrics.position
+                positions.update(t.follower.positions)  # type: ignore[union-attr]
             return min(positions.get(b, 0) for b in range(buckets))
 
         while low() < head:

@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Mapping
 from uuid import uuid4
 
 import orjson
@@ -22,11 +23,13 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 
 from commitline.composition import Commitline, bootstrap
 from commitline.domain import AGGREGATES
-from commitline.infrastructure.followers.buckets import bucket_of
+from commitline.infrastructure.followers.buckets import BucketLog, BucketPage, bucket_of
 from commitline.infrastructure.followers.group_status import GroupStatus, group_status
 from commitline.infrastructure.kafka.envelope import topic_for
+from commitline.infrastructure.kafka.partitioned import PartitionedPublisher
 from commitline.infrastructure.kafka.publisher import PUBLISHER
-from tests.support import kafka_settings, wait_for
+from commitline.infrastructure.store.recorder import EventRecorder
+from tests.support import FollowerThread, kafka_settings, wait_for
 
 BUCKETS = 16
 
@@ -226,3 +229,63 @@ def test_buckets_are_shared_fairly_and_rebalanced_when_instances_leave_and_join(
             for proc in procs:
                 proc.wait(60)
         assert [p.returncode for p in procs] == [0, 0, 0], [p.stderr.read().decode()[-2000:] for p in procs]
+
+
+class HeldLog(BucketLog):
+    """The bucket log, whose ``hold_at``-th read waits until ``release`` is set."""
+
+    def __init__(self, recorder: EventRecorder, buckets: int, hold_at: int):
+        super().__init__(recorder, buckets)
+        self.reads, self.hold_at = 0, hold_at
+        self.holding, self.release = threading.Event(), threading.Event()
+
+    def read(self, positions: Mapping[int, int], limit: int) -> BucketPage:
+        self.reads += 1
+        if self.reads == self.hold_at:
+            self.holding.set()
+            assert self.release.wait(60)
+        return super().read(positions, limit)
+
+
+def test_buckets_handed_over_in_the_middle_of_a_round_are_published_once_in_order(
+    pg_dsn: str, schema: str, kafka_bootstrap: str
+) -> None:
+    settings = kafka_settings(pg_dsn, schema, kafka_bootstrap, publish_buckets=BUCKETS, publish_batch_size=50)
+    with bootstrap(settings) as app:
+        items = [str(uuid4()) for _ in range(40)]
+        for n in range(400):
+            app.dispatch({"type": "receive_stock", "item_id": items[n % 40], "quantity": 1}, idempotency_key=f"a{n}")
+        first_log = HeldLog(app.recorder, BUCKETS, hold_at=4)
+
+        def first_instance() -> PartitionedPublisher:
+            publisher = app.publisher(settings, owner="first")
+            publisher.log = first_log
+            return publisher
+
+        with FollowerThread(first_instance) as first:
+            # The first instance owns every bucket and is in the middle of publishing them (a read held) when
+            # the second joins: it hands over half of them only once that round is sent and saved.
+            assert first_log.holding.wait(60)
+            assert len(first.follower.owned) == BUCKETS
+            with FollowerThread(lambda: app.publisher(settings, owner="second")) as second:
+                wait_for(lambda: len(group(app).members) == 2, "the second instance to join", timeout=30)
+                first_log.release.set()
+                wait_for(lambda: sorted(shares(app).values()) == [8, 8], "the buckets shared 8 and 8", timeout=30)
+                assert first.follower.metrics.events_published > 0
+                for n in range(200):
+                    app.dispatch({"type": "receive_stock", "item_id": items[n % 40], "quantity": 1},
+                                 idempotency_key=f"b{n}")
+                head = app.recorder.max_notification_id()
+                wait_for(lambda: min(bucket_positions(pg_dsn, schema)) >= head, "every bucket to publish the head",
+                         timeout=60)
+                published = first.follower.metrics.events_published + second.follower.metrics.events_published
+                assert second.follower.metrics.events_published > 0
+    assert published == 600, "a bucket handed over between two rounds is sent again by nobody"
+    expected = stored_events(pg_dsn, schema)
+    records = consume_everything(kafka_bootstrap, settings.kafka_topic_prefix)
+    assert sorted(r[3]["event_id"] for r in records) == sorted(expected), "every event exactly once"
+    last_version: dict[str, int] = {}
+    for _, _, _, envelope in records:  # each partition in offset order
+        aggregate = envelope["aggregate_id"]
+        assert envelope["version"] == last_version.get(aggregate, 0) + 1, f"{aggregate} out of order"
+        last_version[aggregate] = envelope["version"]

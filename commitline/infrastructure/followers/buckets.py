@@ -1,4 +1,4 @@
-"""Buckets of aggregates: which bucket an aggregate belongs to, and the gap-safe log of one bucket.
+"""Buckets of aggregates: which bucket an aggregate belongs to, and the gap-safe log of a set of buckets.
 
 The log is divided into a fixed number of buckets by aggregate id, so that several instances of a
 follower (the Kafka publisher) can work in parallel, each bucket owned by one of them
@@ -9,21 +9,24 @@ SHA-256 of the id's 16 bytes, big-endian, modulo the bucket count. It depends on
 the count, so it is stable across restarts, processes, machines, PostgreSQL and Python versions,
 whatever the kind of UUID (a hash, not the id's own bits: uuid1 ids from one host share their last bytes).
 
-``BucketLog.read`` is the notification log filtered to one bucket, with the no-leapfrog guarantee of
-``store/recorder.py`` (whose gap bookkeeping it shares: ``first_unproven_gap``): the filter is applied
-before the limit, and the page stops before any gap below its end that is not yet proven permanent
-(the missing event might be of this bucket). It also says how far the log is proven read
-(``through``): past the page's last event when the page is not full, up to the newest committed id, so
-a bucket with no new events still moves on and its position is a true watermark (every event of the
-bucket at or below it was handled).
+``BucketLog.read`` is the notification log of a set of buckets (all those an instance publishes), each
+from its own position, in one read: with the no-leapfrog guarantee of ``store/recorder.py`` (whose gap
+bookkeeping it shares: ``first_unproven_gap``): the filter is applied before the limit, and the page
+stops before any gap below its end that is not yet proven permanent (the missing event might be of one
+of these buckets). It also says how far the log is proven read (``through``): past the page's last event
+when the page is not full, up to the newest committed id, so a bucket with no new events still moves on
+and its position is a true watermark (every event of the bucket at or below it was handled). Reading
+every bucket needs no filter at all, so no hash is computed in SQL: rows are assigned to buckets in
+Python (``bucket_of``, cached per aggregate id).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 from uuid import UUID
 
 from eventsourcing.persistence import Notification
@@ -31,6 +34,7 @@ from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Composed, Identifier
 
 from commitline.infrastructure.store.recorder import EVENTS_TABLE, EventRecorder
+
 
 def bucket_of(aggregate_id: UUID, buckets: int) -> int:
     return int.from_bytes(hashlib.sha256(aggregate_id.bytes).digest()[:4], "big") % buckets
@@ -66,23 +70,35 @@ def parse_bucket_name(name: str) -> BucketName | None:
 
 @dataclass(frozen=True)
 class BucketPage:
-    notifications: list[Notification]
-    through: int  # every event of the bucket with an id at or below this is in the page or before it
+    notifications: list[Notification]  # in id order
+    buckets: list[int]  # the bucket of each notification
+    through: int  # every event of the buckets read with an id at or below this is in the page or before it
+    full: bool = False  # the read hit its limit: there may be more right away
+
+
+NOT_READ = 2**62  # the floor of a bucket left out of a read: no id is above it
+
+#: Bucket numbers of recently seen aggregates (they repeat: a dict lookup instead of a SHA-256 per event).
+_CACHE_SIZE = 100_000
 
 
 class BucketLog:
-    """The gap-safe notification log of commitline's events table, one bucket at a time (thread-safe)."""
+    """The gap-safe notification log of commitline's events table, for any set of buckets at once, each
+    from its own position (thread-safe)."""
 
     def __init__(self, recorder: EventRecorder, buckets: int):
         self.recorder = recorder
         self.datastore = recorder.datastore
         self.buckets = buckets
+        self._bucket_of: dict[int, int] = {}
         events = Identifier(recorder.datastore.schema, EVENTS_TABLE)
-        bucket = bucket_sql()
-        # One statement, one snapshot: the page, every gap up to its end, the end, and the xmin judging them.
-        self._read = SQL(
+        # Some buckets: one statement, one snapshot: the page, every gap up to its end, the end, and the xmin
+        # judging them. A bucket's floor is its position (NOT_READ for a bucket not read): the filter, before
+        # the limit, is the one hash per row computed in SQL.
+        self._read_some = SQL(
             "WITH page AS (SELECT notification_id, originator_id, originator_version, topic, state FROM {events} "
-            " WHERE notification_id >= %(first)s AND {bucket} = %(bucket)s ORDER BY notification_id LIMIT %(limit)s), "
+            " WHERE notification_id >= %(first)s AND notification_id > (%(floors)s::int8[])[{bucket} + 1] "
+            " ORDER BY notification_id LIMIT %(limit)s), "
             "top AS (SELECT CASE WHEN (SELECT count(*) FROM page) >= %(limit)s THEN (SELECT max(notification_id) "
             " FROM page) ELSE (SELECT max(notification_id) FROM {events}) END AS id), "
             "span AS (SELECT notification_id, lag(notification_id, 1, %(first)s::int8 - 1) "
@@ -94,26 +110,73 @@ class BucketLog:
             " FROM span WHERE notification_id > prev + 1 "
             "UNION ALL SELECT 2, pg_snapshot_xmin(pg_current_snapshot())::text, coalesce((SELECT id FROM top), 0), "
             " NULL, NULL, NULL, NULL"
-        ).format(events=events, bucket=bucket)
+        ).format(events=events, bucket=bucket_sql())
+        # Every bucket: no filter and no hash in SQL; the page itself shows every gap up to its end.
+        self._read_all = SQL(
+            "SELECT pg_snapshot_xmin(pg_current_snapshot())::text, notification_id, originator_id, "
+            "originator_version, topic, state FROM {events} WHERE notification_id >= %(first)s "
+            "ORDER BY notification_id LIMIT %(limit)s").format(events=events)
 
-    def read(self, bucket: int, first: int, limit: int) -> BucketPage:
-        """Up to ``limit`` events of ``bucket`` from id ``first`` on, in id order, ending before any gap not
-        yet proven permanent; and how far the log is proven read."""
-        first = max(first, 1)
+    def bucket_of(self, aggregate_id: UUID) -> int:
+        key = aggregate_id.int  # hashed in C, unlike the UUID
+        bucket = self._bucket_of.get(key)
+        if bucket is None:
+            if len(self._bucket_of) >= _CACHE_SIZE:
+                self._bucket_of.clear()
+            bucket = self._bucket_of[key] = bucket_of(aggregate_id, self.buckets)
+        return bucket
+
+    def read(self, positions: Mapping[int, int], limit: int) -> BucketPage:
+        """Up to ``limit`` events of the buckets of ``positions`` (bucket -> position), each after its
+        bucket's position, in id order, ending before any gap not yet proven permanent; and how far the log
+        is proven read for all of them (from the lowest position on)."""
+        first = max(min(positions.values()) + 1, 1)
+        floors = [positions.get(b, NOT_READ) for b in range(self.buckets)]
+        if len(positions) == self.buckets:
+            return self._read_every_bucket(first, floors, limit)
         with self.datastore.connection() as conn:
             rows = conn.cursor(row_factory=tuple_row).execute(
-                self._read, {"first": first, "bucket": bucket, "limit": limit, "buckets": self.buckets},
+                self._read_some, {"first": first, "limit": limit, "floors": floors, "buckets": self.buckets},
                 prepare=True).fetchall()
         xmin = int(rows[0][1])
         top = next(row[2] for row in rows if row[0] == 2)
         cutoff = self.recorder.first_unproven_gap([row[2] for row in rows if row[0] == 1], xmin)
         through = top if cutoff is None else min(top, cutoff - 1)
-        page = [Notification(id=nid, originator_id=originator_id, originator_version=version, topic=topic,
-                             state=bytes(state))
-                for kind, _, nid, originator_id, version, topic, state in rows
-                if kind == 0 and (cutoff is None or nid < cutoff)]
-        page.sort(key=lambda n: n.id)
-        return BucketPage(page, max(through, first - 1))
+        read = [row[2:] for row in rows if row[0] == 0]
+        read.sort(key=lambda row: row[0])
+        return self._page(read, cutoff, floors, max(through, first - 1), len(read) >= limit)
+
+    def _read_every_bucket(self, first: int, floors: list[int], limit: int) -> BucketPage:
+        with self.datastore.connection() as conn:
+            rows = conn.cursor(row_factory=tuple_row).execute(
+                self._read_all, {"first": first, "limit": limit}, prepare=True).fetchall()
+        if not rows:
+            return BucketPage([], [], first - 1)
+        gaps, expected = [], first
+        for row in rows:
+            if row[1] != expected:
+                gaps.append(expected)
+            expected = row[1] + 1
+        cutoff = self.recorder.first_unproven_gap(gaps, int(rows[0][0])) if gaps else None
+        # Not full: every committed event from ``first`` on is in the page, so the last one is the log's end.
+        through = rows[-1][1] if cutoff is None else cutoff - 1
+        return self._page([row[1:] for row in rows], cutoff, floors, through, len(rows) >= limit)
+
+    def _page(self, rows: list[Any], cutoff: int | None, floors: list[int], through: int, full: bool) -> BucketPage:
+        """The page of ``rows`` (id, aggregate id, version, topic, state; in id order) before ``cutoff``, without
+        the rows at or below their bucket's floor."""
+        page, buckets = [], []
+        bucket_of_ = self.bucket_of
+        for nid, originator_id, version, topic, state in rows:
+            if cutoff is not None and nid >= cutoff:
+                break
+            bucket = bucket_of_(originator_id)
+            if nid <= floors[bucket]:
+                continue  # already published by its bucket (or a bucket not read)
+            page.append(Notification(id=nid, originator_id=originator_id, originator_version=version, topic=topic,
+                                     state=bytes(state)))
+            buckets.append(bucket)
+        return BucketPage(page, buckets, through, full)
 
 
 def bucket_positions_sql(schema: str) -> Composed:

@@ -9,7 +9,7 @@ as PostgreSQL advisory locks held on one connection per instance.
   count, and refuse to work beside members of another count (they would own different buckets).
 - **Buckets.** Each bucket is the exclusive advisory lock of its follower name (``buckets.bucket_name``,
   the key a ``Lease`` of that name would take, so ``status.lease_holders`` finds its owner), taken on
-  the member's connection. Its row's position is written on that connection too (``BucketLease``),
+  the member's connection. Its row's position is written on that connection too (``save``, many at once),
   so a member that lost its session cannot move a bucket it no longer owns.
 - **Fair share.** With M live members (sorted by backend pid) and B buckets, the first B mod M own
   ceil(B/M) buckets and the others floor(B/M): every member computes the same targets from
@@ -22,10 +22,10 @@ as PostgreSQL advisory locks held on one connection per instance.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -41,7 +41,6 @@ from commitline.infrastructure.store.datastore import connect_options, store_fai
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-EMPTY_ADVANCE_SAVE_SECONDS = 1.0
 
 _MEMBERS = SQL(
     "SELECT l.pid, l.objid::int8 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 "
@@ -155,12 +154,71 @@ class GroupLease:
         """Write the group's row from its buckets' rows (the owner of bucket 0 does, see the docstring)."""
         self.run(lambda conn: write_summary(conn, self.schema, self.name, self.buckets, self.owner, status))
 
-    def saved_positions(self, conn: psycopg.Connection[Any]) -> dict[int, int]:
-        """Every bucket's saved position (a bucket without a row: the group's, where it will start)."""
-        rows = dict(conn.cursor(row_factory=tuple_row).execute(self._sql(
-            "SELECT name, position FROM {positions} WHERE name = ANY(%s) OR name = %s"), (self.names, self.name)))
-        start = rows.get(self.name, 0)
-        return {b: rows.get(n, start) for b, n in enumerate(self.names)}
+    def saved_rows(self, conn: psycopg.Connection[Any]) -> dict[int, tuple[int, str]]:
+        """Every bucket's saved (position, status) (a bucket without a row: the group's position, where it will
+        start, and 'never run')."""
+        rows = {name: (position, status) for name, position, status in conn.cursor(row_factory=tuple_row).execute(
+            self._sql("SELECT name, position, status FROM {positions} WHERE name = ANY(%s) OR name = %s"),
+            (self.names, self.name))}
+        start = rows.get(self.name, (0, ""))[0]
+        return {b: rows.get(n, (start, "never run")) for b, n in enumerate(self.names)}
+
+    # -- the owned buckets' rows, many in one statement, on this member's connection --------
+
+    def rows(self, buckets: Iterable[int]) -> dict[int, tuple[int, str]]:
+        """(position, status) of owned buckets."""
+        wanted = self._owned_names(buckets)
+        found = self.run(lambda conn: {name: (int(position), str(status)) for name, position, status in conn.cursor(
+            row_factory=tuple_row).execute(self._sql(
+                "SELECT name, position, status FROM {positions} WHERE name = ANY(%s)"), (list(wanted),))})
+        return {b: found.get(n, (0, "never run")) for n, b in wanted.items()}
+
+    def save(self, rows: Sequence[tuple[int, int, dict[str, Any] | None]]) -> None:
+        """Move owned buckets' positions, (bucket, position, poison) each: status 'running', or 'failed' with
+        the poison record (the bucket then waits for an operator), as ``Positions.save`` does for one."""
+        if not rows:
+            return
+        names = self._owned_names(b for b, _, _ in rows)
+        inverse = {b: n for n, b in names.items()}
+        self.run(lambda conn: conn.execute(self._sql(
+            "UPDATE {positions} AS t SET position = u.position, status = CASE WHEN u.error IS NULL THEN 'running' "
+            "ELSE 'failed' END, error = u.error::jsonb, updated_at = now() "
+            "FROM unnest(%s::text[], %s::int8[], %s::text[]) AS u(name, position, error) WHERE t.name = u.name"),
+            ([inverse[b] for b, _, _ in rows], [p for _, p, _ in rows],
+             [None if e is None else json.dumps(e) for _, _, e in rows])))
+
+    def mark(self, status: str, errors: dict[int, dict[str, Any]]) -> None:
+        """Set ``status`` with each owned bucket's error (e.g. 'retrying' while the broker fails)."""
+        if not errors:
+            return
+        names = self._owned_names(errors)
+        inverse = {b: n for n, b in names.items()}
+        self.run(lambda conn: conn.execute(self._sql(
+            "UPDATE {positions} AS t SET status = %s, error = u.error::jsonb, updated_at = now() "
+            "FROM unnest(%s::text[], %s::text[]) AS u(name, error) WHERE t.name = u.name"),
+            (status, [inverse[b] for b in errors], [json.dumps(e) for e in errors.values()])))
+
+    def hand_back(self, bucket: int, position: int | None = None, status: str = "stopped") -> None:
+        """Let go of an owned bucket: save ``position`` if given (a move not saved yet), mark it ``status``
+        (unless it is stopped at a poison record: that stays until an operator decides), unlock it."""
+        def release(conn: psycopg.Connection[Any]) -> None:
+            if position is not None:
+                self.positions.save(conn, self.names[bucket], position)
+            self.positions.released(conn, self.names[bucket], status)
+        try:
+            if self.owns(bucket):
+                self.run(release)
+        except (LeaseLost, psycopg.Error):
+            pass  # a lost session let go of the lock already; the row keeps what was saved
+        self.give_up(bucket)
+
+    def _owned_names(self, buckets: Iterable[int]) -> dict[str, int]:
+        names = {}
+        for b in buckets:
+            if not self.owns(b):
+                raise LeaseLost(f"{self.names[b]}: bucket not owned")
+            names[self.names[b]] = b
+        return names
 
     def highest_position(self, conn: psycopg.Connection[Any]) -> int:
         """The highest position saved by the group or any bucket of it (of any bucket count)."""
@@ -223,71 +281,6 @@ def write_summary(conn: Any, schema: str, name: str, buckets: int, owner: str | 
         " status = excluded.status, error = excluded.error, updated_at = now()"
     ).format(positions=Identifier(schema, POSITIONS_TABLE)),
         {"names": names, "name": name, "owner": owner, "status": status})
-
-
-class BucketLease:
-    """The lease interface the follower engine uses (``lease.Lease``), for one bucket owned through a
-    ``GroupLease``: taking and releasing the lock is the group's business, not the bucket worker's."""
-
-    def __init__(self, group: GroupLease, bucket: int):
-        self.group = group
-        self.bucket = bucket
-        self.name = group.names[bucket]
-        self.owner = group.owner
-        self.positions = group.positions
-        self._pending: int | None = None
-        self._saved_at = 0.0
-
-    @property
-    def held(self) -> bool:
-        return self.group.owns(self.bucket)
-
-    def try_acquire(self) -> bool:
-        return self.group.owns(self.bucket)
-
-    def has_waiters(self) -> bool:
-        return False
-
-    def own_row(self) -> tuple[int, str]:
-        position, status, _ = self.run(lambda conn: self.positions.read(conn, self.name))
-        return position, status
-
-    def position(self) -> int:
-        return self.own_row()[0]
-
-    def save_position(self, position: int, poison: dict[str, Any] | None = None) -> None:
-        self.run(lambda conn: self.positions.save(conn, self.name, position, poison=poison))
-        self._pending = None
-        self._saved_at = time.monotonic()
-
-    @property
-    def pending(self) -> int | None:
-        """A position moved to but not saved yet (``advance``)."""
-        return self._pending
-
-    def advance(self, position: int) -> None:
-        """Move past events of other buckets only (nothing handled): saved at most once a second, since
-        redoing that stretch after a crash costs a read and publishes nothing."""
-        if time.monotonic() - self._saved_at >= EMPTY_ADVANCE_SAVE_SECONDS:
-            self.save_position(position)
-        else:
-            self._pending = position
-
-    def set_status(self, status: str, error: dict[str, Any] | None = None) -> None:
-        self.run(lambda conn: self.positions.set_status(conn, self.name, status, error))
-
-    def run(self, work: Callable[[psycopg.Connection[Any]], T]) -> T:
-        if not self.group.owns(self.bucket):
-            raise LeaseLost(f"{self.name}: bucket not owned")
-        return self.group.run(work)
-
-    def release(self, status: str = "stopped") -> None:
-        try:
-            if self._pending is not None:
-                self.save_position(self._pending)
-            self.run(lambda conn: self.positions.released(conn, self.name, status))
-        except (LeaseLost, psycopg.Error):
-            pass
 
 
 def stopped_buckets(conn: Any, schema: str, name: str) -> list[tuple[str, dict[str, Any]]]:

@@ -1,7 +1,8 @@
 """The Kafka publisher: follows the notification log and publishes every event, in order.
 
-This is one stream's publisher. ``commitline publish`` runs ``partitioned.PartitionedPublisher``,
-which runs one of these per bucket of aggregates it owns (``BucketPublisher``, its own position each).
+This is one stream's publisher (``COMMITLINE_PUBLISH_BUCKETS=1`` behaves like it). ``commitline publish``
+runs ``partitioned.PartitionedPublisher``, which publishes every bucket of aggregates it owns in one loop,
+reading the log once per round, with this module's batch handling and a position per bucket.
 
 Loop, while holding the ``kafka-publisher`` lease:
   read the next batch after the saved position (gap-safe) -> build records ->
