@@ -468,17 +468,7 @@ class EventRecorder(PostgresApplicationRecorder):
                 prepare=True).fetchall()
         if not rows:
             return [], None
-        xmin = int(rows[0][0])
-        gaps = sorted(row[2] for row in rows if row[1])
-        cutoff, new_gap = None, None
-        with self._gaps_lock:
-            for gap in gaps:
-                if not self._passable(gap, xmin):
-                    cutoff, new_gap = gap, (gap if gap not in self._gaps else None)
-                    break
-            self._forget_old_gaps()
-        if new_gap is not None:
-            self._note_gap(new_gap)
+        cutoff = self.first_unproven_gap([row[2] for row in rows if row[1]], int(rows[0][0]))
         return [
             Notification(id=nid, originator_id=originator_id, originator_version=version, topic=topic,
                          state=bytes(state))
@@ -487,7 +477,7 @@ class EventRecorder(PostgresApplicationRecorder):
         ], cutoff
 
     def first_unproven_gap(self, gaps: Sequence[int], xmin: int) -> int | None:
-        """For a filtered read done elsewhere (``followers/buckets.py``): the first of ``gaps`` (first missing
+        """For a filtered read (by topics here, by bucket in ``followers/buckets.py``): the first of ``gaps`` (first missing
         ids below the read's last row, read in the same snapshot, whose xmin is ``xmin``) not yet proven
         permanent, which the read must stop before; None when every one may be passed. Shares this
         recorder's gap bookkeeping, so a gap proven for one reader is passed by all."""
