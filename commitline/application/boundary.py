@@ -37,6 +37,8 @@ MAX_KEY_LENGTH = 255
 MAX_PROBLEMS = 50
 _TENANT = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
+_UNSTORABLE = re.compile(r"[\x00\ud800-\udfff]")  # NUL or a lone surrogate: text_problem says which
+_SCALARS = (int, float, bool, type(None))
 
 
 @dataclass(frozen=True)
@@ -127,6 +129,8 @@ def check_json(value: Any, limits: CommandLimits = DEFAULT_LIMITS, *, command_ty
 
     ``objects`` names the top-level fields that may also hold objects of the given types (UUID, Decimal).
     """
+    if _plainly_valid(value, limits, objects):
+        return
     problems = _Walk(limits, objects or {}).problems(value)
     if problems:
         raise InvalidCommand(command_type, problems)
@@ -134,6 +138,38 @@ def check_json(value: Any, limits: CommandLimits = DEFAULT_LIMITS, *, command_ty
 
 def too_large(loc: list[str | int], limits: CommandLimits) -> dict[str, Any]:
     return problem(loc, f"the command is larger than {limits.max_bytes} bytes of JSON", "too_large")
+
+
+def _plainly_valid(value: Any, limits: CommandLimits, objects: Mapping[str, tuple[type, ...]] | None) -> bool:
+    """The common command shape checked without the walk: a flat dict of usable string keys and scalar
+    values (and the UUID/Decimal objects ``objects`` allows). False means "not sure": the walk decides
+    and reports, so this never changes an error, only skips the walk where it would find nothing."""
+    if type(value) is not dict:  # noqa: E721 - exactly dict: an _Object carries duplicate keys
+        return False
+    max_length = limits.max_string_length
+    size = 2
+    for key, item in value.items():
+        if type(key) is not str or len(key) > max_length or _UNSTORABLE.search(key) is not None:  # noqa: E721
+            return False
+        size += len(key) + 4
+        kind = type(item)
+        if kind is str:
+            if len(item) > max_length or _UNSTORABLE.search(item) is not None:
+                return False
+            size += len(item) + 1
+        elif kind is int:
+            if not INT_MIN <= item <= INT_MAX:
+                return False
+        elif kind is float:
+            if not math.isfinite(item):
+                return False
+        elif kind is bool or item is None:
+            pass
+        elif objects is not None and isinstance(item, objects.get(key, ())) and not isinstance(item, _SCALARS):
+            size += len(str(item))
+        else:
+            return False
+    return size <= limits.max_bytes
 
 
 _ROOT = object()  # the name of the value a walk starts from

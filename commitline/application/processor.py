@@ -27,6 +27,13 @@ comes out exactly as for an unused id); a command that would then start it is re
 from someone who already knows it; the refusal says no more than that: not that it exists, nor its
 type, owner, version or content (``AggregateAlreadyExists`` stays for the tenant's own streams).
 
+``dispatch_many``: a batch caller's commands (the CLI's stdin), each dispatched exactly as by ``dispatch``
+and atomic on its own, several at once so that their appends share group-commit transactions. The
+commands run in waves of mutually independent ones, in input order: a command that touches an
+aggregate id or an idempotency key an earlier command of the wave touches starts a new wave, which
+begins only when the previous one has finished. So every result is the one sequential dispatching
+would give.
+
 Observing: every dispatch reports its outcome once to the processor's ``DispatchObserver`` (applied,
 replayed, refused with the error's code, or failed), with its duration, and each re-run after the stream
 moved as a retry. The default observer does nothing; composition wires the Prometheus one.
@@ -37,7 +44,8 @@ from __future__ import annotations
 import hashlib
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from uuid import UUID, uuid5
 
@@ -122,9 +130,71 @@ class CommandProcessor:
         idempotency_key: str | None,
         tenant: str = "default",
     ) -> DispatchResult:
+        return self._observed(command, None, idempotency_key, tenant)
+
+    def dispatch_many(self, items: Sequence[tuple[Command | Mapping[str, Any] | str | bytes, str | None, str]], *,
+                      concurrency: int = 32) -> list[DispatchResult | CommitlineError]:
+        """Dispatch each (command, idempotency_key, tenant); per item its result or its typed error, in order.
+
+        An unexpected (untyped) error is raised once the wave it happened in has finished."""
+        outcomes: list[DispatchResult | CommitlineError | None] = [None] * len(items)
+        wave: list[tuple[int, Command]] = []
+        touched: set[object] = set()
+        with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(items))),
+                                thread_name_prefix="dispatch-many") as pool:
+            for index, (command, key, tenant) in enumerate(items):
+                try:
+                    cmd = parse_command(command, limits=self.limits)
+                except CommitlineError:  # refused before any I/O: dispatch reports it as usual
+                    outcomes[index] = self._outcome(command, None, key, tenant)
+                    continue
+                tokens = self._touches(cmd, key, tenant)
+                if not touched.isdisjoint(tokens):
+                    self._run_wave(pool, wave, items, outcomes)
+                    wave, touched = [], set()
+                wave.append((index, cmd))
+                touched.update(tokens)
+            self._run_wave(pool, wave, items, outcomes)
+        return outcomes  # type: ignore[return-value]  # every item has its outcome
+
+    def _run_wave(self, pool: ThreadPoolExecutor, wave: list[tuple[int, Command]],
+                  items: Sequence[tuple[Any, str | None, str]],
+                  outcomes: list[DispatchResult | CommitlineError | None]) -> None:
+        if len(wave) == 1:  # nothing to overlap with: no hand-over to a thread
+            index, cmd = wave[0]
+            outcomes[index] = self._outcome(items[index][0], cmd, items[index][1], items[index][2])
+            return
+        futures = [(index, pool.submit(self._outcome, items[index][0], cmd, items[index][1], items[index][2]))
+                   for index, cmd in wave]
+        for index, future in futures:  # result() re-raises an unexpected error, after the whole wave is done
+            outcomes[index] = future.result()
+
+    def _outcome(self, command: Any, cmd: Command | None, key: str | None,
+                 tenant: str) -> DispatchResult | CommitlineError:
+        try:
+            return self._observed(command, cmd, key, tenant)
+        except CommitlineError as e:
+            return e
+
+    @staticmethod
+    def _touches(cmd: Command, key: object, tenant: object) -> set[object]:
+        """What a command may read or write: every id it names, its target stream (derived ids included)
+        and its (tenant, key). Only hashable text is used: an unusable key or tenant is refused anyway."""
+        tokens: set[object] = {value for _, value in cmd if isinstance(value, UUID)}
+        tokens.add(("key", tenant if isinstance(tenant, str) else None, key if isinstance(key, str) else None))
+        target = HANDLERS[type(cmd)].target(cmd)
+        if target is not None:
+            tokens.add(target)
+        elif isinstance(key, str) and isinstance(tenant, str):
+            tokens.add(uuid5(_DERIVED_ID_NAMESPACE, f"{tenant}\x00{key}"))
+        return tokens
+
+    def _observed(self, command: Any, cmd: Command | None, idempotency_key: str | None,
+                  tenant: str) -> DispatchResult:
         started, command_type = time.perf_counter(), None
         try:
-            cmd = parse_command(command, limits=self.limits)
+            if cmd is None:
+                cmd = parse_command(command, limits=self.limits)
             command_type = cmd.type
             result = self._dispatch(cmd, idempotency_key, tenant)
         except CommitlineError as e:

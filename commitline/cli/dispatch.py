@@ -1,5 +1,9 @@
 """``commitline dispatch``: apply commands given as a JSON argument or JSON lines on stdin.
 
+Stdin lines go to ``CommandProcessor.dispatch_many`` in chunks (whatever has been read, at most
+``CHUNK``), so independent lines share group commits; results are printed in line order, as if the lines
+were applied one by one.
+
 A stdin line's idempotency key never depends on where the line is: an envelope carries its own key,
 and a plain command line's key is derived from its content (``derived_key``), so running the same
 input again, with lines added, moved or repeated, never applies a command twice.
@@ -10,7 +14,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import queue
 import sys
+import threading
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
@@ -29,6 +35,7 @@ ENVELOPE = ("command", "idempotency_key", "tenant")
 DERIVED_PREFIX = "sha256:"
 DERIVED_LENGTH = len(DERIVED_PREFIX) + 64
 MAX_NAMESPACE_LENGTH = MAX_KEY_LENGTH - DERIVED_LENGTH - 1  # room for "K:" in front of the derived key
+CHUNK = 256  # stdin lines handed to ``dispatch_many`` at once (concurrent ones share group commits)
 
 
 def canonical_json(value: Any) -> bytes:
@@ -65,8 +72,11 @@ def _lines(stream: BinaryIO, limit: int) -> Iterator[bytes]:
         yield line.rstrip(b"\r\n")
 
 
+_Request = tuple[int, Any, Any, Any]  # line number, command (or the line's error), idempotency key, tenant
+
+
 def _stdin_requests(namespace: str | None, tenant: str, stream: BinaryIO,
-                    limits: CommandLimits) -> Iterator[tuple[int, Any, str | None, str]]:
+                    limits: CommandLimits) -> Iterator[_Request]:
     """Each non-blank line is a command (its key is ``derived_key``), or an envelope {"command",
     "idempotency_key", "tenant"} (its own key). Lines are bytes checked by the boundary, so invalid UTF-8
     or JSON, or a line too long, is that line's error. The line number is only for the operator."""
@@ -86,6 +96,43 @@ def _stdin_requests(namespace: str | None, tenant: str, stream: BinaryIO,
             yield number, data["command"], data.get("idempotency_key"), data.get("tenant", tenant)
         else:
             yield number, data, derived_key(data, tenant, namespace), tenant
+
+
+def _chunks(requests: Iterator[_Request], size: int) -> Iterator[list[_Request]]:
+    """The requests in lists of at most ``size``: the lines already read, never waiting for more (a
+    reader thread reads ahead), so a caller that writes a line and waits for its answer gets it."""
+    ready: queue.Queue[_Request | None] = queue.Queue(maxsize=size)
+    failed: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            for request in requests:
+                ready.put(request)
+        except BaseException as e:  # raised here, in the caller's thread, after the lines before it
+            failed.append(e)
+        finally:
+            ready.put(None)
+
+    threading.Thread(target=read, name="dispatch-stdin", daemon=True).start()
+    while (first := ready.get()) is not None:
+        chunk = [first]
+        while len(chunk) < size:
+            try:
+                request = ready.get_nowait()
+            except queue.Empty:
+                break
+            if request is None:
+                yield chunk
+                _reraise(failed)
+                return
+            chunk.append(request)
+        yield chunk
+    _reraise(failed)
+
+
+def _reraise(failed: list[BaseException]) -> None:
+    if failed:
+        raise failed[0]
 
 
 def _usable(key: Any) -> bool:
@@ -117,21 +164,23 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
             print_json(result.model_dump(mode="json"), sys.stdout)
             return EXIT_OK
         failures = 0
-        for number, command, key, tenant in _stdin_requests(args.idempotency_key, args.tenant, sys.stdin.buffer,
-                                                              app.processor.limits):
-            where = {"line": number, "idempotency_key": key} if _usable(key) else {"line": number}
-            try:
-                if isinstance(command, CommitlineError):
-                    raise command
-                result = app.dispatch(command, idempotency_key=key, tenant=tenant)
-                print_json({**where, "replayed": result.replayed, "result": result.model_dump(mode="json")},
-                           sys.stdout)
-            except StoreUnavailable as e:  # the lines after it are not tried: run them again, same keys
-                print_json({**where, **e.to_dict()}, sys.stderr)
-                return EXIT_UNAVAILABLE
-            except CommitlineError as e:
-                failures += 1
-                print_json({**where, **e.to_dict()}, sys.stderr)
+        requests = _stdin_requests(args.idempotency_key, args.tenant, sys.stdin.buffer, app.processor.limits)
+        for chunk in _chunks(requests, CHUNK):
+            outcomes = iter(app.processor.dispatch_many(
+                [(command, key, tenant) for _, command, key, tenant in chunk
+                 if not isinstance(command, CommitlineError)]))
+            for number, command, key, tenant in chunk:
+                where = {"line": number, "idempotency_key": key} if _usable(key) else {"line": number}
+                outcome = command if isinstance(command, CommitlineError) else next(outcomes)
+                if isinstance(outcome, StoreUnavailable):  # the lines after it: run them again, same keys
+                    print_json({**where, **outcome.to_dict()}, sys.stderr)
+                    return EXIT_UNAVAILABLE
+                if isinstance(outcome, CommitlineError):
+                    failures += 1
+                    print_json({**where, **outcome.to_dict()}, sys.stderr)
+                else:
+                    print_json({**where, "replayed": outcome.replayed, "result": outcome.model_dump(mode="json")},
+                               sys.stdout)
         return EXIT_REFUSED if failures else EXIT_OK
 
 

@@ -1,6 +1,8 @@
 """The throughput mechanisms' failure modes, on a real PostgreSQL and real processes: a refusal inside a
 coalesced batch touches nobody else, a process killed between two commands of a batch leaves nothing,
-and the aggregate cache never decides on a stream another process moved."""
+the aggregate cache never decides on a stream another process moved, and ``dispatch_many`` gives each
+command the outcome one-by-one dispatching would (a refusal or conflict in the middle, a kill between two
+commands)."""
 
 from __future__ import annotations
 
@@ -160,3 +162,94 @@ def other_process(pg_dsn: str, schema: str, item: UUID, key: str, quantity: int)
     out = subprocess.run([sys.executable, "-m", "commitline.cli", "dispatch", "-k", key, command],
                          capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+# -- dispatch_many: a batch caller's commands, each atomic on its own, results in input order --------------
+
+
+def receive(item: UUID, quantity: int = 1, **extra: object) -> dict[str, object]:
+    return {"type": "receive_stock", "item_id": str(item), "quantity": quantity, **extra}
+
+
+def test_dispatch_many_a_refusal_in_the_middle_touches_nobody_else(app: Commitline, pg_dsn: str,
+                                                                   schema: str) -> None:
+    from commitline.application.errors import AggregateNotFound, InvalidCommand, InvalidTenant, MissingIdempotencyKey
+
+    a, b, missing = uuid4(), uuid4(), uuid4()
+    before = count_rows(pg_dsn, schema)
+    outcomes = app.processor.dispatch_many([
+        (receive(a), "m1", "default"),
+        ({"type": "reserve_stock", "item_id": str(missing), "reservation_id": "r", "quantity": 1}, "m2", "default"),
+        (receive(b, quantity=0), "m3", "default"),  # invalid: refused before any I/O
+        (receive(b), None, "default"),  # no key
+        (receive(b), "m5", "default"),
+        (receive(a), "m6", "default"),
+        (receive(a), "m7", ["not", "a", "tenant"]),  # type: ignore[list-item]
+    ])
+    assert isinstance(outcomes[1], AggregateNotFound)
+    assert isinstance(outcomes[2], InvalidCommand) and isinstance(outcomes[3], MissingIdempotencyKey)
+    assert isinstance(outcomes[6], InvalidTenant)
+    assert [o.version for o in (outcomes[0], outcomes[4], outcomes[5])] == [1, 1, 2]  # type: ignore[union-attr]
+    after = count_rows(pg_dsn, schema)
+    assert (after["events"] - before["events"], after["idempotency_keys"] - before["idempotency_keys"]) == (3, 3)
+    assert {"m1", "m5", "m6"} <= keys(pg_dsn, schema) and not {"m2", "m3"} & keys(pg_dsn, schema)
+    assert app.store.load(InventoryItem, a).on_hand == 2
+
+
+def test_dispatch_many_gives_the_results_of_one_by_one_dispatching(app: Commitline) -> None:
+    """Commands on one stream, or sharing a key, are not run at once: a conflict is the one sequential
+    dispatching gives, a later command sees an earlier one's effect, a repeated key replays."""
+    from commitline.application.errors import IdempotencyKeyReused
+
+    item, payment = uuid4(), uuid4()
+    bystanders = [uuid4() for _ in range(6)]
+    outcomes = app.processor.dispatch_many([
+        (receive(item), "s1", "default"),
+        *[(receive(other), f"by-{i}", "default") for i, other in enumerate(bystanders)],
+        (receive(item, expected_version=1), "s2", "default"),
+        (receive(item, expected_version=1), "s3", "default"),  # lost to s2: a conflict, as one by one
+        ({"type": "create_payment", "payment_id": str(payment), "currency": "EUR", "amount": "1.00",
+          "account": "acc"}, "p1", "default"),
+        ({"type": "submit_payment", "payment_id": str(payment)}, "p2", "default"),  # after its creation
+        (receive(item), "s1", "default"),  # the first line again: replayed
+        (receive(item, quantity=5), "s1", "default"),  # its key, another command
+    ])
+    assert outcomes[0].version == 1 and outcomes[7].version == 2  # type: ignore[union-attr]
+    assert all(o.version == 1 for o in outcomes[1:7])  # type: ignore[union-attr]
+    assert isinstance(outcomes[8], ConcurrencyConflict)
+    assert outcomes[9].version == 1 and outcomes[10].version == 2  # type: ignore[union-attr]
+    assert outcomes[11].replayed and outcomes[11].version == 1  # type: ignore[union-attr]
+    assert isinstance(outcomes[12], IdempotencyKeyReused)
+    assert app.store.load(InventoryItem, item).on_hand == 2
+
+
+def test_dispatch_many_killed_between_two_commands_loses_nothing_acknowledged(app: Commitline, pg_dsn: str,
+                                                                              schema: str) -> None:
+    item, other = uuid4(), uuid4()
+    items = [(receive(item), "c1", "default"), (receive(other), "c2", "default"), (receive(item), "c3", "default")]
+    script = textwrap.dedent(f"""
+        import os, signal
+        from commitline.composition import bootstrap
+        from tests.support import settings_for
+        from tests.integration.test_throughput_mechanisms import receive
+        from uuid import UUID
+        app = bootstrap(settings_for({pg_dsn!r}, {schema!r}))
+        append, calls = app.store.append, []
+        def append_then_die(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == 3:  # the first wave (c1, c2) is committed; c3 never goes out
+                os.kill(os.getpid(), signal.SIGKILL)
+            return append(*args, **kwargs)
+        app.store.append = append_then_die
+        item, other = UUID("{item}"), UUID("{other}")
+        app.processor.dispatch_many([(receive(item), "c1", "default"), (receive(other), "c2", "default"),
+                                     (receive(item), "c3", "default")])
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=os.getcwd(), capture_output=True, timeout=60)
+    assert proc.returncode == -9, proc.stderr.decode()[-2000:]
+    assert {"c1", "c2"} <= keys(pg_dsn, schema) and "c3" not in keys(pg_dsn, schema)
+
+    # The caller runs the same batch again: what was committed is replayed, the rest applied, once.
+    outcomes = app.processor.dispatch_many(items)
+    assert [(o.replayed, o.version) for o in outcomes] == [(True, 1), (True, 1), (False, 2)]  # type: ignore[union-attr]
+    assert app.store.load(InventoryItem, item).on_hand == 2 and app.store.load(InventoryItem, other).on_hand == 1
