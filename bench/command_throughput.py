@@ -211,8 +211,10 @@ def measure_commitline(ctx: BenchContext, schema: str, writers: int, warmup: flo
         return drive(writers, command, warmup, duration)
 
 
-def measure_stock(ctx: BenchContext, schema: str, writers: int, warmup: float, duration: float) -> Measurement:
-    app = StockApp(env=stock_environment(ctx, schema))
+def measure_stock(ctx: BenchContext, schema: str, writers: int, warmup: float, duration: float, *,
+                  app_class: type[StockApp] | None = None, module: str = "eventsourcing.postgres") -> Measurement:
+    """The ``Item`` application (``app_class``, default ``StockApp``) on the persistence ``module``."""
+    app = (app_class or StockApp)(env={**stock_environment(ctx, schema), "PERSISTENCE_MODULE": module})
     try:
         ids = []
         for _ in range(writers):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from bench.command_throughput import WRITER_COUNTS, Item, Measurement, StockApp, drive, stock_environment
+from bench.command_throughput import WRITER_COUNTS, Measurement, StockApp, measure_stock
 from bench.harness import BenchContext, fresh_schema
 
 
@@ -26,22 +26,7 @@ class ModuleApp(StockApp):
 
 def measure(app_class: type[StockApp], module: str) -> Callable[[BenchContext, str, int, float, float], Measurement]:
     def run(ctx: BenchContext, schema: str, writers: int, warmup: float, duration: float) -> Measurement:
-        app = app_class(env={**stock_environment(ctx, schema), "PERSISTENCE_MODULE": module})
-        try:
-            ids = []
-            for _ in range(writers):
-                item = Item()
-                app.save(item)
-                ids.append(item.id)
-
-            def command(i: int, seq: int) -> None:
-                item = app.repository.get(ids[i])
-                item.receive(1)
-                app.save(item)
-
-            return drive(writers, command, warmup, duration)
-        finally:
-            app.close()
+        return measure_stock(ctx, schema, writers, warmup, duration, app_class=app_class, module=module)
 
     return run
 
