@@ -42,7 +42,6 @@ moved as a retry. The default observer does nothing; composition wires the Prome
 from __future__ import annotations
 
 import hashlib
-import random
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -262,8 +261,7 @@ class CommandProcessor:
                     raise self._lost_race(handler, aggregate_id, expected, tenant) from None
                 raise  # re-run by ``retrying`` after a jittered back-off
 
-        # ``RetryPolicy.retrying``'s schedule, without building a tenacity ``Retrying`` per command: at most
-        # ``max_attempts`` runs, the pause before re-run n uniform in [0, min(max_delay, base_delay * 2**(n-1))].
+        # At most ``max_attempts`` runs, with the policy's jittered pause before each re-run.
         policy = self.retry
         for n in range(1, policy.max_attempts + 1):
             try:
@@ -272,7 +270,7 @@ class CommandProcessor:
                 if n == policy.max_attempts:  # it moved under every attempt
                     raise ConcurrencyConflict(aggregate_id, None, self.store.stream_version(aggregate_id),
                                               n) from None
-                time.sleep(random.uniform(0, min(policy.max_delay, policy.base_delay * 2 ** (n - 1))))
+                time.sleep(policy.pause(n))
         raise AssertionError("unreachable")
 
     def _earlier_outcome(self, tenant: str, key: str, digest: bytes) -> DispatchResult | None:

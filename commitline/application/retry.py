@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+from tenacity import RetryCallState, wait_random_exponential
 
 
 @dataclass(frozen=True)
@@ -19,12 +19,10 @@ class RetryPolicy:
         if not 0 <= self.base_delay <= self.max_delay:
             raise ValueError("need 0 <= base_delay <= max_delay")
 
-    def retrying(self, retry_on: type[BaseException]) -> Retrying:
-        """At most ``max_attempts`` runs while ``retry_on`` is raised, then that error is re-raised; the
-        pause before retry n (from 1) is uniform in [0, min(max_delay, base_delay * 2**(n-1))]."""
-        return Retrying(
-            stop=stop_after_attempt(self.max_attempts),
-            wait=wait_random_exponential(multiplier=self.base_delay, max=self.max_delay),
-            retry=retry_if_exception_type(retry_on),
-            reraise=True,
-        )
+    def pause(self, retry: int) -> float:
+        """Seconds to wait before re-run ``retry`` (from 1): uniform in [0, min(max_delay, base_delay * 2**(retry-1))]
+        (tenacity's ``wait_random_exponential``). The caller loops itself: building a tenacity ``Retrying`` for
+        every dispatch cost measurable time on the hot path, and only re-runs need a pause."""
+        state = RetryCallState(None, None, (), {})
+        state.attempt_number = retry
+        return wait_random_exponential(multiplier=self.base_delay, max=self.max_delay)(state)
