@@ -136,16 +136,21 @@ def mixed_workload(app: Commitline, tag: str) -> None:
 ALL_TABLES = [t.name for p in PROJECTIONS.values() for t in p.tables]
 
 
-def test_rebuilt_view_equals_live_view_table_for_table(app: Commitline, pg_dsn: str, schema: str) -> None:
+def project_live(app: Commitline, *runs: str) -> None:
+    """Run ``mixed_workload`` once per run name while every projection follows live, up to the log head."""
     threads = [projector(app, name).start() for name in PROJECTIONS]
     try:
-        mixed_workload(app, "a")
-        mixed_workload(app, "b")
+        for run in runs:
+            mixed_workload(app, run)
         for t in threads:
             t.wait_until_at(app.recorder.max_notification_id())
     finally:
         for t in threads:
             t.stop()
+
+
+def test_rebuilt_view_equals_live_view_table_for_table(app: Commitline, pg_dsn: str, schema: str) -> None:
+    project_live(app, "a", "b")
     live = {table: table_rows(pg_dsn, schema, table) for table in ALL_TABLES}
     models = app.read_models()
     totals = {(t.state, t.currency): (t.payments, t.amount) for t in models.payment_totals()}
@@ -160,14 +165,7 @@ def test_rebuilt_view_equals_live_view_table_for_table(app: Commitline, pg_dsn: 
 
 
 def test_several_projections_rebuilt_reading_the_log_once(app: Commitline, pg_dsn: str, schema: str) -> None:
-    threads = [projector(app, name).start() for name in PROJECTIONS]
-    try:
-        mixed_workload(app, "a")
-        for t in threads:
-            t.wait_until_at(app.recorder.max_notification_id())
-    finally:
-        for t in threads:
-            t.stop()
+    project_live(app, "a")
     live = {table: table_rows(pg_dsn, schema, table) for table in ALL_TABLES}
     head = app.recorder.max_notification_id()
     reads: list[tuple[int, int]] = []
