@@ -28,7 +28,7 @@ from psycopg.sql import SQL, Composed, Identifier
 
 from commitline.infrastructure.followers.positions import Positions
 from commitline.infrastructure.store import api_keys, audit_runs, hash_backfill
-from commitline.infrastructure.store.recorder import store_schema_statements
+from commitline.infrastructure.store.recorder import store_append_function_statements, store_schema_statements
 
 log = logging.getLogger(__name__)
 MIGRATIONS_TABLE = "schema_migrations"
@@ -53,6 +53,8 @@ MIGRATIONS: tuple[Migration, ...] = (
               "stream versions, snapshot hashes", run=hash_backfill.upgrade),
     Migration(4, "tenants' API keys (hashes only) for the HTTP API", api_keys.create_statements),
     Migration(5, "audit verification runs, for the status page", audit_runs.create_statements),
+    Migration(6, "event store: one command's append as one statement (group commit, one sync per batch)",
+              store_append_function_statements),
 )
 LATEST = MIGRATIONS[-1].version
 

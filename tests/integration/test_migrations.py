@@ -9,6 +9,7 @@ from pathlib import Path
 from uuid import UUID, uuid4
 
 import orjson
+
 import psycopg
 import pytest
 from eventsourcing.persistence import StoredEvent
@@ -57,7 +58,8 @@ def create_previous_schema(pg_dsn: str, schema: str) -> None:
 def test_a_store_from_before_migrations_is_upgraded_in_place_losing_nothing(pg_dsn: str, schema: str) -> None:
     create_previous_schema(pg_dsn, schema)
     assert version(pg_dsn, schema) == 0
-    with bootstrap(settings_for(pg_dsn, schema), apply_migrations=False) as old:
+    # Written as a commitline from before group commit did: one transaction per command.
+    with bootstrap(settings_for(pg_dsn, schema, group_commit_max=0), apply_migrations=False) as old:
         created = old.dispatch({"type": "create_payment", "amount": "5.00", "currency": "EUR", "account": "a"},
                                idempotency_key="before-upgrade")
         old.dispatch({"type": "submit_payment", "payment_id": str(created.aggregate_id)}, idempotency_key="submit")
@@ -74,6 +76,15 @@ def test_a_store_from_before_migrations_is_upgraded_in_place_losing_nothing(pg_d
         replay = app.dispatch({"type": "submit_payment", "payment_id": str(created.aggregate_id)},
                               idempotency_key="submit")
         assert replay.replayed and replay.version == 2
+
+
+def test_commands_on_a_schema_that_lacks_the_append_function_say_to_migrate(pg_dsn: str, schema: str) -> None:
+    create_previous_schema(pg_dsn, schema)
+    with bootstrap(settings_for(pg_dsn, schema), apply_migrations=False) as app:
+        with pytest.raises(StoreUnavailable, match="lacks migration 6; run commitline migrate"):
+            app.dispatch({"type": "receive_stock", "item_id": str(uuid4()), "quantity": 1},
+                         idempotency_key="too-early")
+    assert count_rows(pg_dsn, schema)["events"] == 0
 
 
 def test_a_store_migrated_by_a_newer_commitline_is_refused(app: Commitline, pg_dsn: str, schema: str) -> None:

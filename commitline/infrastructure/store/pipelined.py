@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import struct
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -29,7 +30,10 @@ from psycopg import pq
 from psycopg.generators import fetch, send
 from psycopg.sql import Composable
 
-OIDS = {"uuid": 2950, "int8": 20, "int4": 23, "text": 25, "bytea": 17, "bool": 16}
+OIDS = {"uuid": 2950, "int8": 20, "int4": 23, "text": 25, "bytea": 17, "bool": 16,
+        "uuid[]": 2951, "int8[]": 1016, "text[]": 1009, "bytea[]": 1001}
+#: Parameter types sent in binary: bytea as it is, arrays in PostgreSQL's binary array format.
+_BINARY = frozenset(("bytea", "uuid", "uuid[]", "int8[]", "text[]", "bytea[]"))
 _OK = (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK)
 FATAL = pq.ExecStatus.FATAL_ERROR
 _SYNC = pq.ExecStatus.PIPELINE_SYNC
@@ -39,7 +43,8 @@ SQLSTATE = pq.DiagnosticField.SQLSTATE
 @dataclass(frozen=True)
 class Statement:
     """A statement prepared by ``name`` on each connection that runs it; ``types`` name its
-    parameters' PostgreSQL types (``OIDS``), bytea ones are sent in binary."""
+    parameters' PostgreSQL types (``OIDS``), bytea, uuid and arrays are sent in binary (an array's value is a
+    list of its elements; none of them may be None)."""
 
     name: bytes
     sql: bytes
@@ -56,7 +61,7 @@ class Statement:
 
     @functools.cached_property
     def formats(self) -> list[int]:
-        return [1 if t == "bytea" else 0 for t in self.types]
+        return [1 if t in _BINARY else 0 for t in self.types]
 
     @functools.cached_property
     def _dumps(self) -> list[Callable[[Any], bytes]]:
@@ -71,9 +76,28 @@ def _str(value: Any) -> bytes:
     return str(value).encode()
 
 
+def _array(element_oid: int, dump: Callable[[Any], bytes]) -> Callable[[Sequence[Any]], bytes]:
+    """PostgreSQL's binary array format, one dimension, no NULLs: a header, then each element's length
+    and bytes."""
+    def dumped(values: Sequence[Any]) -> bytes:
+        parts = [_ARRAY_HEADER.pack(1, 0, element_oid, len(values), 1)]
+        for v in values:
+            b = dump(v)
+            parts.append(_LENGTH.pack(len(b)))
+            parts.append(b)
+        return b"".join(parts)
+    return dumped
+
+
+_ARRAY_HEADER = struct.Struct("!iiIii")  # dimensions, has-nulls flag, element type; per dimension: size, lower bound
+_LENGTH = struct.Struct("!i")
+_INT8 = struct.Struct("!q")
+
 _DUMPS: dict[str, Callable[[Any], bytes]] = {
-    "bytea": _bytes, "text": str.encode, "uuid": _str, "int8": _str, "int4": _str,
+    "bytea": _bytes, "text": str.encode, "uuid": lambda v: v.bytes, "int8": _str, "int4": _str,
     "bool": lambda v: b"t" if v else b"f",
+    "uuid[]": _array(OIDS["uuid"], lambda v: v.bytes), "int8[]": _array(OIDS["int8"], _INT8.pack),
+    "text[]": _array(OIDS["text"], str.encode), "bytea[]": _array(OIDS["bytea"], _bytes),
 }
 
 
@@ -212,6 +236,18 @@ def ok(result: pq.abc.PGresult | None) -> bool:
 # Binary result columns.
 def int8(value: bytes) -> int:
     return int.from_bytes(value, "big", signed=True)
+
+
+def int8_array(value: bytes | None) -> list[int]:
+    """A one-dimensional int8[] without NULLs, in binary (None or empty: [])."""
+    if value is None:
+        return []
+    value = bytes(value)
+    dimensions = _LENGTH.unpack_from(value, 0)[0]
+    if dimensions == 0:
+        return []
+    count = _LENGTH.unpack_from(value, 12)[0]
+    return [_INT8.unpack_from(value, 24 + 12 * i)[0] for i in range(count)]  # each: length (4) + value (8)
 
 
 def uuid(value: bytes) -> UUID:

@@ -42,8 +42,9 @@ module in ``commitline.eventsourcing`` uses one set per application).
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -57,6 +58,7 @@ from psycopg.sql import SQL, Composed, Identifier
 from typing_extensions import Self
 
 from commitline.application.chain import GENESIS, chain
+from commitline.application.errors import StoreUnavailable
 from commitline.application.ports import IdempotencyRecord, KeyAlreadyRecorded, StreamMoved
 from commitline.infrastructure.store import pipelined
 from commitline.infrastructure.store.datastore import StoreDatastore
@@ -226,58 +228,72 @@ class EventRecorder(PostgresApplicationRecorder):
     def append_batch(self, batch: Sequence[PendingAppend]) -> list[list[int] | Exception]:
         """Several commands' appends in ONE transaction and one round trip, each atomic on its own: per
         command its notification ids, or what refused it (``KeyAlreadyRecorded``, ``StreamMoved``, ...),
-        which never touches the others. Each command runs in a savepoint; a sync after it lets the
-        server go on after an error, and the unconditional ``ROLLBACK TO SAVEPOINT`` after the sync
-        undoes a failed command only (after a success it undoes the empty savepoint just taken).
-        Nothing is acknowledged before COMMIT succeeded; if it fails, the whole batch raises.
+        which never touches the others. Each command is one call of the store's append function
+        (migration 6), whose exception block is a subtransaction: a command that fails is undone alone
+        and reported in the call's result, so the server never skips the rest and one sync ends the
+        whole batch. Nothing is acknowledged before COMMIT succeeded; if it fails, the whole batch raises.
 
         The writer's xid is drawn before any notification id, as in ``append`` (the gap proof)."""
         q = self._q
-        steps: list[pipelined.Step] = [b"BEGIN", (q.xid_statement, ()), b"SAVEPOINT c"]
-        spans: list[tuple[int, int]] = []
+        steps: list[pipelined.Step] = [b"BEGIN", (q.xid_statement, ())]
+        calls: list[int] = []
         for k, pending in enumerate(batch):
-            start = len(steps)
-            if pending.idempotency is not None:
-                steps.append((q.insert_key, _idempotency_params(pending.idempotency)))
-            for e, (prev, this) in zip(pending.events, pending.links, strict=True):
-                steps.append((q.insert_event, (e.originator_id, e.originator_version, e.topic, e.state, prev, this)))
-            spans.append((start, len(steps)))
-            steps += [b"RELEASE SAVEPOINT c", b"SAVEPOINT c", SYNC, b"ROLLBACK TO SAVEPOINT c"]
+            calls.append(len(steps))
+            one = len(pending.events) == 1
+            steps.append((q.append_one if one else q.append_command, _append_params(pending, one)))
             if self.between_commands is not None and k < len(batch) - 1:
                 steps.append(lambda k=k: self.between_commands(k + 1))  # type: ignore[misc]
         if self.before_commit is not None:
             steps.append(self.before_commit)
         commit = len(steps)
         steps += [b"COMMIT", q.notify_bytes, SYNC]
-        with self._connection() as conn:
+        with self._connection() as conn, self._needs_append_function():
             results = pipelined.run(conn, steps)
             if not pipelined.committed(results[commit]) and pipelined.statements_lost(conn, results):
                 if conn.pgconn.transaction_status != TransactionStatus.IDLE:
                     conn.rollback()
                 results = pipelined.run(conn, steps)  # nothing ran: the first prepared statement failed
-            return self._batch_outcomes(conn, batch, spans, results, results[commit])
+            return self._batch_outcomes(conn, calls, results, results[commit])
 
-    def _batch_outcomes(self, conn: Any, batch: Sequence[PendingAppend], spans: list[tuple[int, int]],
-                        results: list[Any], commit: Any) -> list[list[int] | Exception]:
+    @contextlib.contextmanager
+    def _needs_append_function(self) -> Iterator[None]:
+        try:
+            yield
+        except pg_errors.UndefinedFunction:
+            raise StoreUnavailable(f"the schema {self.datastore.schema} has no append function: it lacks "
+                                   "migration 6; run commitline migrate") from None
+
+    def _batch_outcomes(self, conn: Any, calls: list[int], results: list[Any],
+                        commit: Any) -> list[list[int] | Exception]:
         if not pipelined.committed(commit):
-            failed = commit
+            failed = next((r for r in results if r is not None and r.status == pipelined.FATAL), commit)
             if conn.pgconn.transaction_status != TransactionStatus.IDLE:
                 conn.rollback()
             if failed is not None and failed.status == pipelined.FATAL:
                 raise pipelined.error_of(failed, conn.pgconn)
             raise pg_errors.InFailedSqlTransaction("the batch's transaction failed before COMMIT")
         outcomes: list[list[int] | Exception] = []
-        for (start, end), pending in zip(spans, batch):
-            replies = results[start:end]
-            failed = next((r for r in replies if not pipelined.ok(r)), None)
-            if failed is None:
-                ids = [pipelined.int8(r.get_value(0, 0)) for r in replies[len(replies) - len(pending.events):]]
-                outcomes.append(ids)
-            elif failed.status == pipelined.FATAL:
-                outcomes.append(self._refusal(pipelined.error_of(failed, conn.pgconn)))
-            else:  # skipped after another failure of its own statements: cannot happen, but never acknowledge
-                outcomes.append(pg_errors.InFailedSqlTransaction("the command's statements were skipped"))
+        for step in calls:
+            reply = results[step]
+            if not pipelined.ok(reply) or reply.ntuples != 1:  # cannot happen after a COMMIT: never acknowledge
+                outcomes.append(pg_errors.InFailedSqlTransaction("the command's append did not run"))
+                continue
+            refused = reply.get_value(0, 1)
+            if refused is None:
+                outcomes.append(pipelined.int8_array(reply.get_value(0, 0)))
+            else:
+                outcomes.append(self._refused(pipelined.text(refused), pipelined.text(reply.get_value(0, 2) or b"")))
         return outcomes
+
+    def _refused(self, sqlstate: str, detail: str) -> Exception:
+        """What the append function's caught error (its SQLSTATE, and the constraint of a unique violation,
+        else the message) means for the command, as ``_refusal`` says for a raised one."""
+        if sqlstate == "23505":
+            if detail.startswith(self._idempotency_table):
+                return KeyAlreadyRecorded(detail)
+            return StreamMoved(detail)
+        error = pg_errors.lookup(sqlstate)(detail)
+        return self._refusal(error) if not isinstance(error, pg_errors.UniqueViolation) else error
 
     def _insert_in_one_round_trip(self, conn: Any, params: tuple[Any, ...],
                                   idempotency: IdempotencyRecord | None) -> list[int]:
@@ -534,6 +550,24 @@ def store_schema_statements(schema: str) -> list[Composed]:
     return _Statements(schema).create_statements()
 
 
+def store_append_function_statements(schema: str) -> list[Composed]:
+    """The DDL of the store's append function (migration 6), used by ``append_batch``."""
+    return _Statements(schema).append_function_statements()
+
+
+def _append_params(pending: PendingAppend, one: bool) -> tuple[Any, ...]:
+    key = _idempotency_params(pending.idempotency) if pending.idempotency is not None else (None,) * 7
+    if one:
+        e, (prev, this) = pending.events[0], pending.links[0]
+        return (*key, e.originator_id, e.originator_version, e.topic, e.state, prev, this)
+    events = pending.events
+    return (
+        *key,
+        [e.originator_id for e in events], [e.originator_version for e in events], [e.topic for e in events],
+        [e.state for e in events], [p for p, _ in pending.links], [h for _, h in pending.links],
+    )
+
+
 def _idempotency_params(row: IdempotencyRecord) -> tuple[Any, ...]:
     return (row.tenant, row.key, row.fingerprint, row.command_type, row.aggregate_id, row.stream_version, row.outcome)
 
@@ -559,6 +593,8 @@ class _Statements:
                 reject=Identifier(schema, "reject_event_change"),
                 channel=Identifier(self.channel),
                 id_type=SQL(originator_id_type),
+                append=Identifier(schema, f"append_to_{events}"),
+                append_one=Identifier(schema, f"append_one_to_{events}"),
             )
 
         self._q = q
@@ -637,6 +673,51 @@ class _Statements:
             "INSERT INTO {idem} (tenant, key, fingerprint, command_type, aggregate_id, stream_version, outcome) "
             "VALUES ($1, $2, $3, $4, $5, $6, $7)"), ("text", "text", "bytea", "text", "uuid", "int8", "bytea"))
         self.notify_bytes = self.notify.as_bytes(None)
+        key_types = ("text", "text", "bytea", "text", "uuid", "int8", "bytea")
+        self.append_command = Statement.of(
+            SQL("SELECT ids, refused, detail FROM {}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)")
+            .format(Identifier(schema, f"append_to_{events}")),
+            (*key_types, "uuid[]", "int8[]", "text[]", "bytea[]", "bytea[]", "bytea[]"))
+        self.append_one = Statement.of(  # the common case, a command with one event: no arrays to build
+            SQL("SELECT ids, refused, detail FROM {}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)")
+            .format(Identifier(schema, f"append_one_to_{events}")),
+            (*key_types, "uuid", "int8", "text", "bytea", "bytea", "bytea"))
+
+    def append_function_statements(self) -> list[Composed]:
+        """One command's append as one statement that never fails: the key's record, then its events (their
+        notification ids in ``ids``). On any error its exception block (a subtransaction) undoes both
+        and returns the error's SQLSTATE in ``refused`` and, in ``detail``, the constraint of a unique
+        violation or else the message. Two variants: events as arrays, or one event as scalars."""
+        def function(name: str, event_params: str, insert: str) -> Composed:
+            return self._q(
+                "CREATE OR REPLACE FUNCTION " + name + "("
+                " p_tenant text, p_key text, p_fingerprint bytea, p_command_type text, p_aggregate_id uuid,"
+                " p_stream_version int8, p_outcome bytea, " + event_params + ","
+                " OUT ids int8[], OUT refused text, OUT detail text) LANGUAGE plpgsql AS $$"
+                " DECLARE one int8; BEGIN"
+                " IF p_key IS NOT NULL THEN"
+                "  INSERT INTO {idem} (tenant, key, fingerprint, command_type, aggregate_id, stream_version, outcome)"
+                "  VALUES (p_tenant, p_key, p_fingerprint, p_command_type, p_aggregate_id, p_stream_version,"
+                "  p_outcome);"
+                " END IF; " + insert +
+                " EXCEPTION WHEN OTHERS THEN"
+                "  GET STACKED DIAGNOSTICS refused = RETURNED_SQLSTATE, detail = CONSTRAINT_NAME;"
+                "  IF refused <> '23505' THEN detail := SQLERRM; END IF;"
+                "  ids := NULL;"
+                " END $$")
+
+        columns = "INSERT INTO {events} (originator_id, originator_version, topic, state, prev_hash, event_hash) "
+        return [
+            function("{append}", "p_ids {id_type}[], p_versions int8[], p_topics text[], p_states bytea[], "
+                     "p_prevs bytea[], p_hashes bytea[]",
+                     "WITH inserted AS (" + columns + "SELECT * FROM unnest(p_ids, p_versions, p_topics, p_states, "
+                     "p_prevs, p_hashes) RETURNING notification_id) "
+                     "SELECT array_agg(notification_id ORDER BY notification_id) INTO ids FROM inserted;"),
+            function("{append_one}", "p_id {id_type}, p_version int8, p_topic text, p_state bytea, p_prev bytea, "
+                     "p_hash bytea",
+                     columns + "VALUES (p_id, p_version, p_topic, p_state, p_prev, p_hash) "
+                     "RETURNING notification_id INTO one; ids := ARRAY[one];"),
+        ]
 
     def append_only_statements(self) -> list[Composed]:
         """The trigger function and the triggers that reject UPDATE, DELETE and TRUNCATE on the events table."""
