@@ -43,11 +43,17 @@ class IdempotencyRecord:
 class CommandLoad:
     """What a command starts from, read in one round trip: the key's stored record if the key was used
     (then nothing else was decoded: ``aggregate`` is None), else the aggregate to decide on; ``foreign``
-    when its stream is another tenant's (then ``aggregate`` is a blank stand-in, nothing of it decoded)."""
+    when its stream is another tenant's (then ``aggregate`` is a blank stand-in, nothing of it decoded).
+
+    ``verified`` is False for a cached copy handed out without any read (``trust_cache``): the key was not
+    looked up and the copy may be stale. Deciding on it is safe because the append checks both (the key's
+    record and the stream's next version are unique), but a refusal, a lost race or a failed append is then
+    no answer yet: the caller loads again with a read and decides again."""
 
     aggregate: Aggregate | None
     foreign: bool
     earlier: IdempotencyRecord | None
+    verified: bool = True
 
 
 class EventStore(Protocol):
@@ -57,9 +63,14 @@ class EventStore(Protocol):
         A stream belongs to the tenant of its first event. With ``tenant``, a stream owned by another
         tenant raises ForeignStream; without it the load is not tenant-scoped (operators, tests)."""
 
-    def load_for_command(self, cls: type[A], aggregate_id: UUID, *, tenant: str, key: str) -> CommandLoad:
+    def load_for_command(self, cls: type[A], aggregate_id: UUID, *, tenant: str, key: str,
+                         trust_cache: bool = False) -> CommandLoad:
         """The (tenant, key) record, or the aggregate the command changes (tenant-scoped as above):
-        for the processor, which then decides and ``append``s it (or drops it)."""
+        for the processor, which then decides and ``append``s it (or drops it). With ``trust_cache`` the
+        store may return its cached copy of the stream without reading anything (``verified=False``)."""
+
+    def distrust(self, aggregate_id: UUID) -> None:
+        """Another writer moved this stream under a cached copy: verify every later load of it with a read."""
 
     def append(
         self, aggregate: Aggregate, events: Sequence[Event], *, tenant: str, idempotency: IdempotencyRecord | None

@@ -7,6 +7,11 @@
 3. Load the aggregate (the store's cached copy brought up to date, or its snapshot and the events
    after it), and any other aggregate the command reads, all tenant-scoped (below). Steps 2 and 3
    are one read round trip (``EventStore.load_for_command``).
+   Zero reads on the hot path: when this process wrote the stream last, its cached copy is decided on
+   without reading anything. The append still checks the key (its record is unique) and the version
+   (the stream's next one is unique), so a used key or a stale copy cannot be stored; if the append or
+   the decision refuses, the command runs again on steps 2 and 3 with a read, and only that run's answer
+   counts. A stream found moved under its cached copy is read before every later command.
 4. Run the domain method; it raises on an illegal transition or a broken invariant
    (unless a twin with the same key committed meanwhile: then the twin's outcome is returned).
 5. Append the events and the idempotency record in one short transaction (which the store may share
@@ -77,6 +82,10 @@ from commitline.application.retry import RetryPolicy
 from commitline.domain import Aggregate, Event
 
 _DERIVED_ID_NAMESPACE = UUID("0b7e5a0c-2f4e-4f8e-9d61-6a1f3c2b9e77")
+
+
+class _Unverified(Exception):
+    """A run on a cached copy (no read) ended without an answer: decide again on a read."""
 
 
 def fingerprint(command: Command) -> bytes:
@@ -220,16 +229,12 @@ class CommandProcessor:
         def load(cls: type[Aggregate], other_id: UUID) -> Aggregate:
             return self._load_existing(cls, other_id, tenant)
 
-        attempts = 0
-
-        def attempt() -> DispatchResult:
-            nonlocal attempts
-            attempts += 1
-            if attempts > 1:
-                self.observer.on_retry(cmd.type)
+        def attempt(trust_cache: bool) -> DispatchResult:
+            # The key's record and the aggregate in one read (a used key answers before any other check),
+            # or, with ``trust_cache``, the store's cached copy and no read at all (``loaded.verified`` False).
+            loaded = self.store.load_for_command(handler.aggregate, aggregate_id, tenant=tenant, key=key,
+                                                 trust_cache=trust_cache)
             try:
-                # The key's record and the aggregate in one read: a used key answers before any other check.
-                loaded = self.store.load_for_command(handler.aggregate, aggregate_id, tenant=tenant, key=key)
                 if loaded.earlier is None:
                     aggregate = self._checked(handler, loaded, aggregate_id, expected)
                     changed = handler.run(aggregate, cmd, load)
@@ -238,6 +243,8 @@ class CommandProcessor:
             except StoreUnavailable:
                 raise  # not a refusal: looking for a twin would only wait for the store again
             except CommitlineError:
+                if not loaded.verified:
+                    raise _Unverified from None  # refused on a copy that may be stale: read, then decide
                 # A twin with this key may have committed since our lookup, changing the state we
                 # just refused: its outcome is the answer for this key.
                 twin = self._earlier_outcome(tenant, key, digest)
@@ -257,21 +264,34 @@ class CommandProcessor:
                 assert twin is not None, "a committed idempotency record must be readable"
                 return twin
             except StreamMoved:
+                if not loaded.verified:
+                    self.store.distrust(aggregate_id)  # another writer: from now on, read before deciding
+                    self.observer.on_retry(cmd.type)
+                    raise _Unverified from None
                 if expected is not None:
                     raise self._lost_race(handler, aggregate_id, expected, tenant) from None
-                raise  # re-run by ``retrying`` after a jittered back-off
+                raise  # re-run after a jittered back-off
+            except CommitlineError:
+                if not loaded.verified:
+                    raise _Unverified from None  # e.g. too large: a used key's outcome still comes first
+                raise
 
-        # At most ``max_attempts`` runs, with the policy's jittered pause before each re-run.
-        policy = self.retry
-        for n in range(1, policy.max_attempts + 1):
+        # The first run may decide on the cached copy without a read; if that run ends without an answer,
+        # it is run again at once with a read (not counted: nothing was contended yet). At most
+        # ``max_attempts`` runs with a read, each re-run after the stream moved after a jittered pause.
+        policy, trust_cache, n = self.retry, True, 1
+        while True:
             try:
-                return attempt()
+                return attempt(trust_cache)
+            except _Unverified:
+                trust_cache = False
             except StreamMoved:
                 if n == policy.max_attempts:  # it moved under every attempt
                     raise ConcurrencyConflict(aggregate_id, None, self.store.stream_version(aggregate_id),
                                               n) from None
+                self.observer.on_retry(cmd.type)
                 time.sleep(policy.pause(n))
-        raise AssertionError("unreachable")
+                trust_cache, n = False, n + 1
 
     def _earlier_outcome(self, tenant: str, key: str, digest: bytes) -> DispatchResult | None:
         record = self.store.find_outcome(tenant, key)

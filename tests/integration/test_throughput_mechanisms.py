@@ -62,6 +62,22 @@ def test_a_conflict_inside_a_batch_refuses_that_command_only(app: Commitline, pg
     assert app.store.load(InventoryItem, taken).version == 2
 
 
+def test_an_error_inside_a_batch_fails_that_command_only(app: Commitline, pg_dsn: str, schema: str) -> None:
+    from psycopg import errors as pg_errors
+
+    before = count_rows(pg_dsn, schema)
+    outcomes = app.store.committer.append_many([  # type: ignore[union-attr]
+        received(uuid4(), 1, "e1"),
+        received(uuid4(), 0, "e-bad"),  # version 0 breaks the table's CHECK: an error that is no refusal
+        received(uuid4(), 1, "e2"),
+    ])
+    assert isinstance(outcomes[1], pg_errors.CheckViolation), outcomes[1]
+    assert isinstance(outcomes[0], list) and isinstance(outcomes[2], list), outcomes
+    after = count_rows(pg_dsn, schema)
+    assert (after["events"] - before["events"], after["idempotency_keys"] - before["idempotency_keys"]) == (2, 2)
+    assert "e-bad" not in keys(pg_dsn, schema)
+
+
 def test_racers_coalesced_into_batches_still_have_one_winner(app: Commitline, pg_dsn: str, schema: str) -> None:
     from tests.integration.test_concurrency import run_at_once
 
@@ -134,6 +150,7 @@ def test_a_decision_on_a_state_gone_stale_after_the_read_is_retried_not_stored(
         return found
 
     app.recorder.read_for_command = read_then_another_process_writes  # type: ignore[method-assign]
+    app.store.cache.take(item.aggregate_id)  # not cached: this command reads before it decides
     try:
         result = app.dispatch({"type": "receive_stock", "item_id": str(item.aggregate_id), "quantity": 100},
                               idempotency_key="j3")
@@ -145,6 +162,7 @@ def test_a_decision_on_a_state_gone_stale_after_the_read_is_retried_not_stored(
 
     # With expected_version the same race is a conflict, never a write on the stale state.
     app.recorder.read_for_command = read_then_another_process_writes  # type: ignore[method-assign]
+    app.store.cache.take(item.aggregate_id)
     calls.clear()
     try:
         with pytest.raises(ConcurrencyConflict):
@@ -153,6 +171,72 @@ def test_a_decision_on_a_state_gone_stale_after_the_read_is_retried_not_stored(
     finally:
         del app.recorder.read_for_command
     assert app.store.load(InventoryItem, item.aggregate_id, use_snapshot=False).on_hand == 121
+
+
+def counting_reads(app: Commitline) -> list[UUID]:
+    """Record every command read of the store (``read_for_command``) from now on: the ids read."""
+    read = app.recorder.read_for_command
+    reads: list[UUID] = []
+
+    def counted(aggregate_id: UUID, *args: object) -> object:
+        reads.append(aggregate_id)
+        return read(aggregate_id, *args)  # type: ignore[arg-type]
+
+    app.recorder.read_for_command = counted  # type: ignore[method-assign]
+    return reads
+
+
+def test_a_cached_stream_is_decided_on_without_a_read_and_a_stale_copy_is_never_stored(
+        app: Commitline, pg_dsn: str, schema: str) -> None:
+    item = app.dispatch({"type": "receive_stock", "item_id": str(uuid4()), "quantity": 1}, idempotency_key="z1")
+    reads = counting_reads(app)
+    try:
+        app.dispatch(receive(item.aggregate_id), idempotency_key="z2")
+        assert reads == [], "this process wrote the stream last: its cached copy needs no read"
+
+        other_process(pg_dsn, schema, item.aggregate_id, "z-elsewhere", 10)  # v3, unknown to our cache
+        result = app.dispatch(receive(item.aggregate_id, 100), idempotency_key="z4")
+        # Decided on the stale copy (v2), refused by the append's version check, read, decided again.
+        assert result.version == 4 and reads == [item.aggregate_id]
+        assert app.store.load(InventoryItem, item.aggregate_id, use_snapshot=False).on_hand == 112
+
+        # A stream another writer moved is read before every later command, in this process.
+        app.dispatch(receive(item.aggregate_id), idempotency_key="z5")
+        assert reads == [item.aggregate_id] * 2
+    finally:
+        del app.recorder.read_for_command
+    assert count_rows(pg_dsn, schema)["events"] == 5
+
+
+def test_a_key_used_by_another_process_answers_even_when_the_copy_is_cached(
+        app: Commitline, pg_dsn: str, schema: str) -> None:
+    item = app.dispatch({"type": "receive_stock", "item_id": str(uuid4()), "quantity": 1}, idempotency_key="y1")
+    other_process(pg_dsn, schema, item.aggregate_id, "y-twin", 10)
+    first = app.store.load(InventoryItem, item.aggregate_id, use_snapshot=False)
+    before = count_rows(pg_dsn, schema)
+
+    # The same request again, here: the answer is the other process's outcome, and nothing is written.
+    replay = app.dispatch(receive(item.aggregate_id, 10), idempotency_key="y-twin")
+    assert replay.replayed and replay.version == 2
+    # The same key for another request: refused as reused, even though the copy would accept it.
+    from commitline.application.errors import IdempotencyKeyReused
+    with pytest.raises(IdempotencyKeyReused):
+        app.dispatch(receive(item.aggregate_id, 5), idempotency_key="y-twin")
+    assert count_rows(pg_dsn, schema) == before
+    assert app.store.load(InventoryItem, item.aggregate_id, use_snapshot=False).on_hand == first.on_hand == 11
+
+
+def test_expected_version_on_a_stale_cached_copy_follows_the_stored_stream(
+        app: Commitline, pg_dsn: str, schema: str) -> None:
+    item = app.dispatch({"type": "receive_stock", "item_id": str(uuid4()), "quantity": 1}, idempotency_key="x1")
+    other_process(pg_dsn, schema, item.aggregate_id, "x-elsewhere", 10)  # stored: v2; cached: v1
+
+    # The copy says v1: a command expecting v1 is refused as the stored stream says (v2), not stored.
+    with pytest.raises(ConcurrencyConflict) as conflict:
+        app.dispatch(receive(item.aggregate_id, expected_version=1), idempotency_key="x3")
+    assert conflict.value.actual == 2
+    # A command expecting v2 is accepted, though the copy it started from said v1.
+    assert app.dispatch(receive(item.aggregate_id, expected_version=2), idempotency_key="x4").version == 3
 
 
 def other_process(pg_dsn: str, schema: str, item: UUID, key: str, quantity: int) -> None:

@@ -3,12 +3,15 @@ on a stream reads only the events after the cached version (usually none) instea
 
 An entry is lent out, not shared: ``take`` removes it, and the event store puts the aggregate back
 only after an append of it committed (so it is exactly the stored head). A command that was refused, or
-lost a race, simply leaves no entry behind, and the next load of that stream is a full one. An entry is
-never trusted on its own: every load also reads the events stored after its version, so another
-process's writes are applied, not missed, and a decision on a state that went stale between that read
-and the append is refused by the append's version check (then the processor reloads).
+lost a race, simply leaves no entry behind, and the next load of that stream is a full one.
 
-Bounded: least recently used entries go first. Size 0 disables it.
+An entry may be decided on without any read (the processor's first run, ``trust_cache``): a stale one
+cannot be stored, because the append's version check refuses it, and then the processor reads and
+decides again. A stream where that happened is ``distrust``-ed: every later load of it reads the events
+stored after the cached version first (so two processes writing one stream pay one read per command,
+not a wasted append).
+
+Bounded: least recently used entries (and distrusted ids) go first. Size 0 disables it.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class AggregateCache:
     def __init__(self, size: int):
         self.size = size
         self._entries: OrderedDict[UUID, Entry] = OrderedDict()
+        self._distrusted: OrderedDict[UUID, None] = OrderedDict()
         self._lock = threading.Lock()
 
     def take(self, aggregate_id: UUID) -> Entry | None:
@@ -48,6 +52,19 @@ class AggregateCache:
             self._entries.move_to_end(entry.aggregate.id)
             while len(self._entries) > self.size:
                 self._entries.popitem(last=False)
+
+    def trusted(self, aggregate_id: UUID) -> bool:
+        """May a cached copy of this stream be decided on without a read?"""
+        return aggregate_id not in self._distrusted
+
+    def distrust(self, aggregate_id: UUID) -> None:
+        if not self.size:
+            return
+        with self._lock:
+            self._distrusted[aggregate_id] = None
+            self._distrusted.move_to_end(aggregate_id)
+            while len(self._distrusted) > self.size:
+                self._distrusted.popitem(last=False)
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -11,9 +11,10 @@ stream (``ForeignStream``), reading the owner in the same single round trip as t
 It remembers the chain hash of each recently loaded or written stream head, so appending
 the next events continues the hash chain without another read in the common case.
 
-The command path (``load_for_command`` then ``append``): one read round trip (the idempotency key's
-record and the stream's new events in one statement), the decoded aggregate kept between commands
-(``aggregate_cache``), and appends coalesced with those of concurrent commands (``group_commit``).
+The command path (``load_for_command`` then ``append``): at most one read round trip (the idempotency
+key's record and the stream's new events in one statement), none when the processor may decide on the
+cached copy (``trust_cache``); the decoded aggregate kept between commands (``aggregate_cache``), and
+appends coalesced with those of concurrent commands (``group_commit``).
 """
 
 from __future__ import annotations
@@ -76,12 +77,21 @@ class PostgresEventStore:
         self._remember(aggregate_id, aggregate.version, head_hash)
         return aggregate
 
-    def load_for_command(self, cls: type[A], aggregate_id: UUID, *, tenant: str, key: str) -> CommandLoad:
+    def load_for_command(self, cls: type[A], aggregate_id: UUID, *, tenant: str, key: str,
+                         trust_cache: bool = False) -> CommandLoad:
         """The idempotency key's record if it has one (then nothing else is decoded), else the aggregate
-        to decide on (the cached one brought up to date, or loaded), in one read round trip."""
+        to decide on (the cached one brought up to date, or loaded), in one read round trip.
+
+        With ``trust_cache``, a cached copy of a stream no other writer was seen to move is returned as it
+        is, without any read (``verified=False``)."""
         entry = self.cache.take(aggregate_id)
         if entry is not None and type(entry.aggregate) is not cls:
             entry = None  # a load of the wrong type raises below, as ``load`` does
+        if entry is not None and trust_cache and self.cache.trusted(aggregate_id):
+            if entry.owner != tenant:  # a stream's owner never changes: this answer needs no read
+                self.cache.put(entry)
+                return CommandLoad(cls.blank(aggregate_id), True, None)
+            return CommandLoad(entry.aggregate, False, None, verified=False)
         known = entry.aggregate.version if entry is not None else 0
         read = self.recorder.read_for_command(aggregate_id, known, entry is None and self.snapshot_interval > 0,
                                               tenant, key)
@@ -145,6 +155,9 @@ class PostgresEventStore:
         if self._snapshot_due(before, aggregate.version):
             self._take_snapshot(aggregate)
         self.cache.put(Entry(aggregate, tenant, links[-1][1]))
+
+    def distrust(self, aggregate_id: UUID) -> None:
+        self.cache.distrust(aggregate_id)
 
     def find_outcome(self, tenant: str, key: str) -> IdempotencyRecord | None:
         return self.recorder.find_idempotency(tenant, key)
