@@ -70,6 +70,7 @@ class GroupCommitter:
         self.max_batch = max_batch
         self._free = flushers
         self._queue: deque[_Waiter] = deque()
+        self._done: deque[_Call] = deque()  # calls decided but still asleep: woken one by one (below)
         self._lock = threading.Lock()
 
     def append(self, pending: PendingAppend) -> list[int]:
@@ -87,10 +88,21 @@ class GroupCommitter:
             while not waiter.done:
                 batch = self._lead()
                 if batch is None:
+                    self._wake_next()  # this thread stops running Python: a decided one takes its turn
                     call.sleep(self._lock)
                 else:
-                    self._flush(batch)
+                    self._flush(batch, call)
+        self._wake_next()
         return [w.outcome for w in mine]  # type: ignore[misc]
+
+    def _wake_next(self) -> None:
+        """Wake one decided call. A batch's threads are woken one after the other, each by a thread that
+        returns or goes to sleep, not all at once: only one of them could run Python at a time anyway,
+        and the others would only wake to queue for the interpreter lock and sleep again (a context switch
+        each). Every thread that stops running passes the turn on, so no decided call is left asleep."""
+        with self._lock:
+            if self._done:
+                self._done.popleft().signal()
 
     def _lead(self) -> list[_Waiter] | None:
         """Take a flush slot and the batch at the head of the queue, if a slot is free."""
@@ -107,7 +119,7 @@ class GroupCommitter:
                 size += nxt
             return batch
 
-    def _flush(self, batch: list[_Waiter]) -> None:
+    def _flush(self, batch: list[_Waiter], leader: _Call) -> None:
         try:
             outcomes: Sequence[list[int] | BaseException] = self.recorder.append_batch([w.pending for w in batch])
         except BaseException as e:  # the whole transaction failed: nobody's command is acknowledged
@@ -116,6 +128,9 @@ class GroupCommitter:
             self._free += 1
             for waiter, outcome in zip(batch, outcomes, strict=True):
                 waiter.outcome, waiter.done = outcome, True
-                waiter.call.signal()
+                if waiter.call is not leader:
+                    self._done.append(waiter.call)  # a call twice in it is woken twice: harmless
+            if self._done:
+                self._done.popleft().signal()  # the first of the chain (see ``_wake_next``)
             for waiter in itertools.islice(self._queue, self._free):
                 waiter.call.signal()  # the next in line lead
