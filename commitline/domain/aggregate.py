@@ -10,6 +10,7 @@ stored events through ``apply`` rebuilds exactly the state the commands produced
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -47,7 +48,12 @@ class Event:
         return cls.__name__
 
     def payload(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in self.ENVELOPE}
+        return {name: getattr(self, name) for name in _payload_fields(type(self))}
+
+
+@functools.cache
+def _payload_fields(cls: type[Event]) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls) if f.name not in cls.ENVELOPE)
 
 
 def utcnow() -> datetime:

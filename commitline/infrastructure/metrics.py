@@ -47,14 +47,26 @@ HTTP_SECONDS = Histogram("commitline_http_request_seconds", "Time to answer an H
 
 
 class CommandMetrics(DispatchObserver):
-    """The command processor's observer: records every dispatch in the metrics above."""
+    """The command processor's observer: records every dispatch in the metrics above. Each labelled child
+    is looked up once (``labels`` costs more than the increment itself, on every command)."""
+
+    def __init__(self) -> None:
+        self._counted: dict[tuple[str, str, str | None], Callable[[], None]] = {}
+        self._timed: dict[str, Callable[[float], None]] = {}
 
     def on_retry(self, command_type: str) -> None:
         RETRIES.labels(command_type).inc()
 
     def on_outcome(self, command_type: str, outcome: str, code: str | None, seconds: float) -> None:
-        COMMANDS.labels(command_type, outcome, code or "").inc()
-        DISPATCH_SECONDS.labels(command_type).observe(seconds)
+        labels = (command_type, outcome, code)
+        count = self._counted.get(labels)
+        if count is None:
+            count = self._counted.setdefault(labels, COMMANDS.labels(command_type, outcome, code or "").inc)
+        count()
+        observe = self._timed.get(command_type)
+        if observe is None:
+            observe = self._timed.setdefault(command_type, DISPATCH_SECONDS.labels(command_type).observe)
+        observe(seconds)
         if code == "concurrency_conflict":
             CONFLICTS.labels(command_type).inc()
 
