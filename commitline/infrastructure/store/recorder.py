@@ -233,9 +233,10 @@ class EventRecorder(PostgresApplicationRecorder):
         and reported in the call's result, so the server never skips the rest and one sync ends the
         whole batch. Nothing is acknowledged before COMMIT succeeded; if it fails, the whole batch raises.
 
-        The writer's xid is drawn before any notification id, as in ``append`` (the gap proof)."""
+        The writer's xid is drawn before any notification id, as in ``append`` (the gap proof): the append
+        function takes it first (the transaction's own, not a subtransaction's, and it stays if that rolls back)."""
         q = self._q
-        steps: list[pipelined.Step] = [b"BEGIN", (q.xid_statement, ())]
+        steps: list[pipelined.Step] = [b"BEGIN"]
         calls: list[int] = []
         for k, pending in enumerate(batch):
             calls.append(len(steps))
@@ -664,14 +665,6 @@ class _Statements:
             "SELECT 0, originator_version, topic, state, event_hash, NULL::bytea, NULL::uuid FROM {events} "
             "WHERE originator_id = $1 AND originator_version > greatest($2, coalesce((SELECT version FROM s), 0)) "
             "ORDER BY 1 DESC, 2"), ("uuid", "int8", "text", "text", "bool"))
-        self.xid_statement = Statement.of(self.assign_xid, ())
-        self.insert_event = Statement.of(q(
-            "INSERT INTO {events} (originator_id, originator_version, topic, state, prev_hash, event_hash) "
-            "VALUES ($1, $2, $3, $4, $5, $6) RETURNING notification_id"),
-            ("uuid", "int8", "text", "bytea", "bytea", "bytea"))
-        self.insert_key = Statement.of(q(
-            "INSERT INTO {idem} (tenant, key, fingerprint, command_type, aggregate_id, stream_version, outcome) "
-            "VALUES ($1, $2, $3, $4, $5, $6, $7)"), ("text", "text", "bytea", "text", "uuid", "int8", "bytea"))
         self.notify_bytes = self.notify.as_bytes(None)
         key_types = ("text", "text", "bytea", "text", "uuid", "int8", "bytea")
         self.append_command = Statement.of(
@@ -695,6 +688,7 @@ class _Statements:
                 " p_stream_version int8, p_outcome bytea, " + event_params + ","
                 " OUT ids int8[], OUT refused text, OUT detail text) LANGUAGE plpgsql AS $$"
                 " DECLARE one int8; BEGIN"
+                " PERFORM pg_current_xact_id();"  # the transaction's xid before any notification id: the gap proof
                 " IF p_key IS NOT NULL THEN"
                 "  INSERT INTO {idem} (tenant, key, fingerprint, command_type, aggregate_id, stream_version, outcome)"
                 "  VALUES (p_tenant, p_key, p_fingerprint, p_command_type, p_aggregate_id, p_stream_version,"
