@@ -62,6 +62,18 @@ def test_a_conflict_inside_a_batch_refuses_that_command_only(app: Commitline, pg
     assert app.store.load(InventoryItem, taken).version == 2
 
 
+def test_a_command_with_several_events_in_a_batch_stores_them_all_in_order(app: Commitline) -> None:
+    item = uuid4()
+    events = [StockReceived(event_id=uuid4(), aggregate_id=item, version=v, occurred_at=utcnow(), quantity=v)
+              for v in (1, 2, 3)]
+    stored = [encode_event(e, "default") for e in events]
+    many = PendingAppend(stored, None, chain(GENESIS, stored))
+    outcomes = app.store.committer.append_many([received(uuid4(), 1, "m1"), many])  # type: ignore[union-attr]
+    assert isinstance(outcomes[1], list) and len(outcomes[1]) == 3 and outcomes[1] == sorted(outcomes[1])
+    assert app.store.load(InventoryItem, item, use_snapshot=False).on_hand == 6
+    assert app.auditor().verify().ok
+
+
 def test_an_error_inside_a_batch_fails_that_command_only(app: Commitline, pg_dsn: str, schema: str) -> None:
     from psycopg import errors as pg_errors
 
@@ -76,6 +88,27 @@ def test_an_error_inside_a_batch_fails_that_command_only(app: Commitline, pg_dsn
     after = count_rows(pg_dsn, schema)
     assert (after["events"] - before["events"], after["idempotency_keys"] - before["idempotency_keys"]) == (2, 2)
     assert "e-bad" not in keys(pg_dsn, schema)
+
+
+def test_a_batch_sent_with_either_kind_of_sync_has_the_same_outcomes(app: Commitline, pg_dsn: str, schema: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from psycopg import pq
+
+    from commitline.infrastructure.store import pipelined
+
+    if pq.__impl__ == "binary" and pq.version() >= 170000:  # what the pinned psycopg[binary] brings
+        assert pipelined._pipeline_sync is not pipelined.plain_sync, "the sync's socket write releases the GIL"
+    taken = uuid4()
+    for sync, tag in ((pipelined._pipeline_sync, "released"), (pipelined.plain_sync, "plain")):
+        monkeypatch.setattr(pipelined, "_pipeline_sync", sync)
+        outcomes = app.store.committer.append_many([  # type: ignore[union-attr]
+            received(uuid4(), 1, f"{tag}-a"), received(taken, 1, f"{tag}-b"), received(uuid4(), 1, f"{tag}-c")])
+        if tag == "released":
+            assert all(isinstance(o, list) for o in outcomes), outcomes
+        else:  # ``taken`` has its version 1 already
+            assert isinstance(outcomes[1], StreamMoved) and isinstance(outcomes[0], list) and isinstance(
+                outcomes[2], list), outcomes
+    assert {"released-a", "released-b", "released-c", "plain-a", "plain-c"} <= keys(pg_dsn, schema)
 
 
 def test_racers_coalesced_into_batches_still_have_one_winner(app: Commitline, pg_dsn: str, schema: str) -> None:

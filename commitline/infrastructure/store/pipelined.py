@@ -15,6 +15,7 @@ sequence never deadlocks on full socket buffers.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import struct
@@ -147,7 +148,7 @@ def run(conn: Any, steps: Sequence[Step]) -> list[pq.abc.PGresult | None]:
                 pgconn.send_query_params(step, None, result_format=1)
                 sent.append(1)
             elif step is None:
-                pgconn.pipeline_sync()
+                _pipeline_sync(pgconn)
                 sent.append(0)
             else:  # a hook
                 pgconn.send_flush_request()  # else the server keeps the replies after the last sync
@@ -162,6 +163,45 @@ def run(conn: Any, steps: Sequence[Step]) -> list[pq.abc.PGresult | None]:
         conn.close()
         raise
     return results
+
+
+def _released_gil_sync() -> Callable[[Any], None] | None:
+    """A pipeline sync whose socket write runs without the interpreter lock, or None where it cannot be had.
+
+    psycopg's ``pipeline_sync`` (libpq's ``PQpipelineSync``) writes to the socket while holding the GIL;
+    on loopback that write also runs the server's receive path and wakes its backend, tens of microseconds
+    in which no other thread of the process runs Python. Through ctypes (which releases the GIL around a
+    foreign call), on the very libpq psycopg uses (the only one mapped into the process), libpq 17's
+    ``PQsendPipelineSync`` queues the sync without writing and ``PQflush`` writes without the lock. What
+    the non-blocking socket did not take is written by psycopg's own ``send`` before any reply is read."""
+    try:
+        if pq.__impl__ not in ("binary", "c") or pq.version() < 170000:
+            return None
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "/libpq" in line}
+        if len(paths) != 1:
+            return None
+        libpq = ctypes.CDLL(paths.pop())
+        queue_sync, flush = libpq.PQsendPipelineSync, libpq.PQflush
+    except (OSError, AttributeError):
+        return None
+    queue_sync.argtypes = flush.argtypes = [ctypes.c_void_p]
+    queue_sync.restype = flush.restype = ctypes.c_int
+
+    def sync(pgconn: Any) -> None:
+        pointer = pgconn.pgconn_ptr
+        if queue_sync(pointer) != 1:
+            raise pg_errors.OperationalError(f"sending a pipeline sync failed: {pgconn.get_error_message()}")
+        if flush(pointer) < 0:
+            raise pg_errors.OperationalError(f"sending to the server failed: {pgconn.get_error_message()}")
+    return sync
+
+
+def plain_sync(pgconn: Any) -> None:
+    pgconn.pipeline_sync()
+
+
+_pipeline_sync = _released_gil_sync() or plain_sync
 
 
 def _psycopg_deallocates_first(conn: Any, prepared: set[bytes]) -> None:
