@@ -2,12 +2,12 @@
 
 psycopg's cursor does per call what the hot path needs once: composing the SQL, converting the query,
 adapting every parameter, and its pipeline waits for replies at every sync. Here a statement is
-prepared once per connection (by name), its parameters go as bytes (text format, bytea in binary),
-and a whole sequence of statements, syncs included, is sent before any reply is read. A sync inside
-an explicit transaction does not end it: after an error the server skips to the next sync and
-the transaction waits, aborted, for what comes after it (``ROLLBACK TO SAVEPOINT``). That is what lets
-``recorder.EventRecorder.append_batch`` keep each command of a batch atomic on its own in one
-round trip.
+prepared once per connection (by name), its parameters go as bytes (text format; bytea, uuid and
+arrays in binary), and a whole sequence of statements, syncs included, is sent before any reply is
+read. After an error the server skips everything up to the next sync; ``recorder.EventRecorder.
+append_batch`` therefore sends statements that never fail (each command's append function catches its
+own error), so a batch needs one sync. The sync's socket write runs without the GIL where libpq allows
+(``_released_gil_sync``).
 
 Sending and receiving overlap (psycopg's ``send`` reads replies while it flushes), so a large
 sequence never deadlocks on full socket buffers.
@@ -102,7 +102,7 @@ _DUMPS: dict[str, Callable[[Any], bytes]] = {
 }
 
 
-#: One step of a pipeline: a prepared statement with its values, a plain command (BEGIN, SAVEPOINT ...),
+#: One step of a pipeline: a prepared statement with its values, a plain command (BEGIN, COMMIT ...),
 #: a sync, or a hook run once every reply before it has arrived (then the rest is sent).
 Step = tuple[Statement, Sequence[Any]] | bytes | Callable[[], None] | None
 SYNC: None = None
