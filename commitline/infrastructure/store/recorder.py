@@ -42,9 +42,8 @@ module in ``commitline.eventsourcing`` uses one set per application).
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -248,19 +247,15 @@ class EventRecorder(PostgresApplicationRecorder):
             steps.append(self.before_commit)
         commit = len(steps)
         steps += [b"COMMIT", q.notify_bytes, SYNC]
-        with self._connection() as conn, self._needs_append_function():
-            results = pipelined.run(conn, steps)
-            if not pipelined.committed(results[commit]) and pipelined.statements_lost(conn, results):
-                if conn.pgconn.transaction_status != TransactionStatus.IDLE:
-                    conn.rollback()
-                results = pipelined.run(conn, steps)  # nothing ran: the first prepared statement failed
-            return self._batch_outcomes(conn, calls, results, results[commit])
-
-    @contextlib.contextmanager
-    def _needs_append_function(self) -> Iterator[None]:
         try:
-            yield
-        except pg_errors.UndefinedFunction:
+            with self._connection() as conn:
+                results = pipelined.run(conn, steps)
+                if not pipelined.committed(results[commit]) and pipelined.statements_lost(conn, results):
+                    if conn.pgconn.transaction_status != TransactionStatus.IDLE:
+                        conn.rollback()
+                    results = pipelined.run(conn, steps)  # nothing ran: the first prepared statement failed
+                return self._batch_outcomes(conn, calls, results, results[commit])
+        except pg_errors.UndefinedFunction:  # raised by the function's PREPARE, before anything ran
             raise StoreUnavailable(f"the schema {self.datastore.schema} has no append function: it lacks "
                                    "migration 6; run commitline migrate") from None
 
