@@ -31,12 +31,13 @@ class _Call:
     """One ``append_many`` call's thread, asleep on a bare lock (cheaper than an Event's condition):
     ``signal`` (under the committer's lock) wakes it once however often it is called before it wakes."""
 
-    __slots__ = ("_lock", "_signalled")
+    __slots__ = ("_lock", "_signalled", "undecided")
 
-    def __init__(self) -> None:
+    def __init__(self, undecided: int) -> None:
         self._lock = threading.Lock()
         self._lock.acquire()
         self._signalled = False
+        self.undecided = undecided  # of its appends (changed under the committer's lock)
 
     def signal(self) -> None:
         if not self._signalled:
@@ -80,7 +81,7 @@ class GroupCommitter:
     def append_many(self, pendings: Sequence[PendingAppend]) -> list[list[int] | BaseException]:
         """Several commands' appends, queued together (so they share a batch when they fit in one):
         per command its ids or what refused it. Returns once every one of them is decided."""
-        call = _Call()
+        call = _Call(len(pendings))
         mine = [_Waiter(p, call) for p in pendings]
         with self._lock:
             self._queue.extend(mine)
@@ -128,8 +129,9 @@ class GroupCommitter:
             self._free += 1
             for waiter, outcome in zip(batch, outcomes, strict=True):
                 waiter.outcome, waiter.done = outcome, True
-                if waiter.call is not leader:
-                    self._done.append(waiter.call)  # a call twice in it is woken twice: harmless
+                waiter.call.undecided -= 1
+                if not waiter.call.undecided and waiter.call is not leader:
+                    self._done.append(waiter.call)  # once per call: each entry is one thread to wake
             if self._done:
                 self._done.popleft().signal()  # the first of the chain (see ``_wake_next``)
             for waiter in itertools.islice(self._queue, self._free):
