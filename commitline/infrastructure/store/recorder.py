@@ -288,7 +288,11 @@ class EventRecorder(PostgresApplicationRecorder):
             if detail.startswith(self._idempotency_table):
                 return KeyAlreadyRecorded(detail)
             return StreamMoved(detail)
-        error = pg_errors.lookup(sqlstate)(detail)
+        try:
+            kind = pg_errors.lookup(sqlstate)
+        except KeyError:  # a code psycopg does not know (a custom one raised by a trigger, a newer server's)
+            kind = pg_errors.DatabaseError
+        error = kind(f"{detail} (SQLSTATE {sqlstate})")
         return self._refusal(error) if not isinstance(error, pg_errors.UniqueViolation) else error
 
     def _insert_in_one_round_trip(self, conn: Any, params: tuple[Any, ...],
