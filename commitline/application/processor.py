@@ -269,6 +269,10 @@ class CommandProcessor:
                     self.observer.on_retry(cmd.type)
                     raise _Unverified from None
                 if expected is not None:
+                    # Lost to a twin with this key (a retry racing its own first try)? Its outcome answers.
+                    twin = self._earlier_outcome(tenant, key, digest)
+                    if twin is not None:
+                        return twin
                     raise self._lost_race(handler, aggregate_id, expected, tenant) from None
                 raise  # re-run after a jittered back-off
             except CommitlineError:

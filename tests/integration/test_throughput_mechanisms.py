@@ -272,6 +272,51 @@ def test_expected_version_on_a_stale_cached_copy_follows_the_stored_stream(
     assert app.dispatch(receive(item.aggregate_id, expected_version=2), idempotency_key="x4").version == 3
 
 
+def test_with_expected_version_a_lost_race_to_its_own_twin_answers_with_the_twins_outcome(
+        app: Commitline, pg_dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two batches that cross can deadlock; the victim's command is then refused like a lost version. If the
+    # winner was this command's own twin (a retry racing the first try), the twin's outcome is the answer.
+    from commitline.composition import bootstrap
+    from tests.support import settings_for
+
+    item = app.dispatch({"type": "receive_stock", "item_id": str(uuid4()), "quantity": 1}, idempotency_key="w1")
+    command = receive(item.aggregate_id, 5, expected_version=1)
+    real_append = app.store.append
+
+    def twin_wins_then_this_one_loses(*args: object, **kwargs: object) -> None:
+        with bootstrap(settings_for(pg_dsn, schema)) as elsewhere:
+            elsewhere.dispatch(command, idempotency_key="w2")
+        raise StreamMoved("DeadlockDetected")
+
+    app.store.cache.take(item.aggregate_id)  # a read-verified run, as after any cache miss
+    monkeypatch.setattr(app.store, "append", twin_wins_then_this_one_loses)
+    result = app.dispatch(command, idempotency_key="w2")
+    monkeypatch.setattr(app.store, "append", real_append)
+
+    assert result.replayed and result.version == 2
+    assert app.store.load(InventoryItem, item.aggregate_id, use_snapshot=False).on_hand == 6
+
+
+def test_an_error_code_psycopg_does_not_know_fails_only_its_own_command(app: Commitline, pg_dsn: str,
+                                                                         schema: str) -> None:
+    import psycopg
+    from eventsourcing.persistence import StoredEvent
+    from psycopg import errors as pg_errors
+
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # a trigger of the operator's with its own SQLSTATE
+        conn.execute(f'''CREATE FUNCTION "{schema}".refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN IF NEW.topic = 'Poison' THEN RAISE EXCEPTION 'poison refused' USING ERRCODE = 'CL001'; END IF;
+            RETURN NEW; END $$''')
+        conn.execute(f'''CREATE TRIGGER refuse_poison BEFORE INSERT ON "{schema}".events
+            FOR EACH ROW EXECUTE FUNCTION "{schema}".refuse_poison()''')
+    poison = [StoredEvent(uuid4(), 1, "Poison", b'{"tenant": "default"}')]
+    outcomes = app.store.committer.append_many([  # type: ignore[union-attr]
+        received(uuid4(), 1, "p1"), PendingAppend(poison, None, chain(GENESIS, poison)), received(uuid4(), 1, "p2")])
+    assert isinstance(outcomes[1], pg_errors.DatabaseError) and "CL001" in str(outcomes[1]), outcomes[1]
+    assert isinstance(outcomes[0], list) and isinstance(outcomes[2], list), outcomes
+    assert {"p1", "p2"} <= keys(pg_dsn, schema)
+
+
 def other_process(pg_dsn: str, schema: str, item: UUID, key: str, quantity: int) -> None:
     """``commitline dispatch`` in a process of its own (its own pool and cache)."""
     env = {**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn, "COMMITLINE_SCHEMA": schema}
