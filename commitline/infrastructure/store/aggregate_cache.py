@@ -48,6 +48,9 @@ class AggregateCache:
         if not self.size:
             return
         with self._lock:
+            held = self._entries.get(entry.aggregate.id)
+            if held is not None and held.aggregate.version > entry.aggregate.version:
+                return  # a later append of this stream put its copy first: keep the newer one
             self._entries[entry.aggregate.id] = entry
             self._entries.move_to_end(entry.aggregate.id)
             while len(self._entries) > self.size:

@@ -171,14 +171,14 @@ def _released_gil_sync() -> Callable[[Any], None] | None:
     psycopg's ``pipeline_sync`` (libpq's ``PQpipelineSync``) writes to the socket while holding the GIL;
     on loopback that write also runs the server's receive path and wakes its backend, tens of microseconds
     in which no other thread of the process runs Python. Through ctypes (which releases the GIL around a
-    foreign call), on the very libpq psycopg uses (the only one mapped into the process), libpq 17's
+    foreign call), on the very libpq psycopg uses (the one bundled with psycopg[binary]), libpq 17's
     ``PQsendPipelineSync`` queues the sync without writing and ``PQflush`` writes without the lock. What
     the non-blocking socket did not take is written by psycopg's own ``send`` before any reply is read."""
     try:
-        if pq.__impl__ not in ("binary", "c") or pq.version() < 170000:
+        if pq.__impl__ != "binary" or pq.version() < 170000:
             return None
         with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "/libpq" in line}
+            paths = {line.split()[-1] for line in maps if "/psycopg_binary.libs/libpq" in line}
         if len(paths) != 1:
             return None
         libpq = ctypes.CDLL(paths.pop())
