@@ -11,7 +11,7 @@ from commitline.infrastructure.store.aggregate_cache import AggregateCache, Entr
 def entry(item_id: object, version: int) -> Entry:
     aggregate = InventoryItem.blank(item_id)  # type: ignore[arg-type]
     aggregate.version = version
-    return Entry(aggregate, "default", bytes(32))
+    return Entry(aggregate, "default")
 
 
 def test_a_late_put_of_an_older_copy_keeps_the_newer_one() -> None:

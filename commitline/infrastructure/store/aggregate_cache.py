@@ -28,7 +28,6 @@ from commitline.domain import Aggregate
 class Entry:
     aggregate: Aggregate
     owner: str  # the tenant that owns the stream
-    head_hash: bytes  # the chain hash of the event at ``aggregate.version``
 
 
 class AggregateCache:

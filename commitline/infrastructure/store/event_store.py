@@ -87,10 +87,10 @@ class PostgresEventStore:
         entry = self.cache.take(aggregate_id)
         if entry is not None and type(entry.aggregate) is not cls:
             entry = None  # a load of the wrong type raises below, as ``load`` does
+        if entry is not None and entry.owner != tenant:  # a stream's owner never changes: no read needed
+            self.cache.put(entry)
+            return CommandLoad(cls.blank(aggregate_id), True, None)
         if entry is not None and trust_cache and self.cache.trusted(aggregate_id):
-            if entry.owner != tenant:  # a stream's owner never changes: this answer needs no read
-                self.cache.put(entry)
-                return CommandLoad(cls.blank(aggregate_id), True, None)
             return CommandLoad(entry.aggregate, False, None, verified=False)
         known = entry.aggregate.version if entry is not None else 0
         read = self.recorder.read_for_command(aggregate_id, known, entry is None and self.snapshot_interval > 0,
@@ -103,20 +103,16 @@ class PostgresEventStore:
             entry = None  # cannot happen with an append-only store: trust nothing, read it all again
             read = self.recorder.read_for_command(aggregate_id, 0, self.snapshot_interval > 0, tenant, key)
         if entry is not None:
-            if entry.owner != tenant:
-                self.cache.put(entry)
-                return CommandLoad(cls.blank(aggregate_id), True, None)
             aggregate: A = entry.aggregate  # type: ignore[assignment]
             for s in read.events:
                 aggregate.apply(decode_event(s.topic, s.originator_id, s.originator_version, s.state).event)
-            head = read.head_hash or entry.head_hash
         else:
             try:
                 aggregate = self._decoded(cls, aggregate_id, read, tenant)
             except ForeignStream:
                 return CommandLoad(cls.blank(aggregate_id), True, None)
-            head = read.head_hash or GENESIS
-        self._remember(aggregate_id, aggregate.version, head)
+        if read.head_hash is not None or entry is None:  # else the append that cached it remembered its head
+            self._remember(aggregate_id, aggregate.version, read.head_hash or GENESIS)
         return CommandLoad(aggregate, False, None)
 
     def _decoded(self, cls: type[A], aggregate_id: UUID, read: CommandRead, tenant: str) -> A:
@@ -154,7 +150,7 @@ class PostgresEventStore:
         self._remember(aggregate.id, aggregate.version, links[-1][1])
         if self._snapshot_due(before, aggregate.version):
             self._take_snapshot(aggregate)
-        self.cache.put(Entry(aggregate, tenant, links[-1][1]))
+        self.cache.put(Entry(aggregate, tenant))
 
     def distrust(self, aggregate_id: UUID) -> None:
         self.cache.distrust(aggregate_id)

@@ -216,10 +216,7 @@ class EventRecorder(PostgresApplicationRecorder):
         """What an insert's failure means for its command: a twin holds the key, the stream moved, or
         the error itself (deadlock and serialization failures mean another writer took the version)."""
         if isinstance(error, pg_errors.UniqueViolation):
-            constraint = error.diag.constraint_name or ""
-            if constraint.startswith(self._idempotency_table):
-                return KeyAlreadyRecorded(constraint)
-            return StreamMoved(constraint)
+            return self._taken(error.diag.constraint_name or "")
         if isinstance(error, (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)):
             return StreamMoved(type(error).__name__)
         return error
@@ -284,16 +281,19 @@ class EventRecorder(PostgresApplicationRecorder):
     def _refused(self, sqlstate: str, detail: str) -> Exception:
         """What the append function's caught error (its SQLSTATE, and the constraint of a unique violation,
         else the message) means for the command, as ``_refusal`` says for a raised one."""
-        if sqlstate == "23505":
-            if detail.startswith(self._idempotency_table):
-                return KeyAlreadyRecorded(detail)
-            return StreamMoved(detail)
+        if sqlstate == "23505":  # unique_violation: ``detail`` is the constraint
+            return self._taken(detail)
         try:
             kind = pg_errors.lookup(sqlstate)
         except KeyError:  # a code psycopg does not know (a custom one raised by a trigger, a newer server's)
             kind = pg_errors.DatabaseError
-        error = kind(f"{detail} (SQLSTATE {sqlstate})")
-        return self._refusal(error) if not isinstance(error, pg_errors.UniqueViolation) else error
+        return self._refusal(kind(f"{detail} (SQLSTATE {sqlstate})"))
+
+    def _taken(self, constraint: str) -> Exception:
+        """A unique violation on ``constraint``: a twin holds the key, or another writer took the version."""
+        if constraint.startswith(self._idempotency_table):
+            return KeyAlreadyRecorded(constraint)
+        return StreamMoved(constraint)
 
     def _insert_in_one_round_trip(self, conn: Any, params: tuple[Any, ...],
                                   idempotency: IdempotencyRecord | None) -> list[int]:
@@ -666,14 +666,11 @@ class _Statements:
             "ORDER BY 1 DESC, 2"), ("uuid", "int8", "text", "text", "bool"))
         self.notify_bytes = self.notify.as_bytes(None)
         key_types = ("text", "text", "bytea", "text", "uuid", "int8", "bytea")
+        call = "SELECT ids, refused, detail FROM {%s}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
         self.append_command = Statement.of(
-            SQL("SELECT ids, refused, detail FROM {}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)")
-            .format(Identifier(schema, f"append_to_{events}")),
-            (*key_types, "uuid[]", "int8[]", "text[]", "bytea[]", "bytea[]", "bytea[]"))
+            q(call % "append"), (*key_types, "uuid[]", "int8[]", "text[]", "bytea[]", "bytea[]", "bytea[]"))
         self.append_one = Statement.of(  # the common case, a command with one event: no arrays to build
-            SQL("SELECT ids, refused, detail FROM {}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)")
-            .format(Identifier(schema, f"append_one_to_{events}")),
-            (*key_types, "uuid", "int8", "text", "bytea", "bytea", "bytea"))
+            q(call % "append_one"), (*key_types, "uuid", "int8", "text", "bytea", "bytea", "bytea"))
 
     def append_function_statements(self) -> list[Composed]:
         """One command's append as one statement that never fails: the key's record, then its events (their
