@@ -1,8 +1,9 @@
 """The throughput mechanisms' failure modes, on a real PostgreSQL and real processes: a refusal inside a
 coalesced batch touches nobody else, a process killed between two commands of a batch leaves nothing,
-the aggregate cache never decides on a stream another process moved, and ``dispatch_many`` gives each
+the aggregate cache never decides on a stream another process moved, ``dispatch_many`` gives each
 command the outcome one-by-one dispatching would (a refusal or conflict in the middle, a kill between two
-commands)."""
+commands), and the connection group commit keeps between batches is replaced when the server ended it,
+goes back through the pool regularly and on close, and never leaves a small pool without a connection."""
 
 from __future__ import annotations
 
@@ -12,17 +13,18 @@ import sys
 import textwrap
 from uuid import UUID, uuid4
 
+import psycopg
 import pytest
 
 from commitline.application.chain import GENESIS, chain
 from commitline.application.errors import ConcurrencyConflict
 from commitline.application.ports import IdempotencyRecord, KeyAlreadyRecorded, StreamMoved
-from commitline.composition import Commitline
+from commitline.composition import Commitline, bootstrap
 from commitline.domain.inventory import InventoryItem, StockReceived
 from commitline.domain.aggregate import utcnow
 from commitline.infrastructure.store.codec import encode_event
 from commitline.infrastructure.store.recorder import PendingAppend
-from tests.support import count_rows
+from tests.support import count_rows, settings_for, wait_for
 
 
 def received(item: UUID, version: int, key: str, *, tenant: str = "default") -> PendingAppend:
@@ -415,3 +417,78 @@ def test_dispatch_many_killed_between_two_commands_loses_nothing_acknowledged(ap
     outcomes = app.processor.dispatch_many(items)
     assert [(o.replayed, o.version) for o in outcomes] == [(True, 1), (True, 1), (False, 2)]  # type: ignore[union-attr]
     assert app.store.load(InventoryItem, item).on_hand == 2 and app.store.load(InventoryItem, other).on_hand == 1
+
+
+# -- the connection group commit keeps between batches
+
+
+def named(pg_dsn: str, name: str) -> str:
+    """``pg_dsn`` with an application_name, so this test's sessions can be told from every other."""
+    return f"{pg_dsn}{'&' if '?' in pg_dsn else '?'}application_name={name}"
+
+
+def sessions(pg_dsn: str, name: str) -> list[int]:
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        return [pid for (pid,) in conn.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+                                                (name,))]
+
+
+def pool_requests(app: Commitline) -> int:
+    return app.datastore.pool.get_stats().get("requests_num", 0)
+
+
+def received_once(app: Commitline, item: UUID | None, key: str) -> UUID:
+    command = {"type": "receive_stock", "item_id": str(item or uuid4()), "quantity": 1}
+    return app.dispatch(command, idempotency_key=key).aggregate_id
+
+
+def test_group_commit_keeps_its_connection_between_batches_and_gives_it_back_on_close(pg_dsn: str,
+                                                                                      schema: str) -> None:
+    name = f"kept-{uuid4().hex[:8]}"
+    app = bootstrap(settings_for(named(pg_dsn, name), schema))
+    try:
+        item = received_once(app, None, "first")
+        before = pool_requests(app)
+        for n in range(20):  # a cached stream: no read, and every batch on the kept connection
+            received_once(app, item, f"next-{n}")
+        assert pool_requests(app) == before
+        assert app.store.load(InventoryItem, item).version == 21
+        assert sessions(pg_dsn, name)
+    finally:
+        app.close()
+    wait_for(lambda: not sessions(pg_dsn, name), "every session of the closed app to end, the kept one too")
+
+
+def test_a_kept_connection_goes_back_through_the_pool_regularly(pg_dsn: str, schema: str) -> None:
+    with bootstrap(settings_for(pg_dsn, schema)) as app:
+        item = received_once(app, None, "first")
+        app.datastore.KEEP_FOR_S = 0.0  # kept for no time at all: every batch takes one from the pool again
+        before = pool_requests(app)
+        for n in range(5):
+            received_once(app, item, f"next-{n}")
+        assert pool_requests(app) - before == 5
+
+
+def test_a_kept_connection_the_server_ended_is_replaced_before_use(pg_dsn: str, schema: str) -> None:
+    name = f"ended-{uuid4().hex[:8]}"
+    with bootstrap(settings_for(named(pg_dsn, name), schema)) as app:
+        item = received_once(app, None, "first")
+        ended = sessions(pg_dsn, name)
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:  # the kept one and the pool's idle ones
+            for pid in ended:
+                conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        wait_for(lambda: not set(ended) & set(sessions(pg_dsn, name)), "the terminated sessions to end")
+
+        assert app.dispatch({"type": "receive_stock", "item_id": str(item), "quantity": 1},
+                            idempotency_key="after").version == 2
+        assert app.store.load(InventoryItem, item, use_snapshot=False).version == 2
+
+
+def test_a_small_pool_is_never_left_without_a_connection_for_other_callers(pg_dsn: str, schema: str) -> None:
+    # Two connections in all: group commit keeps none, so a caller finds one while another is in use.
+    with bootstrap(settings_for(pg_dsn, schema, pool_size=1, pool_max_overflow=1, pool_timeout_s=2)) as app:
+        item = received_once(app, None, "first")
+        received_once(app, item, "second")
+        with app.datastore.pool.connection():
+            assert app.store.load(InventoryItem, item, use_snapshot=False).version == 2
+            assert received_once(app, item, "third") == item

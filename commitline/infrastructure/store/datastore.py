@@ -17,11 +17,19 @@ Recovery once the server is back is prompt:
 - a call that finds its connection broken has the pool check its idle connections too;
 - the pool gives up replacing a lost connection after the pool timeout and opens one on demand
   for the next caller, instead of backing off for up to five minutes (psycopg_pool's default).
+
+The group commit's batches follow each other closely, and psycopg_pool's check-out and return cost more
+interpreter time than a small batch's own statements: ``kept_connection`` keeps a few connections checked
+out between batches (each gone back through the pool, with its lifetime and health rules, at least every
+``KEEP_FOR_S``). A kept connection is checked like a pooled one before use, and one found ended by the
+server sends every kept one back to the pool.
 """
 
 from __future__ import annotations
 
 import select
+import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
@@ -80,6 +88,11 @@ def store_failures(parts: Mapping[str, Any],
 class StoreDatastore(PostgresDatastore):
     """A ``PostgresDatastore`` whose connections raise ``StoreUnavailable`` for every store failure."""
 
+    #: At most this many connections kept out of the pool between group-commit batches (one per flush slot).
+    KEEP = 2
+    #: A kept connection goes back through the pool at least this often (seconds).
+    KEEP_FOR_S = 30.0
+
     def __init__(self, dbname: str, host: str, port: int | str, user: str, password: str, *, pool_timeout: float,
                  libpq: Mapping[str, Any] | None = None, **options: Any):
         # eventsourcing hands ``connect_timeout`` to the pool as the longest wait for a connection.
@@ -88,6 +101,11 @@ class StoreDatastore(PostgresDatastore):
         # (``libpq``: sslmode, application_name, options, ...) joins the pool's connection kwargs before it opens.
         self.pool.kwargs.update(libpq or {})
         self.pool.reconnect_timeout = pool_timeout
+        # Never all of the pool: other callers (reads, snapshots) always find room beside the kept ones.
+        self._keep = max(0, min(self.KEEP, self.pool.max_size - 2))
+        self._kept: list[tuple[psycopg.Connection[Any], float]] = []  # (connection, taken from the pool at)
+        self._kept_lock = threading.Lock()
+        self._closing = False
 
     def connection(self) -> AbstractContextManager[psycopg.Connection[Any]]:
         """A pooled connection as it is (no type adapters: the recorder's fast path)."""
@@ -95,6 +113,57 @@ class StoreDatastore(PostgresDatastore):
 
     def get_connection(self) -> AbstractContextManager[psycopg.Connection[Any]]:  # type: ignore[override]
         return self._guarded(super().get_connection)
+
+    def kept_connection(self) -> AbstractContextManager[psycopg.Connection[Any]]:
+        """Like ``connection``, but afterwards the connection stays checked out for the next caller (up to
+        ``KEEP`` of them) instead of going back to the pool: for the group commit's batches."""
+        return self._guarded(self._kept_or_pooled)
+
+    @contextmanager
+    def _kept_or_pooled(self) -> Iterator[psycopg.Connection[Any]]:
+        kept = self._take_kept()
+        conn, since = kept if kept is not None else (self.pool.getconn(), time.monotonic())
+        done = False
+        try:
+            yield conn
+            done = True
+        finally:
+            if not (done and self._keep_it(conn, since)):
+                self.pool.putconn(conn)  # the pool resets, replaces or closes it as it would any other
+
+    def _take_kept(self) -> tuple[psycopg.Connection[Any], float] | None:
+        while True:
+            with self._kept_lock:
+                if not self._kept:
+                    return None
+                conn, since = self._kept.pop()
+            if time.monotonic() - since < self.KEEP_FOR_S:
+                return conn, since
+            self.pool.putconn(conn)
+
+    def _keep_it(self, conn: psycopg.Connection[Any], since: float) -> bool:
+        if conn.closed or conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            return False
+        with self._kept_lock:
+            if self._closing or len(self._kept) >= self._keep:
+                return False
+            self._kept.append((conn, since))
+            return True
+
+    def _return_kept(self) -> None:
+        with self._kept_lock:
+            kept, self._kept = self._kept, []
+        for conn, _ in kept:
+            self.pool.putconn(conn)
+
+    def close(self) -> None:
+        with self._kept_lock:
+            self._closing = True
+        self._return_kept()
+        super().close()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
 
     @contextmanager
     def _guarded(self, connect: Callable[[], AbstractContextManager[Any]]) -> Iterator[Any]:
@@ -123,5 +192,6 @@ class StoreDatastore(PostgresDatastore):
             ConnectionPool.check_connection(conn)
             return False
         except psycopg.Error:
-            self.pool.check()  # its idle neighbours are most likely gone too
+            self._return_kept()  # its kept and idle neighbours are most likely gone too
+            self.pool.check()
             return True

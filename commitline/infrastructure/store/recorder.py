@@ -156,6 +156,12 @@ class EventRecorder(PostgresApplicationRecorder):
         eventsourcing's exception types."""
         return self.datastore.connection()
 
+    def _batch_connection(self) -> Any:
+        """A group-commit batch's connection: one the datastore keeps between batches where it can."""
+        if isinstance(self.datastore, StoreDatastore):
+            return self.datastore.kept_connection()
+        return self._connection()
+
     # -- writes -------------------------------------------------------------------
 
     def insert_events(self, stored_events: Sequence[StoredEvent], **kwargs: Any) -> Sequence[int] | None:
@@ -245,7 +251,7 @@ class EventRecorder(PostgresApplicationRecorder):
         commit = len(steps)
         steps += [b"COMMIT", q.notify_bytes, SYNC]
         try:
-            with self._connection() as conn:
+            with self._batch_connection() as conn:
                 results = pipelined.run(conn, steps)
                 if not pipelined.committed(results[commit]) and pipelined.statements_lost(conn, results):
                     if conn.pgconn.transaction_status != TransactionStatus.IDLE:
