@@ -192,6 +192,7 @@ class StoreDatastore(PostgresDatastore):
             ConnectionPool.check_connection(conn)
             return False
         except psycopg.Error:
+            conn.close()  # failed its check: neither the pool nor the kept ones may hand it out again
             self._return_kept()  # its kept and idle neighbours are most likely gone too
             self.pool.check()
             return True
