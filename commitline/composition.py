@@ -27,6 +27,7 @@ from commitline.application.retry import RetryPolicy
 from commitline.domain import AGGREGATE_TYPES
 from commitline.infrastructure import migrations
 from commitline.infrastructure.config import Settings, load_settings
+from commitline.infrastructure.dispatch_cpu import DispatchCpu
 from commitline.infrastructure.embedded.kafka import EmbeddedKafka
 from commitline.infrastructure.embedded.errors import EmbeddedServiceError
 from commitline.infrastructure.embedded.local import RunningBroker, shared_kafka, shared_postgres
@@ -130,6 +131,7 @@ class Commitline:
     embedded_kafka: EmbeddedKafka | None = None
     shared_postgres: SharedServer[EmbeddedPostgres] | None = field(default=None, repr=False)
     shared_kafka: SharedServer[RunningBroker] | None = field(default=None, repr=False)
+    dispatch_cpu: DispatchCpu = field(default_factory=lambda: DispatchCpu(None))
     _closed: bool = field(default=False, repr=False)
 
     # -- commands and queries ----------------------------------------------------------
@@ -294,6 +296,7 @@ class Commitline:
             return
         self._closed = True
         self.datastore.close()
+        self.dispatch_cpu.close()
         if self.embedded_kafka is not None:
             self.embedded_kafka.stop()
         if self.shared_kafka is not None:  # each stopped only if no other process uses it
@@ -323,12 +326,19 @@ def connection_parts(settings: Settings) -> tuple[dict[str, Any], SharedServer[E
     return Settings(database_url=embedded.dsn).connection_parts(), shared
 
 
-def bootstrap(settings: Settings | None = None, *, apply_migrations: bool = True) -> Commitline:
+def bootstrap(settings: Settings | None = None, *, apply_migrations: bool = True,
+              dispatch_cpu: str = "off") -> Commitline:
     """Wire everything from ``settings`` (default: the environment), bringing the schema up to date
-    first unless ``apply_migrations`` is False (``commitline migrate --check``)."""
+    first unless ``apply_migrations`` is False (``commitline migrate --check``). ``dispatch_cpu`` applies
+    when ``COMMITLINE_DISPATCH_CPU`` is unset: ``auto`` in commitline's own server and CLI processes."""
     settings = settings or load_settings()
+    cpu = DispatchCpu.from_setting(settings.dispatch_cpu or dispatch_cpu)  # a bad value fails before any I/O
     logging.getLogger().setLevel(settings.log_level)
-    parts, shared = connection_parts(settings)
+    try:
+        parts, shared = connection_parts(settings)
+    except BaseException:
+        cpu.close()
+        raise
     try:
         # One direct connection first: an unreachable server fails in milliseconds here,
         # where the pool would keep retrying until its timeout.
@@ -346,6 +356,7 @@ def bootstrap(settings: Settings | None = None, *, apply_migrations: bool = True
         datastore.pool.open(wait=True, timeout=15)
         recorder = EventRecorder(datastore)
     except Exception as e:
+        cpu.close()
         if shared is not None:
             shared.release()
         raise StoreUnavailable(describe_failure(e, parts)) from None
@@ -354,6 +365,6 @@ def bootstrap(settings: Settings | None = None, *, apply_migrations: bool = True
     retry = RetryPolicy(
         settings.retry_max_attempts, settings.retry_base_delay_ms / 1000, settings.retry_max_delay_ms / 1000
     )
-    processor = CommandProcessor(store, retry, settings.command_limits(), CommandMetrics())
+    processor = CommandProcessor(store, retry, settings.command_limits(), CommandMetrics(), cpu.enter)
     return Commitline(settings, datastore, recorder, store, processor,
-                      parts, shared.instance if shared else None, shared_postgres=shared)
+                      parts, shared.instance if shared else None, shared_postgres=shared, dispatch_cpu=cpu)

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from uuid import UUID, uuid5
@@ -94,6 +94,10 @@ def fingerprint(command: Command) -> bytes:
     return hashlib.sha256(canonical).digest()
 
 
+def _nothing() -> None:
+    pass
+
+
 APPLIED, REPLAYED, REFUSED, FAILED = "applied", "replayed", "refused", "failed"
 UNKNOWN_TYPE = "unknown"  # the type reported for a command whose type is not one of COMMAND_TYPES
 
@@ -125,11 +129,12 @@ def _reported_type(command: object, error: BaseException | None = None) -> str:
 
 class CommandProcessor:
     def __init__(self, store: EventStore, retry: RetryPolicy | None = None, limits: CommandLimits | None = None,
-                 observer: DispatchObserver | None = None):
+                 observer: DispatchObserver | None = None, enter_thread: Callable[[], None] | None = None):
         self.store = store
         self.retry = retry or RetryPolicy()
         self.limits = limits or CommandLimits()
         self.observer = observer or DispatchObserver()
+        self.enter_thread = enter_thread or _nothing  # run by the dispatching thread first (e.g. its CPU)
 
     def dispatch(
         self,
@@ -199,6 +204,7 @@ class CommandProcessor:
 
     def _observed(self, command: Any, cmd: Command | None, idempotency_key: str | None,
                   tenant: str) -> DispatchResult:
+        self.enter_thread()
         started, command_type = time.perf_counter(), None
         try:
             if cmd is None:

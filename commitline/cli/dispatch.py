@@ -155,7 +155,7 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
             check_namespace(args.idempotency_key)
         except InvalidIdempotencyKey as e:
             return error_exit(e, EXIT_USAGE)
-    with bootstrap() as app:
+    with bootstrap(dispatch_cpu="auto") as app:
         if args.command is not None:
             try:
                 result = app.dispatch(args.command, idempotency_key=args.idempotency_key, tenant=args.tenant)

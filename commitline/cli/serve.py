@@ -54,8 +54,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from commitline.composition import bootstrap
         from commitline.http.app import create_app
 
-        with bootstrap(settings) as app:
+        # One worker dispatches here, on a CPU of its own; several claim theirs in their own processes.
+        with bootstrap(settings, dispatch_cpu="auto" if workers == 1 else "off") as app:
             if workers == 1:
+                app.dispatch_cpu.enter()  # the event loop too, and the threads it starts: the whole worker
                 uvicorn.run(create_app(app), **options)
             else:
                 uvicorn.run("commitline.http.app:app_from_environment", factory=True, workers=workers, **options)

@@ -111,7 +111,8 @@ def app_from_environment() -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        holder["app"] = app.state.commitline = bootstrap(apply_migrations=False)
+        holder["app"] = app.state.commitline = bootstrap(apply_migrations=False, dispatch_cpu="auto")
+        holder["app"].dispatch_cpu.enter()  # the event loop too, and the threads it starts: the whole worker
         try:
             yield
         finally:

@@ -143,6 +143,10 @@ class Settings(BaseSettings):
     """attempts of a gateway call (and of a compensation) before the saga gives up on it"""
     gateway_backoff_ms: float = Field(200, ge=0, le=600_000, validation_alias="COMMITLINE_GATEWAY_BACKOFF_MS")
     """pause after a failed gateway call, doubled per retry"""
+    dispatch_cpu: str | None = Field(None, pattern=r"^(off|auto|\d{1,5})$", validation_alias="COMMITLINE_DISPATCH_CPU",
+                                     json_schema_extra={"unset": "`auto` in `commitline serve` and `commitline "
+                                                        "dispatch`, `off` in an application that embeds commitline"})
+    """`off`, `auto` or a CPU number: the one CPU every thread that dispatches commands moves to at its first one (the interpreter runs one thread at a time; hand-overs between cores cost nearly half the throughput); `auto` claims a CPU no other commitline process on the machine has"""
     http_host: str = Field("127.0.0.1", min_length=1, validation_alias="COMMITLINE_HTTP_HOST")
     """address `commitline serve` listens on (`0.0.0.0` for every interface)"""
     http_port: int = Field(8080, ge=0, le=65535, validation_alias="COMMITLINE_HTTP_PORT")
