@@ -155,8 +155,11 @@ class Measurement:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def drive(writers: int, command: Callable[[int, int], Any], warmup: float, duration: float) -> Measurement:
-    """Each writer i loops command(i, seq) until the window ends; count what completes inside it."""
+def drive(writers: int, command: Callable[[int, int], Any], warmup: float, duration: float,
+          cpu: int | None = None) -> Measurement:
+    """Each writer i loops command(i, seq) until the window ends; count what completes inside it. With ``cpu``,
+    every writer thread first moves to that CPU (``os.sched_setaffinity``), as commitline's own
+    ``COMMITLINE_DISPATCH_CPU`` moves its dispatching threads."""
     window: dict[str, float] = {}
 
     def set_window() -> None:
@@ -165,6 +168,8 @@ def drive(writers: int, command: Callable[[int, int], Any], warmup: float, durat
         window["end"] = now + warmup + duration
 
     def loop(i: int) -> tuple[list[float], int, BaseException | None]:
+        if cpu is not None:
+            os.sched_setaffinity(0, {cpu})  # this writer thread only: the next measurement's threads start free
         start, end = window["start"], window["end"]
         latencies: list[float] = []
         errors, first_error = 0, None
@@ -196,9 +201,11 @@ def drive(writers: int, command: Callable[[int, int], Any], warmup: float, durat
     return result
 
 
-def measure_commitline(ctx: BenchContext, schema: str, writers: int, warmup: float, duration: float) -> Measurement:
+def measure_commitline(ctx: BenchContext, schema: str, writers: int, warmup: float, duration: float,
+                       cpu: int | None = None, *, dispatch_cpu: str = "off") -> Measurement:
+    """``dispatch_cpu`` off: the bench alone places the writer threads (``cpu``), as for every other system."""
     run = uuid.uuid4().hex[:8]
-    with commitline_app(ctx.dsn, schema, snapshot_interval=SNAPSHOT_INTERVAL) as app:
+    with commitline_app(ctx.dsn, schema, snapshot_interval=SNAPSHOT_INTERVAL, dispatch_cpu=dispatch_cpu) as app:
         items = []
         for i in range(writers):
             created = app.dispatch({"type": "receive_stock", "item_id": str(uuid.uuid4()), "quantity": 1},
@@ -209,11 +216,11 @@ def measure_commitline(ctx: BenchContext, schema: str, writers: int, warmup: flo
             app.dispatch({"type": "receive_stock", "item_id": items[i], "quantity": 1},
                          idempotency_key=f"{run}-{i}-{seq}")
 
-        return drive(writers, command, warmup, duration)
+        return drive(writers, command, warmup, duration, cpu)
 
 
-def measure_stock(ctx: BenchContext, schema: str, writers: int, warmup: float, duration: float, *,
-                  app_class: type[StockApp] | None = None, module: str = "eventsourcing.postgres") -> Measurement:
+def measure_stock(ctx: BenchContext, schema: str, writers: int, warmup: float, duration: float,
+                  cpu: int | None = None, *, app_class: type[StockApp] | None = None, module: str = "eventsourcing.postgres") -> Measurement:
     """The ``Item`` application (``app_class``, default ``StockApp``) on the persistence ``module``."""
     app = (app_class or StockApp)(env={**stock_environment(ctx, schema), "PERSISTENCE_MODULE": module})
     try:
@@ -228,7 +235,7 @@ def measure_stock(ctx: BenchContext, schema: str, writers: int, warmup: float, d
             item.receive(1)
             app.save(item)
 
-        return drive(writers, command, warmup, duration)
+        return drive(writers, command, warmup, duration, cpu)
     finally:
         app.close()
 
@@ -241,7 +248,7 @@ def _pool(ctx: BenchContext, schema: str) -> ConnectionPool:
 
 
 def measure_state_stored(ctx: BenchContext, schema: str, writers: int, warmup: float,
-                         duration: float) -> Measurement:
+                         duration: float, cpu: int | None = None) -> Measurement:
     run = uuid.uuid4().hex[:8]
     items, outbox, keys = (sql.Identifier(f"ss_{name}_{run}") for name in ("items", "outbox", "keys"))
     with _pool(ctx, schema) as pool:
@@ -279,10 +286,11 @@ def measure_state_stored(ctx: BenchContext, schema: str, writers: int, warmup: f
                 if moved.rowcount != 1:
                     raise ConcurrencyConflict(ids[i], version, None)
 
-        return drive(writers, command, warmup, duration)
+        return drive(writers, command, warmup, duration, cpu)
 
 
-def measure_raw_insert(ctx: BenchContext, schema: str, writers: int, warmup: float, duration: float) -> Measurement:
+def measure_raw_insert(ctx: BenchContext, schema: str, writers: int, warmup: float, duration: float,
+                       cpu: int | None = None) -> Measurement:
     table = sql.Identifier(f"raw_{uuid.uuid4().hex[:8]}")
     with _pool(ctx, schema) as pool:
         with pool.connection() as conn:
@@ -294,7 +302,7 @@ def measure_raw_insert(ctx: BenchContext, schema: str, writers: int, warmup: flo
             with pool.connection() as conn:
                 conn.execute(insert, (payload,), prepare=True)
 
-        return drive(writers, command, warmup, duration)
+        return drive(writers, command, warmup, duration, cpu)
 
 
 SYSTEMS: dict[str, Callable[..., Measurement]] = {
@@ -307,19 +315,28 @@ def _ratio(a: Measurement, b: Measurement) -> float:
     return a.rate / b.rate if b.rate else float("inf")
 
 
+def placements() -> list[int | None]:
+    """Where the writer threads run: free (None), and all on one CPU (the highest-numbered: CPU 0 tends to
+    take most of the machine's interrupts) when the process may use more than one."""
+    usable = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    return [None, usable[-1]] if len(usable) > 1 else [None]
+
+
 def throughput(ctx: BenchContext) -> Iterator[str]:
     warmup, duration, rounds = (0.3, 1.0, 1) if ctx.quick else (1.0, 3.0, 3)
     names = list(SYSTEMS)
     with fresh_schema(ctx.dsn) as schema:
         for writers in WRITER_COUNTS:
             best: dict[str, Measurement] = {}
+            placed: dict[str, int | None] = {}
             for r in range(rounds):
                 order = names[r % len(names):] + names[:r % len(names)]
                 order = order if r % 2 == 0 else order[::-1]
                 for name in order:
-                    m = SYSTEMS[name](ctx, schema, writers, warmup, duration)
-                    if name not in best or m.rate > best[name].rate:
-                        best[name] = m
+                    for cpu in placements() if r % 2 == 0 else placements()[::-1]:
+                        m = SYSTEMS[name](ctx, schema, writers, warmup, duration, cpu)
+                        if name not in best or m.rate > best[name].rate:
+                            best[name], placed[name] = m, cpu
             ours = best["commitline"]
             yield (f"commands/s writers={writers}: "
                    + " ".join(f"{name}={best[name].rate:.0f}" for name in names)
@@ -329,6 +346,8 @@ def throughput(ctx: BenchContext) -> Iterator[str]:
             yield (f"latency writers={writers}: " + "; ".join(
                 f"{name} p50={best[name].percentile(0.5) * 1000:.1f}ms p99={best[name].percentile(0.99) * 1000:.1f}ms"
                 for name in names))
+            yield (f"placement writers={writers}: "
+                   + " ".join(f"{name}={'free' if placed[name] is None else f'cpu{placed[name]}'}" for name in names))
             for name, m in best.items():
                 if m.errors:
                     yield (f"errors writers={writers}: {name} {m.errors} failed commands, first: "
@@ -341,7 +360,7 @@ _WORKER = textwrap.dedent("""
     from bench.harness import BenchContext
     dsn, schema, writers, warmup, duration = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), \
         float(sys.argv[5])
-    m = measure_commitline(BenchContext(dsn=dsn, quick=True), schema, writers, warmup, duration)
+    m = measure_commitline(BenchContext(dsn=dsn, quick=True), schema, writers, warmup, duration, dispatch_cpu="auto")
     print(len(m.latencies), m.errors)
 """)
 

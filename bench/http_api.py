@@ -13,7 +13,8 @@ and its commands/s beside in-process ``dispatch``.
     in-process ``dispatch`` with 32 threads measured in the same run against the same database with the
     same pool per process (8 + 40 overflow) and the same command mix: one ``InventoryItem`` per client,
     each client looping ``receive_stock`` (quantity 1, a fresh key each time) on its own item
-    (``bench.command_throughput.measure_commitline`` is the in-process side). Each HTTP client holds one
+    (``bench.command_throughput.measure_commitline`` is the in-process side, its threads on one CPU as
+    in the server's workers, ``COMMITLINE_DISPATCH_CPU``). Each HTTP client holds one
     keep-alive connection (the standard library's ``http.client``, the lightest client at hand: it runs
     on the same machine as the server, so its CPU is taken from the server). Warm-up, then a fixed
     window; rounds alternate HTTP/in-process then in-process/HTTP and the best of each is reported, with
@@ -39,7 +40,7 @@ from typing import Any
 
 import orjson
 
-from bench.command_throughput import Measurement, drive, measure_commitline
+from bench.command_throughput import Measurement, drive, measure_commitline, placements
 from bench.harness import POOL_MAX_OVERFLOW, POOL_SIZE, BenchContext, fresh_schema, run_together
 
 CLIENTS = 32
@@ -200,7 +201,7 @@ def http_throughput(ctx: BenchContext) -> Iterator[str]:
             order = ("http", "in_process") if r % 2 == 0 else ("in_process", "http")
             for name in order:
                 m = (measure_http(served, CLIENTS, warmup, duration) if name == "http"
-                     else measure_commitline(ctx, local_schema, CLIENTS, warmup, duration))
+                     else measure_commitline(ctx, local_schema, CLIENTS, warmup, duration, placements()[-1]))
                 if name not in best or m.rate > best[name].rate:
                     best[name] = m
     over_http, local = best["http"], best["in_process"]
