@@ -94,7 +94,7 @@ def _claim(cpus: list[int]) -> tuple[int, IO[bytes] | None]:
         CLAIMS.mkdir(mode=0o777, exist_ok=True)
     for cpu in cpus:
         try:
-            claim = open(CLAIMS / f"cpu{cpu}.lock", "ab")  # noqa: SIM115 - held open while the app is
+            claim = open(CLAIMS / f"cpu{cpu}.lock", "ab")  # noqa: SIM115 - open as long as the app
         except OSError:  # e.g. created by another user: count it as claimed
             continue
         try:
