@@ -64,12 +64,17 @@ class DispatchCpu:
         if value == "off" or not hasattr(os, "sched_setaffinity"):
             return cls(None)
         if value == "auto":
-            return cls(None) if len(usable) < 2 else cls(*_claim(sorted(usable, reverse=True)))
-        cpu = int(value)
-        if cpu not in usable:
-            raise ConfigurationError(VARIABLE, f"CPU {cpu} is not one this process may run on "
-                                     f"({', '.join(map(str, sorted(usable)))})")
-        return cls(cpu)
+            if len(usable) < 2:
+                return cls(None)
+            chosen = cls(*_claim(sorted(usable, reverse=True)))
+        else:
+            if int(value) not in usable:
+                raise ConfigurationError(VARIABLE, f"CPU {value} is not one this process may run on "
+                                         f"({', '.join(map(str, sorted(usable)))})")
+            chosen = cls(int(value))
+        log.info("threads that dispatch commands run on CPU %d (%s=%s%s)", chosen.cpu, VARIABLE, value,
+                 ", every CPU already claimed: shared" if value == "auto" and chosen._claim is None else "")
+        return chosen
 
     def enter(self) -> None:
         """Called by a thread before each command it dispatches; moves it once."""

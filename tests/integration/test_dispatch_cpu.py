@@ -147,6 +147,10 @@ def test_auto_processes_claim_distinct_cpus_and_a_killed_ones_cpu_is_claimed_aga
             return
         assert {first_cpu, second_cpu} <= USABLE
         assert first_cpu != second_cpu, "two processes must not share a CPU while another is free"
+        if len(USABLE) == 2:  # every CPU claimed: one more process still gets one, shared
+            extra, extra_cpu = start_claimer(pg_dsn, schema, tmp_path)
+            extra.communicate("", timeout=60)
+            assert extra_cpu in USABLE and extra.returncode == 0
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=30)
         third, third_cpu = start_claimer(pg_dsn, schema, tmp_path)
