@@ -332,8 +332,8 @@ def bootstrap(settings: Settings | None = None, *, apply_migrations: bool = True
     first unless ``apply_migrations`` is False (``commitline migrate --check``). ``dispatch_cpu`` applies
     when ``COMMITLINE_DISPATCH_CPU`` is unset: ``auto`` in commitline's own server and CLI processes."""
     settings = settings or load_settings()
-    cpu = DispatchCpu.from_setting(settings.dispatch_cpu or dispatch_cpu)  # a bad value fails before any I/O
     logging.getLogger().setLevel(settings.log_level)
+    cpu = DispatchCpu.from_setting(settings.dispatch_cpu or dispatch_cpu)  # a bad value fails before any I/O
     try:
         parts, shared = connection_parts(settings)
     except BaseException:
