@@ -73,6 +73,7 @@ from psycopg_pool import ConnectionPool
 
 from bench.harness import POOL_MAX_OVERFLOW, POOL_SIZE, BenchContext, commitline_app, fresh_schema, run_together
 from commitline.application.errors import ConcurrencyConflict
+from commitline.infrastructure.dispatch_cpu import usable_cpus
 
 WRITER_COUNTS = (1, 4, 16, 32)
 SNAPSHOT_INTERVAL = 100  # commitline's default COMMITLINE_SNAPSHOT_INTERVAL; the stock app gets the same
@@ -225,7 +226,8 @@ def measure_commitline(ctx: BenchContext, schema: str, writers: int, warmup: flo
 
 
 def measure_stock(ctx: BenchContext, schema: str, writers: int, warmup: float, duration: float,
-                  cpu: int | None = None, *, app_class: type[StockApp] | None = None, module: str = "eventsourcing.postgres") -> Measurement:
+                  cpu: int | None = None, *, app_class: type[StockApp] | None = None,
+                  module: str = "eventsourcing.postgres") -> Measurement:
     """The ``Item`` application (``app_class``, default ``StockApp``) on the persistence ``module``."""
     app = (app_class or StockApp)(env={**stock_environment(ctx, schema), "PERSISTENCE_MODULE": module})
     try:
@@ -323,13 +325,13 @@ def _ratio(a: Measurement, b: Measurement) -> float:
 def placements() -> list[int | None]:
     """Where the writer threads run: free (None), and all on one CPU (the highest-numbered: CPU 0 tends to
     take most of the machine's interrupts) when the process may use more than one."""
-    usable = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    usable = sorted(usable_cpus())
     return [None, usable[-1]] if len(usable) > 1 else [None]
 
 
 def throughput(ctx: BenchContext) -> Iterator[str]:
     warmup, duration, rounds = (0.3, 1.0, 1) if ctx.quick else (1.0, 3.0, 3)
-    names = list(SYSTEMS)
+    names, both = list(SYSTEMS), placements()
     with fresh_schema(ctx.dsn) as schema:
         for writers in WRITER_COUNTS:
             best: dict[str, Measurement] = {}
@@ -338,7 +340,7 @@ def throughput(ctx: BenchContext) -> Iterator[str]:
                 order = names[r % len(names):] + names[:r % len(names)]
                 order = order if r % 2 == 0 else order[::-1]
                 for name in order:
-                    for cpu in placements() if r % 2 == 0 else placements()[::-1]:
+                    for cpu in both if r % 2 == 0 else both[::-1]:
                         m = SYSTEMS[name](ctx, schema, writers, warmup, duration, cpu)
                         if name not in best or m.rate > best[name].rate:
                             best[name], placed[name] = m, cpu

@@ -28,6 +28,8 @@ TOOLING_VARIABLES: tuple[tuple[str, str, str], ...] = (
     ("COMMITLINE_BENCH_DSN", "unset: embedded", "benchmarks only: measure against this PostgreSQL instead"),
 )
 
+DISPATCH_CPU_VALUES = r"^(off|auto|\d{1,5})$"  # COMMITLINE_DISPATCH_CPU (infrastructure.dispatch_cpu)
+
 
 class Settings(BaseSettings):
     # Code sets fields by name (``pool_size=4``), the environment by variable (``COMMITLINE_POOL_SIZE``).
@@ -143,7 +145,7 @@ class Settings(BaseSettings):
     """attempts of a gateway call (and of a compensation) before the saga gives up on it"""
     gateway_backoff_ms: float = Field(200, ge=0, le=600_000, validation_alias="COMMITLINE_GATEWAY_BACKOFF_MS")
     """pause after a failed gateway call, doubled per retry"""
-    dispatch_cpu: str | None = Field(None, pattern=r"^(off|auto|\d{1,5})$", validation_alias="COMMITLINE_DISPATCH_CPU",
+    dispatch_cpu: str | None = Field(None, pattern=DISPATCH_CPU_VALUES, validation_alias="COMMITLINE_DISPATCH_CPU",
                                      json_schema_extra={"unset": "`auto` in `commitline serve` and `commitline "
                                                         "dispatch`, `off` in an application that embeds commitline"})
     """`off`, `auto` or a CPU number: the one CPU every thread that dispatches commands moves to at its first one (the interpreter runs one thread at a time; hand-overs between cores cost nearly half the throughput); `auto` claims a CPU no other commitline process on the machine has"""

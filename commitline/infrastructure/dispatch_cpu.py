@@ -10,11 +10,12 @@ affected: it keeps every core.
 
 - ``off``: no thread's CPU affinity is touched.
 - ``N``: CPU N, which must be one this process may run on.
-- ``auto``: a CPU this process claims: of the CPUs it may run on, the highest-numbered one no other process
-  on this machine has claimed (CPU 0 tends to take most of the machine's interrupts) (a lock file per CPU in the temporary folder, held while the app is open and let go
-  of by the kernel when the process ends, kill -9 included), or, with every one claimed, the one this
-  process's id picks. Several processes (``commitline serve --workers``) so spread over the cores. With
-  one usable CPU, or without thread affinity in the OS (not Linux), nothing is done.
+- ``auto``: a CPU this process claims: of the CPUs it may run on, the highest-numbered one that no other
+  process on this machine has claimed (CPU 0 tends to take most of the machine's interrupts), or, with every
+  one claimed, the one this process's id picks. A claim is a lock file per CPU in the temporary folder, held
+  while the app is open and let go of by the kernel when the process ends, kill -9 included. Several
+  processes (``commitline serve --workers``) so spread over the cores. With one usable CPU, or without
+  thread affinity in the OS (not Linux), nothing is done.
 
 A thread is moved at its first command and stays there: moving it back after each command costs more than
 it saves. Like ``taskset``, the setting is inherited by threads and programs that thread starts later.
@@ -33,11 +34,12 @@ from pathlib import Path
 from typing import IO
 
 from commitline.application.errors import ConfigurationError
+from commitline.infrastructure.config import DISPATCH_CPU_VALUES
 
 log = logging.getLogger(__name__)
 
 VARIABLE = "COMMITLINE_DISPATCH_CPU"
-SETTING = re.compile(r"^(off|auto|\d{1,5})$")
+SETTING = re.compile(DISPATCH_CPU_VALUES)
 CLAIMS = Path(tempfile.gettempdir()) / "commitline-dispatch-cpu"
 
 
