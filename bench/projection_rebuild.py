@@ -77,18 +77,21 @@ from psycopg.sql import SQL, Identifier
 
 from bench.harness import POOL_MAX_OVERFLOW, POOL_SIZE, BenchContext, commitline_app, fresh_schema
 from commitline.domain import Event
-from commitline.domain.inventory import (
+from commitline.examples import domain
+from commitline.examples.inventory import (
     InventoryItem,
     ReservationFulfilled,
     ReservationReleased,
     StockReceived,
     StockReserved,
 )
-from commitline.domain.payment import PaymentCreated, PaymentState, PaymentTransaction
-from commitline.domain.survey import SurveyAssignment, SurveyTask, SurveyTaskAnswered, SurveyTaskIssued, assignment_id
-from commitline.infrastructure.store.codec import decode_event, encode_event
+from commitline.examples.payments import PaymentCreated, PaymentState, PaymentTransaction
+from commitline.examples.surveys import SurveyAssignment, SurveyTask, SurveyTaskAnswered, SurveyTaskIssued, assignment_id
+from commitline.infrastructure.store.codec import EventCodec, encode_event
 from commitline.infrastructure.store.recorder import EventRecorder
-from commitline.projections import PROJECTIONS
+
+PROJECTIONS = domain.check().projections  # the examples' read models
+CODEC = EventCodec(domain.registry)
 
 TENANT = "default"
 CHUNK = 2_000  # stored events per append transaction while pre-filling
@@ -220,7 +223,7 @@ def read_pass(recorder: EventRecorder, head: int, decode: bool) -> tuple[int, fl
             raise RuntimeError(f"empty read at position {position} below the head {head}")
         if decode:
             for n in batch:
-                decode_event(n.topic, n.originator_id, n.originator_version, n.state)
+                CODEC.decode_event(n.topic, n.originator_id, n.originator_version, n.state)
         seen += len(batch)
         position = batch[-1].id
     return seen, time.perf_counter() - t0

@@ -71,10 +71,10 @@ from aiokafka.partitioner import murmur2
 from eventsourcing.persistence import StoredEvent
 
 from bench.harness import BenchContext, commitline_app, fresh_schema, run_together
-from commitline.domain import AGGREGATES
-from commitline.domain.aggregate import utcnow
-from commitline.domain.inventory import StockReceived
 from commitline.composition import Commitline
+from commitline.domain.aggregate import utcnow
+from commitline.examples import domain
+from commitline.examples.inventory import StockReceived
 from commitline.infrastructure.store.codec import encode_event
 from commitline.infrastructure.config import Settings, load_settings
 from commitline.infrastructure.kafka.envelope import KafkaRecord, to_record, topic_for
@@ -116,7 +116,7 @@ def retarget(records: Sequence[KafkaRecord], old_prefix: str, new_prefix: str) -
 
 
 def all_topics(prefix: str) -> list[str]:
-    return [topic_for(prefix, a.__name__) for a in AGGREGATES]
+    return [topic_for(prefix, a.__name__) for a in domain.check().registry.aggregates]
 
 
 async def started_raw_producer(settings: Settings, prefix: str) -> AIOKafkaProducer:
@@ -204,7 +204,7 @@ def read_rows(app: Commitline, settings: Settings) -> tuple[RawRow, ...]:
         if not batch:
             break
         for n in batch:
-            r = to_record(n, settings.kafka_topic_prefix, OWNER)
+            r = to_record(n, settings.kafka_topic_prefix, OWNER, domain.registry)
             rows.append((r.topic, r.key, r.value, tuple(r.headers), r.timestamp_ms))
         position = batch[-1].id
     held = tuple(rows)

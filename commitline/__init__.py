@@ -1,21 +1,107 @@
 """commitline: an event-sourced command processor for systems where a wrong state costs money.
 
-``from commitline import bootstrap`` is the way in: it wires configuration to the store, the
-command processor and every follower (see ``commitline.composition``).
+The public API is what this module exports (and ``commitline.testing``); a team's own package declares
+its domain with it and runs it with ``bootstrap(domain=...)`` or ``commitline --app module:domain``::
+
+    from commitline import Aggregate, Command, Domain, Event, Stream, transitions
+
+Everything else is commitline's own: it may change between versions. Names are imported lazily, so
+importing the domain building blocks does not load the database and Kafka clients.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["Commitline", "bootstrap"]
+
+_EXPORTS: dict[str, str] = {
+    # the domain's building blocks (pure, no I/O)
+    "Aggregate": "commitline.domain.aggregate",
+    "Event": "commitline.domain.aggregate",
+    "TransitionTable": "commitline.domain.fsm",
+    "table": "commitline.domain.fsm",
+    "transitions": "commitline.domain.fsm",
+    "CommitlineError": "commitline.domain.errors",
+    "DomainError": "commitline.domain.errors",
+    "IllegalTransition": "commitline.domain.errors",
+    "InvalidValue": "commitline.domain.errors",
+    # commands, their handling, process managers
+    "Command": "commitline.application.commands",
+    "VersionedCommand": "commitline.application.commands",
+    "Amount": "commitline.application.commands",
+    "Id": "commitline.application.commands",
+    "Quantity": "commitline.application.commands",
+    "Text": "commitline.application.commands",
+    "Version": "commitline.application.commands",
+    "Stream": "commitline.application.catalog",
+    "Loader": "commitline.application.catalog",
+    "ProcessManager": "commitline.application.process",
+    "StuckInstance": "commitline.application.process",
+    "InstanceRow": "commitline.application.process",
+    "DispatchResult": "commitline.application.results",
+    "AggregateAlreadyExists": "commitline.application.errors",
+    "AggregateNotFound": "commitline.application.errors",
+    "ConcurrencyConflict": "commitline.application.errors",
+    "ConfigurationError": "commitline.application.errors",
+    "IdempotencyKeyReused": "commitline.application.errors",
+    "InvalidApp": "commitline.application.errors",
+    "InvalidCommand": "commitline.application.errors",
+    "InvalidDomain": "commitline.application.errors",
+    "StoreUnavailable": "commitline.application.errors",
+    "UnknownCommandType": "commitline.application.errors",
+    # read models
+    "Projection": "commitline.projections.base",
+    "Table": "commitline.projections.base",
+    "Changes": "commitline.projections.base",
+    "on": "commitline.projections.base",
+    "Reads": "commitline.projections.reads",
+    "RecordedEvent": "commitline.infrastructure.store.codec",
+    # the domain object and running it
+    "Domain": "commitline.framework.domain",
+    "PortContext": "commitline.framework.domain",
+    "Commitline": "commitline.composition",
+    "bootstrap": "commitline.composition",
+}
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy, so importing the pure domain does not load the database and Kafka clients.
-    if name in __all__:
-        from commitline import composition
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'commitline' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # looked up once
+    return value
 
-        return getattr(composition, name)
-    raise AttributeError(f"module 'commitline' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
+
+if TYPE_CHECKING:  # what editors and type checkers see; at run time the names above load on first use
+    from commitline.application.catalog import Loader, Stream
+    from commitline.application.commands import Amount, Command, Id, Quantity, Text, Version, VersionedCommand
+    from commitline.application.errors import (
+        AggregateAlreadyExists,
+        AggregateNotFound,
+        ConcurrencyConflict,
+        ConfigurationError,
+        IdempotencyKeyReused,
+        InvalidApp,
+        InvalidCommand,
+        InvalidDomain,
+        StoreUnavailable,
+        UnknownCommandType,
+    )
+    from commitline.application.process import InstanceRow, ProcessManager, StuckInstance
+    from commitline.application.results import DispatchResult
+    from commitline.composition import Commitline, bootstrap
+    from commitline.domain.aggregate import Aggregate, Event
+    from commitline.domain.errors import CommitlineError, DomainError, IllegalTransition, InvalidValue
+    from commitline.domain.fsm import TransitionTable, table, transitions
+    from commitline.framework.domain import Domain, PortContext
+    from commitline.infrastructure.store.codec import RecordedEvent
+    from commitline.projections.base import Changes, Projection, Table, on
+    from commitline.projections.reads import Reads

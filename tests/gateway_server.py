@@ -113,7 +113,7 @@ class NotAGateway:
 
 def factory(context: Any) -> Any:
     """A ``COMMITLINE_GATEWAY=module:factory`` factory: the HTTP adapter to a URL of the test's choosing."""
-    from commitline.infrastructure.sagas.http_gateway import HttpGateway
+    from commitline.examples.http_gateway import HttpGateway
 
     return HttpGateway(context.settings.gateway_url, timeout_s=context.settings.gateway_timeout_s)
 

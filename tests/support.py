@@ -8,12 +8,14 @@ from typing import Any
 
 import psycopg
 
+from commitline.application import commands
+from commitline.examples import domain as examples_domain
 from commitline.infrastructure.config import Settings
 from commitline.infrastructure.followers.thread import FollowerThread
 from commitline.infrastructure.kafka.reader import ConsumedRecord, read_topics
 
-__all__ = ["ConsumedRecord", "FollowerThread", "count_rows", "kafka_settings", "read_topics", "settings_for",
-           "wait_for"]
+__all__ = ["AGGREGATES", "COMMAND_TYPES", "EXAMPLES", "PROJECTIONS", "RUNNER", "SAGA_COMMANDS", "ConsumedRecord",
+           "FollowerThread", "count_rows", "kafka_settings", "parse_command", "read_topics", "settings_for", "wait_for"]
 
 
 def settings_for(dsn: str, schema: str, **overrides: object) -> Settings:
@@ -46,3 +48,39 @@ def wait_for(condition: Callable[[], Any], what: str, timeout: float = 60) -> An
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.02)
     return result
+
+
+# -- the built-in examples, the domain most tests run --------------------------------------------------------
+EXAMPLES = examples_domain.check()
+COMMAND_TYPES = EXAMPLES.catalog.public
+SAGA_COMMANDS = [cls for cls, handler in EXAMPLES.catalog.handlers.items() if handler.internal]
+PROJECTIONS = EXAMPLES.projections
+AGGREGATES = EXAMPLES.registry.aggregates
+RUNNER = "order-fulfilment"
+
+
+def parse_command(command: Any, **options: Any) -> Any:
+    """``commitline.application.commands.parse_command`` over the examples' commands."""
+    return commands.parse_command(command, EXAMPLES.catalog, **options)
+
+
+# -- the examples' order-fulfilment saga, as the tests drive it ----------------------------------------------
+
+def make_saga(app: Any, gateway: Any = None, **options: Any) -> Any:
+    """The examples' fulfilment process manager over ``gateway`` (default: the configured ``payments`` port)."""
+    return app.process_manager(RUNNER, ports=None if gateway is None else {"payments": gateway}, **options)
+
+
+def fulfilment_runner(app: Any, manager: Any = None, **options: Any) -> Any:
+    return app.process_runner(manager if manager is not None else RUNNER, **options)
+
+
+def simulated_gateway(app: Any) -> Any:
+    from commitline.examples.simulated_gateway import SimulatedGateway
+
+    return SimulatedGateway(app.conninfo, app.settings.schema_name)
+
+
+def configured_gateway(app: Any) -> Any:
+    """The configured payment gateway (``COMMITLINE_GATEWAY``), as the examples' ``payments`` port makes it."""
+    return app.port("payments")

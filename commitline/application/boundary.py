@@ -46,7 +46,7 @@ class CommandLimits:
     """Bounds on a command's JSON (configured by the ``COMMITLINE_MAX_*`` settings)."""
 
     max_bytes: int = 16 * 1024 * 1024
-    """the command as JSON, in UTF-8 bytes: enough for an ``issue_survey_task`` to 100,000 users"""
+    """the command as JSON, in UTF-8 bytes: enough for a command naming 100,000 ids"""
     max_string_length: int = 4096
     """any string, object keys included, in characters (fields have their own, lower limits)"""
     max_list_length: int = 100_000

@@ -2,9 +2,13 @@
 
 Strict means no silent coercion: a quantity must be an integer (not ``"5"`` or ``5.0``),
 an amount a decimal string or integer (never a binary float), unknown fields are
-rejected. Ids and amounts may arrive as JSON strings. ``parse_command`` accepts a model,
-a mapping or JSON text with a ``"type"`` field, passes it through the boundary
-(``application.boundary``: JSON values only, within ``CommandLimits``) and raises typed errors.
+rejected. Ids and amounts may arrive as JSON strings. A command's ``type`` (its name in JSON)
+is the class name in snake case (``PlaceTrade`` -> ``place_trade``) unless the class declares
+``type: Literal["..."] = "..."`` itself.
+
+``parse_command`` accepts a model, a mapping or JSON text with a ``"type"`` field, passes it through
+the boundary (``application.boundary``: JSON values only, within ``CommandLimits``), looks the type up
+among the commands a domain accepts from outside (its ``CommandCatalog``) and raises typed errors.
 """
 
 from __future__ import annotations
@@ -12,17 +16,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from decimal import Decimal
 from functools import cache
-from typing import Annotated, Any, ClassVar, Literal, get_args
+import re
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 from uuid import UUID
 
 import orjson
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from commitline.application.boundary import DEFAULT_LIMITS, CommandLimits, check_json, problem, read_json, too_large
 from commitline.application.errors import InvalidCommand, UnknownCommandType
-from commitline.domain.errors import InvalidValue
-from commitline.domain.money import check_amount, check_currency
-from commitline.domain.survey import MAX_USERS_PER_ISSUE
+
+if TYPE_CHECKING:
+    from commitline.application.catalog import CommandCatalog
 
 
 def _no_float(value: Any) -> Any:
@@ -32,21 +37,44 @@ def _no_float(value: Any) -> Any:
 
 
 Amount = Annotated[Decimal, BeforeValidator(_no_float), Field(strict=False, allow_inf_nan=False)]
+"""a decimal given as a string or an integer, never a binary float; finite"""
 Id = Annotated[UUID, Field(strict=False)]
+"""an aggregate id: a UUID, given as its string in JSON"""
 Version = Annotated[int, Field(ge=0)]
 Quantity = Annotated[int, Field(gt=0, le=10**12)]
+"""a positive whole number of units, at most 10^12"""
 Text = Annotated[str, Field(min_length=1, max_length=200)]
-UserId = Annotated[str, Field(min_length=1, max_length=128)]
+"""1 to 200 characters"""
+
+_WORD_START = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+
+
+def type_name_of(class_name: str) -> str:
+    """A command class's default type: its name in snake case (``PlaceTrade`` -> ``place_trade``)."""
+    return _WORD_START.sub("_", class_name).lower()
 
 
 class Command(BaseModel):
-    """Base of every command. ``type`` names it in JSON; ``creates`` marks commands that start a new
-    stream. The aggregate a command changes is declared by its handler (``application.handlers.HANDLERS``)."""
+    """Base of every command. ``type`` names it in JSON (by default the class name in snake case). The
+    aggregate a command changes, and how its id is found, are declared with its handler (``Domain.handles``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, str_strip_whitespace=False)
 
     type: str
-    creates: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Runs before pydantic collects the fields, so the added annotation becomes the ``type`` field.
+        own = cls.__dict__.get("__annotations__", {})
+        if "type" not in own:
+            name = type_name_of(cls.__name__)
+            cls.__annotations__ = {**own, "type": Literal[name]}
+            cls.type = name  # type: ignore[assignment]
+        super().__init_subclass__(**kwargs)
+
+    @classmethod
+    def type_name(cls) -> str:
+        """The ``type`` this command has in JSON."""
+        return str(cls.model_fields["type"].default)
 
 
 class VersionedCommand(Command):
@@ -55,223 +83,36 @@ class VersionedCommand(Command):
     expected_version: Version | None = None
 
 
-class PricedCommand(Command):
-    """A command carrying money: an ISO 4217 currency and an amount that fits its minor unit."""
-
-    currency: Annotated[str, Field(min_length=3, max_length=3)]
-    amount: Amount
-
-    @field_validator("currency")
-    @classmethod
-    def _iso_currency(cls, code: str) -> str:
-        return _domain_check(check_currency, code)
-
-    @field_validator("amount")
-    @classmethod
-    def _amount_fits_currency(cls, amount: Decimal, info: ValidationInfo) -> Decimal:
-        currency = info.data.get("currency")
-        if currency is None:  # the currency error is reported on its own field
-            return amount
-        return _domain_check(check_amount, amount, currency)
-
-
-class CreatePayment(PricedCommand):
-    type: Literal["create_payment"] = "create_payment"
-    creates: ClassVar[bool] = True
-    payment_id: Id | None = None
-    account: Text
-
-
-class SubmitPayment(VersionedCommand):
-    type: Literal["submit_payment"] = "submit_payment"
-    payment_id: Id
-
-
-class CompletePayment(VersionedCommand):
-    type: Literal["complete_payment"] = "complete_payment"
-    payment_id: Id
-
-
-class FailPayment(VersionedCommand):
-    type: Literal["fail_payment"] = "fail_payment"
-    payment_id: Id
-    reason: Text
-
-
-class ReceiveStock(VersionedCommand):
-    type: Literal["receive_stock"] = "receive_stock"
-    item_id: Id
-    quantity: Quantity
-
-
-class ReserveStock(VersionedCommand):
-    type: Literal["reserve_stock"] = "reserve_stock"
-    item_id: Id
-    reservation_id: Text
-    quantity: Quantity
-
-
-class ReleaseReservation(VersionedCommand):
-    type: Literal["release_reservation"] = "release_reservation"
-    item_id: Id
-    reservation_id: Text
-
-
-class FulfilReservation(VersionedCommand):
-    type: Literal["fulfil_reservation"] = "fulfil_reservation"
-    item_id: Id
-    reservation_id: Text
-
-
-class CreateSurveyTask(Command):
-    type: Literal["create_survey_task"] = "create_survey_task"
-    creates: ClassVar[bool] = True
-    task_id: Id | None = None
-    title: Text
-
-
-class IssueSurveyTask(VersionedCommand):
-    type: Literal["issue_survey_task"] = "issue_survey_task"
-    task_id: Id
-    user_ids: Annotated[tuple[UserId, ...], Field(min_length=1, max_length=MAX_USERS_PER_ISSUE)]
-
-
-class AnswerSurveyTask(Command):
-    type: Literal["answer_survey_task"] = "answer_survey_task"
-    task_id: Id
-    user_id: UserId
-
-
-class CloseSurveyTask(VersionedCommand):
-    type: Literal["close_survey_task"] = "close_survey_task"
-    task_id: Id
-
-
-class PlaceOrder(PricedCommand):
-    type: Literal["place_order"] = "place_order"
-    creates: ClassVar[bool] = True
-    order_id: Id | None = None
-    item_id: Id
-    quantity: Quantity
-    account: Text
-
-
-class CancelOrder(VersionedCommand):
-    type: Literal["cancel_order"] = "cancel_order"
-    order_id: Id
-    reason: Text
-
-
-class ConfirmOrder(VersionedCommand):
-    type: Literal["confirm_order"] = "confirm_order"
-    order_id: Id
-
-
-class SagaCommand(Command):
-    """Recorded by the order-fulfilment process manager only: never accepted as JSON."""
-
-    order_id: Id
-
-
-class StartFulfilment(SagaCommand):
-    type: Literal["start_fulfilment"] = "start_fulfilment"
-
-
-class RecordFulfilmentStep(SagaCommand):
-    type: Literal["record_fulfilment_step"] = "record_fulfilment_step"
-    step: Text
-    detail: Annotated[str, Field(max_length=2000)]
-
-
-class RecordFulfilmentFailure(SagaCommand):
-    type: Literal["record_fulfilment_failure"] = "record_fulfilment_failure"
-    step: Text
-    reason: Annotated[str, Field(min_length=1, max_length=2000)]
-
-
-class RecordCompensation(SagaCommand):
-    type: Literal["record_compensation"] = "record_compensation"
-    step: Text
-    detail: Annotated[str, Field(max_length=2000)]
-
-
-class RecordFulfilmentCancelled(SagaCommand):
-    type: Literal["record_fulfilment_cancelled"] = "record_fulfilment_cancelled"
-    reason: Annotated[str, Field(min_length=1, max_length=2000)]
-
-
-class MarkFulfilmentStuck(SagaCommand):
-    type: Literal["mark_fulfilment_stuck"] = "mark_fulfilment_stuck"
-    step: Text
-    reason: Annotated[str, Field(min_length=1, max_length=2000)]
-    attempts: Annotated[int, Field(ge=1)]
-
-
-class RetryFulfilment(SagaCommand):
-    type: Literal["retry_fulfilment"] = "retry_fulfilment"
-
-
-class CancelOrderAfterFailure(SagaCommand):
-    """The saga's compensation: cancels the order even once confirmed (its capture failed)."""
-
-    type: Literal["cancel_order_after_failure"] = "cancel_order_after_failure"
-    reason: Annotated[str, Field(min_length=1, max_length=2000)]
-
-
-class ParkFulfilment(SagaCommand):
-    type: Literal["park_fulfilment"] = "park_fulfilment"
-    reason: Annotated[str, Field(min_length=1, max_length=2000)]
-    attempts: Annotated[int, Field(ge=1)]
-
-
-SAGA_COMMANDS = (StartFulfilment, RecordFulfilmentStep, RecordFulfilmentFailure, RecordCompensation,
-                 RecordFulfilmentCancelled, MarkFulfilmentStuck, RetryFulfilment, ParkFulfilment,
-                 CancelOrderAfterFailure)
-
-COMMAND_TYPES: dict[str, type[Command]] = {
-    cls.model_fields["type"].default: cls
-    for cls in (
-        CreatePayment, SubmitPayment, CompletePayment, FailPayment,
-        ReceiveStock, ReserveStock, ReleaseReservation, FulfilReservation,
-        CreateSurveyTask, IssueSurveyTask, AnswerSurveyTask, CloseSurveyTask,
-        PlaceOrder, CancelOrder, ConfirmOrder,
-    )
-}
-
-
-def _domain_check(check: Any, *args: Any) -> Any:
-    try:
-        return check(*args)
-    except InvalidValue as e:
-        raise ValueError(e.reason) from None
-
-
-def parse_command(command: Command | Mapping[str, Any] | str | bytes, *,
+def parse_command(command: Command | Mapping[str, Any] | str | bytes, catalog: CommandCatalog, *,
                   limits: CommandLimits = DEFAULT_LIMITS) -> Command:
     """Validate a command given as a model, a mapping or JSON; raise InvalidCommand or UnknownCommandType.
 
-    A model is checked like a mapping of its fields and validated again (``model_construct`` skips
-    validation); it is returned itself when valid.
+    A mapping or JSON names its class by ``type``, among the commands ``catalog`` accepts from outside
+    (never a process manager's own). A model must be of a command class the catalog holds; it is checked
+    like a mapping of its fields and validated again (``model_construct`` skips validation); it is
+    returned itself when valid.
     """
     if isinstance(command, Command):
         cls: type[Command] | None = type(command)
+        if not catalog.holds(type(command)):
+            raise UnknownCommandType(command.type, catalog.public_types())
         data: dict[Any, Any] = dict(command)
         check_json(data, limits, command_type=command.type, objects=_object_fields(cls))
     elif isinstance(command, (str, bytes, bytearray)):
         value = read_json(command, limits)
         if not isinstance(value, dict):
             raise InvalidCommand(None, [problem([], "a command must be a JSON object", "json_type")])
-        data, cls = value, _command_class(value)
+        data, cls = value, _command_class(value, catalog)
     elif isinstance(command, Mapping):
         data = dict(command)
-        cls = _command_class(data)
+        cls = _command_class(data, catalog)
         objects = _object_fields(cls) if cls else None
         check_json(data, limits, command_type=data["type"] if cls else None, objects=objects)
     else:
         raise InvalidCommand(None, [problem([], f"cannot read a command from {type(command).__name__}",
                                             "command_type")])
     if cls is None:
-        raise UnknownCommandType(data.get("type"), sorted(COMMAND_TYPES))
+        raise UnknownCommandType(data.get("type"), catalog.public_types())
     try:
         # Validated in JSON mode, where ids and decimals arrive as strings and arrays as lists.
         text = orjson.dumps(data, default=_json_object)
@@ -287,9 +128,9 @@ def parse_command(command: Command | Mapping[str, Any] | str | bytes, *,
     return command if isinstance(command, Command) else parsed
 
 
-def _command_class(data: dict[Any, Any]) -> type[Command] | None:
+def _command_class(data: dict[Any, Any], catalog: CommandCatalog) -> type[Command] | None:
     command_type = data.get("type")
-    return COMMAND_TYPES.get(command_type) if isinstance(command_type, str) else None
+    return catalog.public.get(command_type) if isinstance(command_type, str) else None
 
 
 @cache

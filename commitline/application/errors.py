@@ -1,5 +1,6 @@
-"""Every typed error (a ``CommitlineError``) a caller of commitline can receive, importable from this
-one module: domain refusals, command, configuration and store errors, and audit-query errors.
+"""Every typed error (a ``CommitlineError``) commitline itself raises, importable from this one module:
+the refusals every domain shares, command, configuration and store errors, and audit-query errors. A
+domain's own refusals are ``DomainError`` subclasses declared by the domain.
 
 Each carries ``code`` (stable, machine-readable), ``details()`` (fields) and ``to_dict()``.
 Whenever one of these is raised by ``CommandProcessor.dispatch``, nothing was written, except
@@ -10,19 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from commitline.domain.errors import (
-    CommitlineError,
-    DomainError,
-    DuplicateReservation,
-    IllegalTransition,
-    InsufficientStock,
-    InvalidValue,
-    OrderAlreadyConfirmed,
-    TaskClosed,
-    UnknownReservation,
-    UserNotIssued,
-    UsersAlreadyIssued,
-)
+from commitline.domain.errors import CommitlineError, DomainError, IllegalTransition, InvalidValue
 
 
 def printable(value: object, limit: int = 100) -> str:
@@ -157,6 +146,32 @@ class ConfigurationError(CommitlineError):
     message = "{variable}: {reason}"
 
 
+class InvalidApp(ConfigurationError):
+    """``--app`` / ``COMMITLINE_APP`` does not name a usable domain: not ``module:attribute``, a module that
+    does not import, an attribute it lacks, or something that is not a ``Domain``."""
+
+    code = "invalid_app"
+    fields = ("variable", "spec", "reason")
+    variable = "COMMITLINE_APP"
+    message = "{variable} {spec!r}: {reason}"
+
+
+class InvalidDomain(ConfigurationError):
+    """A domain whose declarations contradict each other; ``problems`` lists each, with where it is declared."""
+
+    code = "invalid_domain"
+    fields = ("variable", "domain", "problems", "spec")
+    variable = "COMMITLINE_APP"
+    spec = None  # the ``module:attribute`` it was loaded by, when it was
+
+    @property
+    def message(self) -> str:  # type: ignore[override]
+        count = len(self.problems)
+        lines = "".join(f"\n  - {p}" for p in self.problems)
+        source = f"{self.variable} {self.spec!r}: " if self.spec else ""
+        return f"{source}domain {self.domain!r} cannot be used: {count} problem{'s' if count != 1 else ''}:{lines}"
+
+
 class StoreUnavailable(CommitlineError):
     """The event store could not be reached or used (refused or lost connection, no pooled connection
     within ``COMMITLINE_POOL_TIMEOUT_S``); retry with the same key. The command was not applied, or,
@@ -197,23 +212,18 @@ __all__ = [
     "ConcurrencyConflict",
     "ConfigurationError",
     "DomainError",
-    "DuplicateReservation",
     "EventTooLarge",
     "IdempotencyKeyReused",
     "IllegalTransition",
-    "InsufficientStock",
+    "InvalidApp",
     "InvalidCommand",
+    "InvalidDomain",
     "InvalidIdempotencyKey",
     "InvalidTenant",
     "InvalidValue",
     "MissingIdempotencyKey",
-    "OrderAlreadyConfirmed",
     "StoreUnavailable",
-    "TaskClosed",
     "UnknownCommandType",
-    "UnknownReservation",
-    "UserNotIssued",
-    "UsersAlreadyIssued",
     "VersionBeyondHead",
     "WrongAggregateType",
 ]

@@ -26,9 +26,8 @@ tenant it does not exist: a command on it, or reading it, is refused with ``Aggr
 the same error and message as for an id nobody uses, and nothing is written. A stream that only exists
 for another tenant is treated as empty until the command has been decided (so every other refusal
 comes out exactly as for an unused id); a command that would then start it is refused instead:
-``AggregateNotFound`` for commands that may start a stream or continue it (``receive_stock``,
-``answer_survey_task``), and for creation commands ``InvalidCommand`` on the id field (type
-``id_unavailable``). One id space is shared by all tenants, so the id being unusable cannot be hidden
+``AggregateNotFound`` for commands that may start a stream or continue it (``Stream.ANY``), and for
+creation commands (``Stream.NEW``) ``InvalidCommand`` on the id field (type ``id_unavailable``). One id space is shared by all tenants, so the id being unusable cannot be hidden
 from someone who already knows it; the refusal says no more than that: not that it exists, nor its
 type, owner, version or content (``AggregateAlreadyExists`` stays for the tenant's own streams).
 
@@ -57,7 +56,8 @@ import orjson
 from pydantic_core import to_jsonable_python
 
 from commitline.application.boundary import CommandLimits, check_idempotency_key, check_tenant, problem
-from commitline.application.commands import COMMAND_TYPES, Command, VersionedCommand, parse_command
+from commitline.application.catalog import CommandCatalog, Handler, Stream
+from commitline.application.commands import Command, VersionedCommand, parse_command
 from commitline.application.errors import (
     AggregateAlreadyExists,
     AggregateNotFound,
@@ -68,7 +68,6 @@ from commitline.application.errors import (
     InvalidCommand,
     StoreUnavailable,
 )
-from commitline.application.handlers import HANDLERS, Handler, Stream
 from commitline.application.ports import (
     CommandLoad,
     EventStore,
@@ -99,14 +98,14 @@ def _nothing() -> None:
 
 
 APPLIED, REPLAYED, REFUSED, FAILED = "applied", "replayed", "refused", "failed"
-UNKNOWN_TYPE = "unknown"  # the type reported for a command whose type is not one of COMMAND_TYPES
+UNKNOWN_TYPE = "unknown"  # the type reported for a command whose type is not one of the domain's
 
 
 class DispatchObserver:
     """What ``dispatch`` reports (for metrics): each outcome once, and each re-run after the stream moved.
     This one ignores everything; an implementation must be cheap and must not raise.
 
-    ``command_type`` is always one of ``COMMAND_TYPES`` or ``"unknown"`` (never text from the caller);
+    ``command_type`` is always one of the domain's command types or ``"unknown"`` (never text from the caller);
     ``outcome`` is ``applied``, ``replayed``, ``refused`` (a typed refusal: ``code`` says which) or
     ``failed`` (the store or the configuration failed, or an unexpected error: ``code`` says which)."""
 
@@ -117,20 +116,20 @@ class DispatchObserver:
         pass
 
 
-def _reported_type(command: object, error: BaseException | None = None) -> str:
-    """The command's type if it is a known one, else ``unknown``."""
-    if isinstance(command, Command):
-        return command.type
-    name = getattr(error, "command_type", None)
+def _reported_type(catalog: CommandCatalog, command: object, error: BaseException | None = None) -> str:
+    """The command's type if it is one of ``catalog``'s, else ``unknown``."""
+    name = command.type if isinstance(command, Command) else getattr(error, "command_type", None)
     if name is None and isinstance(command, Mapping):
         name = command.get("type")
-    return name if isinstance(name, str) and name in COMMAND_TYPES else UNKNOWN_TYPE
+    return name if isinstance(name, str) and name in catalog.known_types else UNKNOWN_TYPE
 
 
 class CommandProcessor:
-    def __init__(self, store: EventStore, retry: RetryPolicy | None = None, limits: CommandLimits | None = None,
-                 observer: DispatchObserver | None = None, enter_thread: Callable[[], None] | None = None):
+    def __init__(self, store: EventStore, catalog: CommandCatalog, retry: RetryPolicy | None = None,
+                 limits: CommandLimits | None = None, observer: DispatchObserver | None = None,
+                 enter_thread: Callable[[], None] | None = None):
         self.store = store
+        self.catalog = catalog
         self.retry = retry or RetryPolicy()
         self.limits = limits or CommandLimits()
         self.observer = observer or DispatchObserver()
@@ -157,7 +156,7 @@ class CommandProcessor:
                                 thread_name_prefix="dispatch-many") as pool:
             for index, (command, key, tenant) in enumerate(items):
                 try:
-                    cmd = parse_command(command, limits=self.limits)
+                    cmd = parse_command(command, self.catalog, limits=self.limits)
                 except CommitlineError:  # refused before any I/O: dispatch reports it as usual
                     outcomes[index] = self._outcome(command, None, key, tenant)
                     continue
@@ -189,13 +188,12 @@ class CommandProcessor:
         except CommitlineError as e:
             return e
 
-    @staticmethod
-    def _touches(cmd: Command, key: object, tenant: object) -> set[object]:
+    def _touches(self, cmd: Command, key: object, tenant: object) -> set[object]:
         """What a command may read or write: every id it names, its target stream (derived ids included)
         and its (tenant, key). Only hashable text is used: an unusable key or tenant is refused anyway."""
         tokens: set[object] = {value for _, value in cmd if isinstance(value, UUID)}
         tokens.add(("key", tenant if isinstance(tenant, str) else None, key if isinstance(key, str) else None))
-        target = HANDLERS[type(cmd)].target(cmd)
+        target = self.catalog.handler(type(cmd)).target(cmd)
         if target is not None:
             tokens.add(target)
         elif isinstance(key, str) and isinstance(tenant, str):
@@ -208,16 +206,16 @@ class CommandProcessor:
         started, command_type = time.perf_counter(), None
         try:
             if cmd is None:
-                cmd = parse_command(command, limits=self.limits)
+                cmd = parse_command(command, self.catalog, limits=self.limits)
             command_type = cmd.type
             result = self._dispatch(cmd, idempotency_key, tenant)
         except CommitlineError as e:
             failed = isinstance(e, (StoreUnavailable, ConfigurationError))
-            self.observer.on_outcome(command_type or _reported_type(command, e), FAILED if failed else REFUSED,
+            self.observer.on_outcome(command_type or _reported_type(self.catalog, command, e), FAILED if failed else REFUSED,
                                      e.code, time.perf_counter() - started)
             raise
         except Exception:
-            self.observer.on_outcome(command_type or _reported_type(command), FAILED, "internal_error",
+            self.observer.on_outcome(command_type or _reported_type(self.catalog, command), FAILED, "internal_error",
                                      time.perf_counter() - started)
             raise
         self.observer.on_outcome(command_type, REPLAYED if result.replayed else APPLIED, None,
@@ -228,7 +226,7 @@ class CommandProcessor:
         key = check_idempotency_key(idempotency_key, cmd.type)
         tenant = check_tenant(tenant)
         digest = fingerprint(cmd)
-        handler = HANDLERS[type(cmd)]
+        handler = self.catalog.handler(type(cmd))
         aggregate_id = handler.target(cmd) or uuid5(_DERIVED_ID_NAMESPACE, f"{tenant}\x00{key}")
         expected = cmd.expected_version if isinstance(cmd, VersionedCommand) else None
 

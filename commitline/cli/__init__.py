@@ -1,25 +1,24 @@
-"""The ``commitline`` console script: operator commands over the configured (or embedded) store.
+"""The ``commitline`` console script: operator commands over the configured (or embedded) store, for the
+domain ``--app module:attribute`` (or ``COMMITLINE_APP``) names; the built-in examples by default.
 
 Exit codes: 0 success; 1 a command was invalid or refused (typed error as JSON on stderr);
-2 bad usage; 3 configuration or store unavailable. Each subcommand lives in its own module.
+2 bad usage; 3 configuration or store unavailable, or a domain that cannot be loaded (a message naming
+the path, never a traceback). Each subcommand lives in its own module.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
-from commitline.application.errors import ConfigurationError, StoreUnavailable
-from commitline.cli import audit, dispatch, followers, migrate, sagas, serve, services, tenants
-from commitline.cli.common import EXIT_UNAVAILABLE, print_error
+from commitline.application.errors import ConfigurationError, InvalidApp, InvalidDomain, StoreUnavailable
+from commitline.cli import audit, demo, dispatch, followers, init, migrate, sagas, serve, services, tenants
+from commitline.cli.common import EXIT_UNAVAILABLE, print_error, use_domain
 
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    from commitline.cli.demo import run_demo
-
-    return run_demo(into_configured_database=args.into_configured_database)
-
+APP_HELP = ("the domain to run, as module:attribute (e.g. shelfwise.app:domain; default COMMITLINE_APP, else the "
+            "built-in examples); the module is imported with the working directory first on the path")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,21 +28,43 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Configuration comes from environment variables (see the README). "
         "With no COMMITLINE_DATABASE_URL an embedded PostgreSQL is started in COMMITLINE_DATA_DIR.",
     )
+    parser.add_argument("--app", metavar="MODULE:ATTRIBUTE", help=APP_HELP)
     sub = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
-    for module in (dispatch, followers, sagas, audit, migrate, services, tenants, serve):
+    for module in (dispatch, followers, sagas, audit, migrate, services, tenants, serve, demo, init):
         module.register(sub)
-    demo = sub.add_parser("demo", help="run the scripted demonstration workload and print a summary",
-                          description="Runs on an embedded PostgreSQL. With COMMITLINE_DATABASE_URL set it "
-                          "refuses (exit 2): its rows could never be removed from that append-only store.")
-    demo.add_argument("--into-configured-database", action="store_true",
-                      help="run anyway on the configured database, writing only into the schema "
-                      "<COMMITLINE_SCHEMA>_demo (and topics <COMMITLINE_KAFKA_TOPIC_PREFIX>demo.*), never into "
-                      "COMMITLINE_SCHEMA")
-    demo.set_defaults(run=cmd_demo)
     return parser
 
 
+def take_app(argv: list[str]) -> tuple[str | None, list[str]]:
+    """``--app X`` / ``--app=X`` wherever it stands in ``argv`` (before or after the subcommand), and the rest."""
+    spec, rest, i = None, [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            rest += argv[i:]
+            break
+        if arg == "--app" and i + 1 < len(argv):
+            spec, i = argv[i + 1], i + 2
+            continue
+        if arg.startswith("--app="):
+            spec, i = arg[len("--app="):], i + 1
+            continue
+        rest.append(arg)
+        i += 1
+    return spec, rest
+
+
 def main(argv: list[str] | None = None) -> int:
+    spec, argv = take_app(list(sys.argv[1:] if argv is None else argv))
+    try:
+        from commitline.framework.loading import load_domain
+
+        variable = "--app" if spec is not None else "COMMITLINE_APP"
+        use_domain(load_domain(spec if spec is not None else os.environ.get("COMMITLINE_APP") or None,
+                               variable=variable), spec)
+    except (InvalidApp, InvalidDomain) as e:
+        print(f"commitline: {e}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:

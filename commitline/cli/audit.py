@@ -34,7 +34,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
     from rich.table import Table
 
-    from commitline.composition import bootstrap
+    from commitline.cli.common import bootstrap
 
     with bootstrap() as app:
         auditor = app.auditor()
@@ -125,6 +125,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     adiff.add_argument("aggregate_id", type=aggregate_id, metavar="ID")
     adiff.add_argument("--from", dest="from_version", type=int, required=True, metavar="N")
     adiff.add_argument("--to", dest="to_version", type=int, required=True, metavar="M")
+    for parser_ in (astate, adiff):  # they always print JSON; the flag is accepted like everywhere else
+        parser_.add_argument("--json", action="store_true", help="machine-readable (the only output)")
     for parser_ in (averify, ahistory, astate, adiff):
         parser_.add_argument("--tenant", "-t", default="default",
                              help="the tenant asking; another tenant's aggregate is not found (default: default)"

@@ -1,11 +1,12 @@
-"""What every ``commitline`` subcommand shares: exit codes, JSON output, argument types."""
+"""What every ``commitline`` subcommand shares: exit codes, JSON output, argument types, and the domain this
+process runs (``--app`` / ``COMMITLINE_APP``, chosen once by ``main``) with ``bootstrap`` over it."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from datetime import datetime
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 from uuid import UUID
 
 import orjson
@@ -13,7 +14,36 @@ from rich.console import Console
 
 from commitline.application.errors import CommitlineError, StoreUnavailable
 
+if TYPE_CHECKING:
+    from commitline.composition import Commitline
+    from commitline.framework.domain import Domain
+
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
+_chosen: list[Domain] = []  # the domain ``main`` loaded for this process
+APP_SPEC: list[str | None] = [None]  # the ``--app`` it was given, if any (worker processes need it too)
+
+
+def use_domain(domain: Domain, spec: str | None = None) -> None:
+    _chosen[:] = [domain]
+    APP_SPEC[0] = spec
+
+
+def domain() -> Domain:
+    """The domain this process runs: the one ``main`` loaded, else the one ``COMMITLINE_APP`` names."""
+    if not _chosen:
+        import os
+
+        from commitline.framework.loading import load_domain
+
+        _chosen.append(load_domain(os.environ.get("COMMITLINE_APP") or None))
+    return _chosen[0]
+
+
+def bootstrap(**options: Any) -> Commitline:
+    """``commitline.bootstrap`` over this process's domain."""
+    from commitline.composition import bootstrap as boot
+
+    return boot(domain=domain(), **options)
 
 
 def print_json(value: Any, stream: TextIO = sys.stdout) -> None:

@@ -145,7 +145,7 @@ def _usable(key: Any) -> bool:
 
 
 def cmd_dispatch(args: argparse.Namespace) -> int:
-    from commitline.composition import bootstrap
+    from commitline.cli.common import bootstrap
 
     if args.command is None and sys.stdin.isatty():
         print("dispatch: give a command as JSON, or JSON lines on stdin", file=sys.stderr)
@@ -188,7 +188,7 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
 def cmd_expire(args: argparse.Namespace) -> int:
     from datetime import timedelta
 
-    from commitline.composition import bootstrap
+    from commitline.cli.common import bootstrap
     from commitline.infrastructure.store.retention import expire_idempotency_records
 
     if args.older_than_days < 1:
@@ -214,7 +214,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "reported \"replayed\": true. So two intentionally identical commands in one input need envelope lines "
         "with distinct keys. Each stdin result or error is printed with its line number and the key used.",
     )
-    dispatch.add_argument("command", nargs="?", help='the command as JSON, e.g. \'{"type": "submit_payment", ...}\'')
+    dispatch.add_argument("command", nargs="?", help='the command as JSON, e.g. \'{"type": "<command type>", ...}\'')
     dispatch.add_argument("--idempotency-key", "-k", metavar="KEY",
                           help="with a JSON argument: the command's key; retrying with the same key never applies "
                           "it twice. With stdin: a namespace, each plain line's key becoming KEY:sha256:<hex>, "

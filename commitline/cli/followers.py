@@ -45,7 +45,7 @@ def metrics_endpoint(args: argparse.Namespace, app: Any, followers: Sequence[Any
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from commitline.composition import bootstrap
+    from commitline.cli.common import bootstrap
 
     with bootstrap() as app:
         # A configured database without KAFKA_BOOTSTRAP_SERVERS raises ConfigurationError here, before
@@ -119,7 +119,8 @@ def publisher_tables(report: Any) -> list[Table]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from commitline.composition import UnknownFollower, bootstrap
+    from commitline.cli.common import bootstrap
+    from commitline.composition import UnknownFollower
 
     with bootstrap() as app:
         report = app.status()
@@ -140,7 +141,9 @@ def cmd_status(args: argparse.Namespace) -> int:
                                    "max_lag_seconds": report.thresholds.max_lag_seconds},
                     "followers": [{**s.as_dict(), "problems": report.reasons(s)} for s in report.followers],
                     "publisher": _publisher_json(report),
-                    "stuck_fulfilments": [str(r.order_id) for r in report.stuck_fulfilments]}, sys.stdout)
+                    "stuck_sagas": [{"saga": s.saga, "id": str(s.id), "tenant": s.tenant, "state": s.state,
+                                     "reason": s.reason} for s in report.stuck],
+                    "stuck_fulfilments": [str(s.id) for s in report.stuck]}, sys.stdout)
     elif args.check is None:
         out = console()
         out.print(status_table(report.head, report.followers, report.reasons))
@@ -148,8 +151,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                 s.recorded_status is not None for s in report.publisher.buckets)):
             for table in publisher_tables(report):
                 out.print(table)
-        if report.stuck_fulfilments:
-            out.print(f"[red]{len(report.stuck_fulfilments)} order fulfilment(s) STUCK, needing manual intervention"
+        if report.stuck:
+            out.print(f"[red]{len(report.stuck)} saga instance(s) STUCK or PARKED, needing manual intervention"
                       "[/red] (commitline sagas list --stuck)")
     if args.check is None:
         return EXIT_OK
@@ -162,7 +165,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_project(args: argparse.Namespace) -> int:
-    from commitline.composition import bootstrap
+    from commitline.cli.common import bootstrap
 
     from commitline.projections.storage import ProjectionNeedsRebuild
 
@@ -180,19 +183,19 @@ def cmd_project(args: argparse.Namespace) -> int:
 def cmd_projections_list(args: argparse.Namespace) -> int:
     import psycopg
 
-    from commitline.composition import bootstrap
-    from commitline.projections import PROJECTIONS
+    from commitline.cli.common import bootstrap
     from commitline.projections.storage import check_shape, rebuild_command
 
     with bootstrap() as app:
         report = app.status()
+        projections = app.domain.projections
         # Judged from the tables themselves, so a projection whose projector never started since shows it too.
         with psycopg.connect(**app.conninfo) as conn:
-            shapes = {name: check_shape(conn, app.settings.schema_name, p) for name, p in PROJECTIONS.items()}
+            shapes = {name: check_shape(conn, app.settings.schema_name, p) for name, p in projections.items()}
     by_name = {s.name: s for s in report.followers}
     head = report.head
     rows = []
-    for name in sorted(PROJECTIONS):
+    for name in sorted(projections):
         s = by_name.get(name)
         rebuilding = by_name.get(f"{name}@rebuild")
         rows.append({
@@ -200,7 +203,7 @@ def cmd_projections_list(args: argparse.Namespace) -> int:
             "lag_events": s.lag_events if s else head, "lag_seconds": s.lag_seconds if s else None,
             "error": s.error if s else None,
             "rebuild_position": rebuilding.position if rebuilding else None,
-            "tables": [t.name for t in PROJECTIONS[name].tables],
+            "tables": [t.name for t in projections[name].tables],
             "needs_rebuild": shapes[name], "rebuild_command": rebuild_command(name) if shapes[name] else None,
         })
         if shapes[name]:
@@ -222,12 +225,11 @@ def cmd_projections_list(args: argparse.Namespace) -> int:
 
 
 def cmd_projections_rebuild(args: argparse.Namespace) -> int:
+    from commitline.cli.common import bootstrap, domain
     from commitline.cli.progress import progress_reporter
-    from commitline.composition import bootstrap
-    from commitline.projections import PROJECTIONS
     from commitline.projections.rebuild import RebuildError
 
-    names = sorted(PROJECTIONS) if args.all else list(dict.fromkeys(args.names))
+    names = sorted(domain().projections) if args.all else list(dict.fromkeys(args.names))
     if not names:
         print("projections rebuild: name one or more projections, or --all", file=sys.stderr)
         return EXIT_USAGE
@@ -268,7 +270,7 @@ def cmd_projections_rebuild(args: argparse.Namespace) -> int:
 
 
 def cmd_intervene(args: argparse.Namespace) -> int:
-    from commitline.composition import bootstrap
+    from commitline.cli.common import bootstrap
     from commitline.infrastructure.followers.interventions import InterventionRefused, retry, skip
 
     from commitline.infrastructure.kafka.publisher import PUBLISHER
@@ -316,10 +318,11 @@ def _intervene_in_buckets(app: Any, args: argparse.Namespace) -> str:
 
 
 def _projection_name(text: str) -> str:
-    from commitline.projections import PROJECTIONS
+    from commitline.cli.common import domain
 
-    if text not in PROJECTIONS:
-        raise argparse.ArgumentTypeError(f"unknown projection {text!r}; known: {', '.join(sorted(PROJECTIONS))}")
+    known = domain().projections
+    if text not in known:
+        raise argparse.ArgumentTypeError(f"unknown projection {text!r}; known: {', '.join(sorted(known)) or 'none'}")
     return text
 
 

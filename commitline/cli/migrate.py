@@ -13,7 +13,7 @@ EXIT_PENDING = EXIT_REFUSED
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from commitline.composition import bootstrap
+    from commitline.cli.common import bootstrap
     from commitline.infrastructure import migrations
 
     with bootstrap(apply_migrations=False) as app:

@@ -1,14 +1,17 @@
-"""``commitline sagas ...``: run the order-fulfilment process manager, show, list, retry.
+"""``commitline sagas ...``: run the domain's process managers, show, list, retry their instances.
 
-``show`` and ``retry`` act as the order's tenant (``--tenant/-t``, default ``default``): another
-tenant's order is not found. ``list`` shows every tenant's sagas unless given ``--tenant``."""
+``show`` and ``retry`` act as the instance's tenant (``--tenant/-t``, default ``default``): another
+tenant's instance is not found. ``list`` shows every tenant's instances unless given ``--tenant``.
+With several process managers, ``--saga NAME`` picks one (``run`` runs them all)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
-from uuid import uuid4
+from typing import Any
+from uuid import UUID, uuid4
 
 from commitline.application.errors import CommitlineError
 from commitline.cli.common import (
@@ -23,85 +26,123 @@ from commitline.cli.followers import add_metrics_options, metrics_endpoint
 
 
 def cmd_sagas(args: argparse.Namespace) -> int:
-    from commitline.composition import bootstrap
+    from commitline.cli.common import bootstrap
+    from commitline.composition import UnknownProcessManager
 
     if args.sagas_command == "run":
         return _run_sagas(args)
     with bootstrap() as app:
+        try:
+            manager = app._manager_base(app._manager_class(args.saga))
+        except UnknownProcessManager as e:
+            print(f"commitline sagas: {e}", file=sys.stderr)
+            return EXIT_USAGE
         if args.sagas_command == "list":
             try:
-                rows = app.read_models().fulfilments(stuck_only=args.stuck, tenant=args.tenant)
+                rows = manager.instances(app.read_models(), stuck_only=args.stuck, tenant=args.tenant)
             except CommitlineError as e:
                 return error_exit(e, EXIT_USAGE)
             if args.json:
-                print_json([r.__dict__ for r in rows], sys.stdout)
+                print_json([_as_dict(r) for r in rows], sys.stdout)
             else:
                 for r in rows:
-                    print(f"{r.order_id}  {r.state:<12} {r.stuck or r.failure}")
+                    print(manager.describe(r))
                 print(f"{len(rows)} saga(s){' STUCK or PARKED' if args.stuck else ''}", file=sys.stderr)
             return EXIT_OK
-        from commitline.domain.fulfilment import fulfilment_id
-
         if args.sagas_command == "retry":
-            from commitline.application.commands import RetryFulfilment
-
             try:
-                result = app.processor.dispatch(RetryFulfilment(order_id=args.order_id),
-                                                idempotency_key=f"operator-retry/{args.order_id}/{uuid4()}",
-                                                tenant=args.tenant)
+                said = manager.retry(args.instance_id, args.tenant, f"operator-retry/{args.instance_id}/{uuid4()}")
             except CommitlineError as e:
                 return error_exit(e, EXIT_REFUSED)
-            resumed = result.events[-1].payload.get("resumed", "COMPENSATING")
-            print(f"fulfilment of {args.order_id} resumed at {resumed} (version {result.version}); "
-                  "the running process manager picks it up")
+            print(f"{said}; the running process manager picks it up")
             return EXIT_OK
         try:
-            history = app.auditor().history(fulfilment_id(args.order_id), tenant=args.tenant)
+            history = app.auditor().history(manager.history_of(args.instance_id), tenant=args.tenant)
         except CommitlineError as e:
-            return error_exit(e, EXIT_USAGE)
+            return error_exit(_named(e, args.instance_id), EXIT_USAGE)
         if args.json:
             print_json([{"version": e.version, "at": e.recorded_at, "type": e.type, "payload": e.payload,
                           "state": e.transition} for e in history.entries], sys.stdout)
             return EXIT_OK
         for e in history.entries:
-            outcome = ", ".join(f"{k}={v}" for k, v in e.payload.items() if k != "order_id")
+            outcome = ", ".join(f"{k}={v}" for k, v in e.payload.items() if not isinstance(v, dict | list)
+                                and str(v) != str(args.instance_id))
             print(f"{e.version:>3}  {e.recorded_at:%H:%M:%S.%f}  {e.type:<24} {outcome:<60} {e.transition or ''}")
         return EXIT_OK
 
 
+def _as_dict(row: Any) -> dict[str, Any]:
+    return dataclasses.asdict(row) if dataclasses.is_dataclass(row) else dict(vars(row))
+
+
+def _named(error: CommitlineError, instance: UUID) -> CommitlineError:
+    """A not-found error about the instance's own aggregate, naming the id the operator gave."""
+    from commitline.application.errors import AggregateNotFound
+
+    if isinstance(error, AggregateNotFound):
+        return AggregateNotFound("saga instance", instance)
+    return error
+
+
 def _run_sagas(args: argparse.Namespace) -> int:
-    from commitline.composition import bootstrap
+    from commitline.cli.common import bootstrap
 
     with bootstrap() as app:
-        if app.settings.gateway == "simulated":
+        if app.settings.gateway == "simulated" and app.domain.port_factories:
             logging.getLogger(__name__).warning(
-                "payments go through the SIMULATED gateway: set COMMITLINE_GATEWAY=http (with COMMITLINE_GATEWAY_URL) "
+                "ports use their SIMULATED adapters: set COMMITLINE_GATEWAY=http (with COMMITLINE_GATEWAY_URL) "
                 "or COMMITLINE_GATEWAY=module:factory for a real one")
-        followers = [app.fulfilment_runner(), app.projector("order_fulfilments")]
+        names = [args.saga] if args.saga else sorted(app.domain.managers)
+        if not names:
+            print(f"commitline sagas run: the domain {app.domain.name!r} declares no process manager",
+                  file=sys.stderr)
+            return EXIT_USAGE
+        followers: list[Any] = []
+        models: list[str] = []
+        for name in names:
+            runner = app.process_runner(name)
+            followers.append(runner)
+            models += [m for m in runner.manager.read_models if m not in models]
+        followers += [app.projector(model) for model in models]
         with metrics_endpoint(args, app, followers):
             app.run_until_signalled(*followers)
     return EXIT_OK
 
 
+def _saga_name(text: str) -> str:
+    from commitline.cli.common import domain
+
+    known = domain().managers
+    if text not in known:
+        raise argparse.ArgumentTypeError(f"unknown process manager {text!r}; known: "
+                                         f"{', '.join(sorted(known)) or 'none'}")
+    return text
+
+
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    sagas = sub.add_parser("sagas", help="order fulfilment: run the process manager, show, list, retry")
+    sagas = sub.add_parser("sagas", help="process managers (sagas): run them, show, list, retry their instances")
     ssub = sagas.add_subparsers(dest="sagas_command", required=True, metavar="ACTION")
-    srun = ssub.add_parser("run", help="run the order-fulfilment process manager until SIGINT/SIGTERM",
-                           description="Advances every placed order: reserve stock -> authorize payment -> confirm "
-                           "and capture; compensates in reverse on failure. One instance at a time (advisory lock).")
+    srun = ssub.add_parser("run", help="run the domain's process managers until SIGINT/SIGTERM",
+                           description="Advances every instance the domain's events trigger (the examples: reserve "
+                           "stock -> authorize payment -> confirm and capture, compensated in reverse on failure), "
+                           "keeping the read models they report from up to date. One instance of each at a time "
+                           "(advisory lock).")
     add_metrics_options(srun)
-    sshow = ssub.add_parser("show", help="the steps a fulfilment took and their outcomes")
-    sshow.add_argument("order_id", type=aggregate_id, metavar="ORDER_ID")
+    sshow = ssub.add_parser("show", help="the steps an instance took and their outcomes")
+    sshow.add_argument("instance_id", type=aggregate_id, metavar="ID", help="the instance (the examples: the order)")
     sshow.add_argument("--json", action="store_true")
-    slist = ssub.add_parser("list", help="fulfilments and their state (from the order_fulfilments read model)")
+    slist = ssub.add_parser("list", help="instances and their state (from the process manager's read model)")
     slist.add_argument("--stuck", "--failed", dest="stuck", action="store_true",
                        help="only those waiting for a person: STUCK (a compensation kept failing) or PARKED "
                        "(advancing kept failing), with the reason")
     slist.add_argument("--json", action="store_true")
-    sretry = ssub.add_parser("retry", help="after fixing the cause: resume a PARKED fulfilment where it stopped, or "
+    sretry = ssub.add_parser("retry", help="after fixing the cause: resume a PARKED instance where it stopped, or "
                              "retry the compensations of a STUCK one")
-    sretry.add_argument("order_id", type=aggregate_id, metavar="ORDER_ID")
+    sretry.add_argument("instance_id", type=aggregate_id, metavar="ID", help="the instance (the examples: the order)")
     for parser_, default in ((sshow, "default"), (sretry, "default"), (slist, None)):
         parser_.add_argument("--tenant", "-t", default=default,
-                             help="the order's tenant (default: default)" if default else "only this tenant's sagas")
+                             help="the instance's tenant (default: default)" if default else "only this tenant's")
+    for parser_ in (srun, sshow, slist, sretry):
+        parser_.add_argument("--saga", type=_saga_name, metavar="NAME",
+                             help="the process manager (needed only when the domain has several)")
     sagas.set_defaults(run=cmd_sagas)

@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from commitline.cli.common import EXIT_OK
+from commitline.cli.common import APP_SPEC, EXIT_OK, domain
 
 MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"  # = infrastructure.metrics.MULTIPROC_DIR, which must not be imported yet
 
@@ -39,6 +39,23 @@ def metrics_files(workers: int) -> Iterator[None]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+@contextmanager
+def app_for_workers(workers: int) -> Iterator[None]:
+    """Worker processes load the domain from ``COMMITLINE_APP``: set to the one ``--app`` chose, if any."""
+    if workers == 1 or APP_SPEC[0] is None:
+        yield
+        return
+    before = os.environ.get("COMMITLINE_APP")
+    os.environ["COMMITLINE_APP"] = APP_SPEC[0]
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("COMMITLINE_APP", None)
+        else:
+            os.environ["COMMITLINE_APP"] = before
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from commitline.infrastructure.config import load_settings
 
@@ -48,14 +65,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     workers = args.workers or settings.http_workers
     options = {"host": host, "port": port, "access_log": not args.no_access_log, "log_level": "info",
                "timeout_graceful_shutdown": 30}
-    with metrics_files(workers):
+    chosen = domain()
+    with metrics_files(workers), app_for_workers(workers):
         import uvicorn
 
         from commitline.composition import bootstrap
         from commitline.http.app import create_app
 
         # One worker dispatches here, on a CPU of its own; several claim theirs in their own processes.
-        with bootstrap(settings, dispatch_cpu="auto" if workers == 1 else "off") as app:
+        with bootstrap(settings, domain=chosen, dispatch_cpu="auto" if workers == 1 else "off") as app:
             if workers == 1:
                 app.dispatch_cpu.enter()  # the event loop too, and the threads it starts: the whole worker
                 uvicorn.run(create_app(app), **options)

@@ -19,7 +19,7 @@ def _row(key) -> dict[str, object]:  # type: ignore[no-untyped-def]
 
 
 def cmd_tenants(args: argparse.Namespace) -> int:
-    from commitline.composition import bootstrap
+    from commitline.cli.common import bootstrap
 
     with bootstrap() as app:
         keys = app.api_keys()

@@ -5,6 +5,9 @@ event (``_move`` does both for a state change: ``_transition`` checks it against
 aggregate's ``TRANSITIONS``, then the event is emitted). ``apply`` is the only place state
 changes (each aggregate's ``_evolve`` is one ``match`` over its events), so replaying
 stored events through ``apply`` rebuilds exactly the state the commands produced.
+
+Subclasses of both are dataclasses without a decorator: an event is frozen and keyword-only, an
+aggregate keyword-only and mutable (its fields are the whole state).
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ class Event:
     made frozen, keyword-only dataclasses by this base (no decorator needed).
 
     ``class_version`` and ``upcast_vN_vM`` static methods on a subclass evolve old
-    stored payloads to the current shape; history is never rewritten.
+    stored payloads to the current shape; history is never rewritten. An upcaster takes the
+    stored payload as JSON values (a dict) and returns it in the next version's shape.
     """
 
     event_id: UUID
@@ -50,6 +54,36 @@ class Event:
     def payload(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in _payload_fields(type(self))}
 
+    @classmethod
+    def upcast(cls, data: dict[str, Any], version: int) -> dict[str, Any]:
+        """A payload stored at ``version`` in the current version's shape, through each upcaster in turn."""
+        while version < cls.class_version:
+            data = getattr(cls, f"upcast_v{version}_v{version + 1}")(data)
+            version += 1
+        return data
+
+    @classmethod
+    def upcasters(cls) -> list[int]:
+        """The versions N this class has an ``upcast_vN_vN+1`` for, in order."""
+        found = []
+        for name in dir(cls):
+            if name.startswith("upcast_v") and callable(getattr(cls, name)):
+                start, _, end = name[len("upcast_v"):].partition("_v")
+                if start.isdigit() and end.isdigit() and int(end) == int(start) + 1:
+                    found.append(int(start))
+        return sorted(found)
+
+    @classmethod
+    def missing_upcasters(cls, since: int | None = None) -> list[str]:
+        """The upcasters a payload stored at version ``since`` lacks on its way to ``class_version``; with no
+        ``since``, the holes in the declared chain (from its first upcaster to ``class_version``)."""
+        declared = cls.upcasters()
+        if since is None:
+            if not declared:
+                return []
+            since = declared[0]
+        return [f"upcast_v{v}_v{v + 1}" for v in range(since, cls.class_version) if v not in declared]
+
 
 @functools.cache
 def _payload_fields(cls: type[Event]) -> tuple[str, ...]:
@@ -60,14 +94,16 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
+@dataclass_transform(kw_only_default=True)
 @dataclass(kw_only=True)
 class Aggregate:
-    """Base of every aggregate. Fields declared by subclasses are the whole state.
+    """Base of every aggregate. Fields declared by subclasses are the whole state; each subclass is
+    made a keyword-only dataclass by this base (no decorator needed).
 
     ``EVENTS`` are the event classes it applies. ``TRANSITIONS`` is its transition table and
-    ``MACHINE`` names the machine it governs: (name in ``fsm_states()``, field holding the
-    state). A field holding a dict holds one machine per entry (each entry has a ``state``),
-    named "<name> <key>".
+    ``MACHINE`` the field holding the machine's state (default ``"state"``), or a pair (name shown in
+    ``fsm_states()`` and history, field). A field holding a dict holds one machine per entry (each
+    entry has a ``state``), named "<name> <key>".
     """
 
     id: UUID
@@ -75,7 +111,27 @@ class Aggregate:
 
     EVENTS: ClassVar[tuple[type[Event], ...]] = ()
     TRANSITIONS: ClassVar[TransitionTable[Any] | None] = None
-    MACHINE: ClassVar[tuple[str, str] | None] = None
+    MACHINE: ClassVar[str | tuple[str, str] | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        dataclass(kw_only=True)(cls)
+        # A ``field(default_factory=...)`` is removed from the class by ``dataclass``; put it back so that an
+        # explicit ``@dataclass`` applied after this one still sees it (instead of a field without default).
+        for f in dataclasses.fields(cls):
+            if f.default_factory is not dataclasses.MISSING and f.name in cls.__dict__.get("__annotations__", {}):
+                setattr(cls, f.name, f)
+
+    @classmethod
+    def machine(cls) -> tuple[str, str] | None:
+        """(machine name, state field), or None for an aggregate without a transition table."""
+        if cls.TRANSITIONS is None:
+            return None
+        if cls.MACHINE is None:
+            return ("state", "state")
+        if isinstance(cls.MACHINE, str):
+            return (cls.MACHINE, cls.MACHINE)
+        return cls.MACHINE
 
     @classmethod
     def blank(cls, aggregate_id: UUID) -> Self:
@@ -95,9 +151,10 @@ class Aggregate:
 
     def fsm_states(self) -> dict[str, str]:
         """The current state of each finite-state machine in this aggregate, by machine name."""
-        if self.MACHINE is None:
+        machine = self.machine()
+        if machine is None:
             return {}
-        name, field = self.MACHINE
+        name, field = machine
         state = getattr(self, field)
         if isinstance(state, Mapping):
             return {f"{name} {key}": entry.state.value for key, entry in state.items()}
@@ -106,9 +163,10 @@ class Aggregate:
     def _transition(self, target: Enum, key: str | None = None) -> None:
         """Raise IllegalTransition unless ``TRANSITIONS`` lets the machine move to ``target`` now
         (from NEW, before its first state, it cannot). ``key`` picks the entry of a per-entry machine."""
-        assert self.TRANSITIONS is not None and self.MACHINE is not None, f"{type(self).__name__} has no machine"
-        current = getattr(self, self.MACHINE[1])
-        self.TRANSITIONS.check(current if key is None else current[key].state, target)
+        machine = self.machine()
+        assert self.TRANSITIONS is not None and machine is not None, f"{type(self).__name__} has no machine"
+        current = getattr(self, machine[1])
+        self.TRANSITIONS.check(current if key is None else current[key].state, target, type(self).__name__)
 
     def _move(self, target: Enum, event_type: type[Event], /, **payload: Any) -> None:
         """Check the move to ``target`` (``_transition``), then emit the event that makes it."""

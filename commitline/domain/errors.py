@@ -1,4 +1,4 @@
-"""Domain errors: what a pure aggregate raises when a command would break its rules.
+"""The errors every domain shares: what a pure aggregate raises when a command would break its rules.
 
 Every error carries machine-readable fields (``code`` plus ``details()``) so the
 application layer can return it as data without parsing messages. An error class only
@@ -59,9 +59,15 @@ class CommitlineError(Exception):
 
 
 class DomainError(CommitlineError):
-    """A command was refused by the domain rules; nothing was changed."""
+    """A command was refused by the domain rules; nothing was changed.
+
+    A domain's own errors subclass it with a stable ``code`` and the HTTP ``status`` it maps to
+    (409 for a refusal by the aggregate's state, 404 for something it does not have, 422 for a
+    value it cannot take), and are registered with their domain (``Domain.error``), which puts them
+    in the problem-document table and the OpenAPI description."""
 
     code = "domain_error"
+    status: ClassVar[int | None] = None
 
 
 class IllegalTransition(DomainError):
@@ -89,69 +95,3 @@ class InvalidValue(DomainError):
     fields = ("field", "value", "reason")
     text_fields = ("value",)
     message = "{field}={value!r}: {reason}"
-
-
-class InsufficientStock(DomainError):
-    code = "insufficient_stock"
-    fields = ("item_id", "requested", "available")
-    message = "item {item_id}: requested {requested}, available {available}"
-
-
-class ReservationError(DomainError):
-    """A command named a reservation the item does not have, or already has."""
-
-    fields = ("item_id", "reservation_id")
-
-
-class UnknownReservation(ReservationError):
-    code = "unknown_reservation"
-    message = "item {item_id} has no reservation {reservation_id}"
-
-
-class DuplicateReservation(ReservationError):
-    code = "duplicate_reservation"
-    message = "item {item_id} already has a reservation {reservation_id}"
-
-
-class TaskClosed(DomainError):
-    code = "task_closed"
-    fields = ("task_id", "action")
-    message = "task {task_id} is closed: cannot {action}"
-
-
-class UsersAlreadyIssued(DomainError):
-    """A (re-)issue named users who already hold the task; nothing is issued."""
-
-    code = "users_already_issued"
-    fields = ("task_id", "user_ids")
-    message = "task {task_id} was already issued to {count} of these users: {shown}"
-
-    def __init__(self, task_id: str, user_ids: Iterable[str]):
-        super().__init__(task_id, tuple(sorted(user_ids)))
-
-    @property
-    def count(self) -> int:
-        return len(self.user_ids)
-
-    @property
-    def shown(self) -> str:
-        return ", ".join(self.user_ids[:10]) + (" ..." if self.count > 10 else "")
-
-    def details(self) -> dict[str, Any]:
-        return {"task_id": self.task_id, "count": self.count, "user_ids": list(self.user_ids[:100])}
-
-
-class OrderAlreadyConfirmed(DomainError):
-    """A customer's cancel of a confirmed order: its payment is captured (or being captured), so cancelling
-    it would leave the money taken. Only the fulfilment saga cancels a confirmed order, when its capture failed."""
-
-    code = "order_already_confirmed"
-    fields = ("order_id",)
-    message = ("order {order_id} is confirmed and its payment captured or being captured: it can no longer be "
-               "cancelled (a refund is a new business transaction, not a cancel)")
-
-
-class UserNotIssued(DomainError):
-    code = "user_not_issued"
-    fields = ("task_id", "user_id")
-    message = "task {task_id} was never issued to user {user_id}"

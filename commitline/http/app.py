@@ -1,8 +1,10 @@
 """The ASGI application: its routers, every error as a problem document, and the OpenAPI description.
 
-``create_app(commitline)`` serves one bootstrapped ``Commitline`` (the caller closes it);
-``app_from_environment()`` is the factory each ``commitline serve --workers N`` worker process calls:
-it bootstraps from the environment and closes on shutdown.
+``create_app(commitline)`` serves one bootstrapped ``Commitline`` (the caller closes it) and its domain:
+the commands it accepts (each with its JSON schema in ``/openapi.json``), the domain's error codes beside
+commitline's, and its read-model queries. ``app_from_environment()`` is the factory each ``commitline
+serve --workers N`` worker process calls: it loads the domain (``COMMITLINE_APP``) and bootstraps from the
+environment when the worker starts, and closes on shutdown.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from commitline.application.commands import COMMAND_TYPES
 from commitline.application.errors import CommitlineError
 from commitline.composition import Commitline, bootstrap
-from commitline.http import commands, operations, reads, status_page
+from commitline.framework.domain import Domain
+from commitline.framework.loading import load_domain
+from commitline.http import commands, operations, queries, reads, status_page
+from commitline.infrastructure.config import load_settings
 from commitline.http.problems import (
     InternalError,
     InvalidQuery,
@@ -76,46 +80,55 @@ def install_problem_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, unexpected)
 
 
-def _openapi(app: FastAPI) -> dict[str, Any]:
+def _openapi(app: FastAPI, domain: Domain) -> dict[str, Any]:
     if app.openapi_schema is None:
         schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-        _, definitions = models_json_schema([(cls, "validation") for cls in COMMAND_TYPES.values()],
+        public = list(domain.catalog.public.values())
+        _, definitions = models_json_schema([(cls, "validation") for cls in public],
                                             ref_template="#/components/schemas/{model}")
         components = schema.setdefault("components", {}).setdefault("schemas", {})
         components.update(definitions.get("$defs", {}))
         components["Problem"] = PROBLEM_SCHEMA
+        commands.describe(schema, public, domain.error_statuses)
         app.openapi_schema = schema
     return app.openapi_schema
 
 
-def create_app(commitline: Commitline, *, lifespan: Any = None) -> FastAPI:
+def create_app(commitline: Commitline | None, *, domain: Domain | None = None, lifespan: Any = None) -> FastAPI:
+    """The API of ``commitline`` (or, for a worker that bootstraps in ``lifespan``, of ``domain``)."""
+    domain = domain if domain is not None else commitline.domain  # type: ignore[union-attr]
     app = FastAPI(
         title="commitline",
         version="1",
-        description="Event-sourced commands, exactly once: POST /v1/commands with an Idempotency-Key and "
-        "Authorization: Bearer <api key>. Errors are RFC 9457 problem documents.",
+        description=f"The domain {domain.name!r}: event-sourced commands, exactly once: POST /v1/commands with an "
+        "Idempotency-Key and Authorization: Bearer <api key>. Errors are RFC 9457 problem documents.",
         lifespan=lifespan,
     )
     app.state.commitline = commitline
+    app.state.domain = domain
     install_problem_handlers(app)
     for module in (commands, reads, operations, status_page):
         app.include_router(module.router)
+    app.include_router(queries.router_for(domain))
     operations.instrument(app)  # every request counted and timed in /metrics
-    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    app.openapi = lambda: _openapi(app, domain)  # type: ignore[method-assign]
     return app
 
 
 def app_from_environment() -> FastAPI:
-    """One worker's app: bootstrapped from the environment when the worker starts, closed when it stops."""
+    """One worker's app: its domain loaded now (its routes depend on it), bootstrapped from the environment when
+    the worker starts, closed when it stops."""
     holder: dict[str, Commitline] = {}
+    domain = load_domain(load_settings().app)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        holder["app"] = app.state.commitline = bootstrap(apply_migrations=False, dispatch_cpu="auto")
+        holder["app"] = app.state.commitline = bootstrap(domain=domain, apply_migrations=False,
+                                                         dispatch_cpu="auto")
         holder["app"].dispatch_cpu.enter()  # the event loop too, and the threads it starts: the whole worker
         try:
             yield
         finally:
             holder["app"].close()
 
-    return create_app(None, lifespan=lifespan)  # type: ignore[arg-type]
+    return create_app(None, domain=domain, lifespan=lifespan)

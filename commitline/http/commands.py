@@ -14,6 +14,7 @@ command after a success is refused with ``idempotency_key_reused`` (422).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -22,20 +23,16 @@ from starlette.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from commitline.application.boundary import check_idempotency_key
-from commitline.application.commands import COMMAND_TYPES
+from commitline.application.commands import Command
 from commitline.application.errors import MissingIdempotencyKey
 from commitline.application.results import DispatchResult
 from commitline.http.auth import tenant
-from commitline.http.problems import PROBLEM_JSON, BodyTooLarge, UnsupportedMediaType
+from commitline.http.problems import PROBLEM_JSON, BodyTooLarge, UnsupportedMediaType, statuses
 
 router = APIRouter()
 KEY_HEADER = "idempotency-key"
 REPLAYED_HEADERS = {"Idempotent-Replayed": "true", "X-Idempotent-Replayed": "true"}
 _REQUEST = "POST /v1/commands"
-
-
-def _command_schemas() -> dict[str, Any]:
-    return {"oneOf": [{"$ref": f"#/components/schemas/{cls.__name__}"} for cls in COMMAND_TYPES.values()]}
 
 
 def is_json(content_type: str | None) -> bool:
@@ -98,7 +95,7 @@ _PROBLEM = {"content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/
     openapi_extra={
         "parameters": [{"name": "Idempotency-Key", "in": "header", "required": True,
                         "schema": {"type": "string", "maxLength": 255}}],
-        "requestBody": {"required": True, "content": {"application/json": {"schema": _command_schemas()}}},
+        "requestBody": {"required": True, "content": {"application/json": {"schema": {"type": "object"}}}},
     },
 )
 async def post_command(request: Request, caller: str = Depends(tenant)) -> Response:
@@ -109,3 +106,18 @@ async def post_command(request: Request, caller: str = Depends(tenant)) -> Respo
     key = idempotency_key(request)
     result = await run_in_threadpool(commitline.dispatch, body, idempotency_key=key, tenant=caller)
     return result_response(result)
+
+
+def describe(schema: dict[str, Any], public: Sequence[type[Command]], domain_statuses: Mapping[str, int]) -> None:
+    """Complete ``POST /v1/commands`` in the OpenAPI ``schema`` with the domain: the body is one of its commands
+    (each by its JSON schema), and each error status lists the codes that answer with it."""
+    operation = schema["paths"]["/v1/commands"]["post"]
+    body = operation["requestBody"]["content"]["application/json"]
+    body["schema"] = {"oneOf": [{"$ref": f"#/components/schemas/{cls.__name__}"} for cls in public]}
+    by_status: dict[str, list[str]] = {}
+    for code, status in statuses(domain_statuses).items():
+        by_status.setdefault(str(status), []).append(code)
+    for status, response in operation["responses"].items():
+        codes = by_status.get(status)
+        if codes and status != "200" and status != "201":
+            response["description"] += f" (codes: {', '.join(codes)})"

@@ -3,11 +3,14 @@
 A problem document carries the standard members (``type``, ``title``, ``status``, ``detail``,
 ``instance``) and the typed error's ``code``, ``error`` (its class) and ``details``, exactly as the CLI
 prints them; each detail is also a member of the problem itself (``actual_version``, ``errors``, ...)
-unless it would shadow a standard member. ``STATUS`` is the table the README reproduces.
+unless it would shadow a standard member. ``STATUS`` is commitline's own table; a domain's errors declare
+their status themselves (``DomainError.status``); ``status_markdown(domain)`` is the table the README
+reproduces, both together.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Any
 
@@ -20,7 +23,8 @@ PROBLEM_JSON = "application/problem+json"
 TYPE_PREFIX = "urn:commitline:problem:"
 _STANDARD = frozenset({"type", "title", "status", "detail", "instance"})
 
-#: error code -> HTTP status; a code not listed is a refusal of the request as sent (422).
+#: commitline's error codes -> HTTP status; a domain error has its own ``status``; any other code is a
+#: refusal of the request as sent (422).
 STATUS: dict[str, int] = {
     # the request itself
     "malformed_json": 400,
@@ -40,24 +44,19 @@ STATUS: dict[str, int] = {
     "invalid_value": 422,
     # the state the command met
     "aggregate_not_found": 404,
-    "unknown_reservation": 404,
     "version_beyond_head": 404,
     "before_creation": 404,
     "concurrency_conflict": 409,
     "illegal_transition": 409,
     "aggregate_already_exists": 409,
     "wrong_aggregate_type": 409,
-    "insufficient_stock": 409,
-    "order_already_confirmed": 409,
-    "duplicate_reservation": 409,
-    "task_closed": 409,
-    "users_already_issued": 409,
-    "user_not_issued": 409,
     "audit_query_error": 400,
     # the service
     "store_unavailable": 503,
     "not_ready": 503,
     "configuration_error": 503,
+    "invalid_app": 503,
+    "invalid_domain": 503,
     "internal_error": 500,
 }
 DEFAULT_STATUS = 422
@@ -140,7 +139,13 @@ def as_http_error(error: CommitlineError) -> CommitlineError:
 
 
 def status_of(error: CommitlineError) -> int:
-    return STATUS.get(error.code, DEFAULT_STATUS)
+    status = STATUS.get(error.code) or getattr(error, "status", None)
+    return status if isinstance(status, int) and 400 <= status <= 599 else DEFAULT_STATUS
+
+
+def statuses(domain_statuses: Mapping[str, int] | None = None) -> dict[str, int]:
+    """Every error code with its HTTP status: commitline's, then the domain's."""
+    return {**STATUS, **(domain_statuses or {})}
 
 
 def problem_document(error: CommitlineError, instance: str) -> dict[str, Any]:
@@ -169,10 +174,10 @@ def problem_response(error: CommitlineError, instance: str, headers: dict[str, s
     return Response(body, status_code=status_of(error), headers=extra, media_type=PROBLEM_JSON)
 
 
-def status_markdown() -> str:
-    """The README's table of error codes by HTTP status, generated from ``STATUS``."""
+def status_markdown(domain_statuses: Mapping[str, int] | None = None) -> str:
+    """The README's table of error codes by HTTP status: commitline's (``STATUS``) and a domain's."""
     by_status: dict[int, list[str]] = {}
-    for code, status in STATUS.items():
+    for code, status in statuses(domain_statuses).items():
         by_status.setdefault(status, []).append(code)
     rows = ["| HTTP status | error `code` |", "|---|---|"]
     rows += [f"| {status} {HTTPStatus(status).phrase} | {', '.join(f'`{c}`' for c in codes)} |"
@@ -183,4 +188,6 @@ def status_markdown() -> str:
 
 
 if __name__ == "__main__":
-    print(status_markdown())
+    from commitline.framework.loading import load_domain
+
+    print(status_markdown(load_domain().error_statuses))

@@ -1,5 +1,5 @@
-"""Tenant-scoped reads over HTTP: aggregates (state, history, state at a version or time, diff), the
-audit chain of one aggregate, and the read models.
+"""Tenant-scoped reads over HTTP: aggregates (state, history, state at a version or time, diff) and the
+audit chain of one aggregate (the domain's read models are ``queries.py``).
 
 Every route needs the API key; the caller sees only its tenant's aggregates and rows, and another
 tenant's id answers exactly as an unused one (404 ``aggregate_not_found``). Aggregate answers are the
@@ -21,7 +21,7 @@ import orjson
 from fastapi import APIRouter, Depends, Path, Query, Request
 from starlette.responses import Response
 
-from commitline.application.errors import AggregateNotFound, printable
+from commitline.application.errors import printable
 from commitline.composition import Commitline
 from commitline.http import reads_shapes as shapes
 from commitline.http.auth import tenant
@@ -154,51 +154,3 @@ def get_verification(request: Request, aggregate_id: AggregateId, caller: str = 
                   "seconds": round(report.seconds, 3), "broken": [
                       {"aggregate_id": v.aggregate_id, "problem": v.problem, "version": v.version,
                        "detail": v.detail} for v in report.broken]})
-
-
-@router.get("/v1/read-models/task-statuses/{task_id}", summary="Users per status of one survey task",
-            responses=_responses(shapes.TaskStatusesOut, "from the task_statuses projection", 400, 404))
-def get_task_statuses(request: Request, task_id: UUID = Path(description="the survey task's id"),
-                      caller: str = Depends(tenant)) -> Response:
-    statuses = _app(request).read_models().task_counts(task_id, tenant=caller)
-    if not statuses:
-        raise AggregateNotFound("SurveyTask", task_id)
-    return _json({"task_id": task_id, "statuses": dict(sorted(statuses.items()))})
-
-
-@router.get("/v1/read-models/payment-totals", summary="The caller's payments and their sums per state and currency",
-            responses=_responses(shapes.PaymentTotalsOut, "from the payment_states projection"))
-def get_payment_totals(request: Request, caller: str = Depends(tenant)) -> Response:
-    totals = _app(request).read_models().payment_totals(tenant=caller)
-    return _json({"tenant": caller, "totals": [
-        {"state": t.state, "currency": t.currency, "payments": t.payments, "amount": str(t.amount)} for t in totals]})
-
-
-@router.get("/v1/read-models/inventory-levels/{item_id}", summary="An inventory item's stock",
-            responses=_responses(shapes.InventoryLevelOut, "from the inventory_levels projection", 400, 404))
-def get_inventory_level(request: Request, item_id: UUID = Path(description="the inventory item's id"),
-                        caller: str = Depends(tenant)) -> Response:
-    level = _app(request).read_models().inventory_level(item_id, tenant=caller)
-    if level is None:
-        raise AggregateNotFound("InventoryItem", item_id)
-    return _json({"item_id": item_id, "on_hand": level.on_hand, "reserved": level.reserved,
-                  "available": level.available})
-
-
-@router.get("/v1/read-models/fulfilments", summary="The caller's order fulfilments (sagas) and their state",
-            responses=_responses(shapes.FulfilmentsOut, "from the order_fulfilments projection, by order id", 400))
-def get_fulfilments(request: Request,
-                    stuck: bool = Query(False, description="only those waiting for a person (STUCK or PARKED)"),
-                    caller: str = Depends(tenant)) -> Response:
-    rows = _app(request).read_models().fulfilments(stuck_only=stuck, tenant=caller)
-    return _json({"fulfilments": [asdict(r) for r in rows]})
-
-
-@router.get("/v1/read-models/fulfilments/{order_id}", summary="The fulfilment of one order",
-            responses=_responses(shapes.FulfilmentOut, "from the order_fulfilments projection", 400, 404))
-def get_fulfilment(request: Request, order_id: UUID = Path(description="the order's id"),
-                   caller: str = Depends(tenant)) -> Response:
-    row = _app(request).read_models().fulfilment(order_id, tenant=caller)
-    if row is None:
-        raise AggregateNotFound("fulfilment of order", order_id)
-    return _json(asdict(row))

@@ -22,7 +22,7 @@ class AggregateOut(Shape):
     """The aggregate now: its state replayed from every event (never from a snapshot)."""
 
     aggregate_id: UUID
-    aggregate_type: str = Field(description="the aggregate's class, e.g. PaymentTransaction")
+    aggregate_type: str = Field(description="the aggregate's class name in its domain")
     tenant: str
     version: int = Field(description="the last version; send it as expected_version with the next command")
     recorded_at: datetime = Field(description="when the last event was recorded")
@@ -42,7 +42,7 @@ class StateOut(Shape):
 class HistoryEntryOut(Shape):
     version: int
     recorded_at: datetime
-    type: str = Field(description="the event type, e.g. PaymentSubmitted")
+    type: str = Field(description="the event type, as the domain names it")
     event_id: UUID
     payload: dict[str, Any]
     transition: str | None = Field(description="e.g. 'state: CREATED -> PENDING'; null when no state machine moved")
@@ -83,39 +83,3 @@ class VerifyOut(Shape):
     events: int
     seconds: float
     broken: list[BrokenStreamOut]
-
-
-class TaskStatusesOut(Shape):
-    task_id: UUID
-    statuses: dict[str, int] = Field(description="users per status, e.g. {\"DONE\": 1000, \"PENDING\": 9000}")
-
-
-class PaymentTotalOut(Shape):
-    state: str
-    currency: str
-    payments: int
-    amount: str = Field(description="the sum, as a decimal string")
-
-
-class PaymentTotalsOut(Shape):
-    tenant: str
-    totals: list[PaymentTotalOut] = Field(description="per (state, currency) with at least one payment")
-
-
-class InventoryLevelOut(Shape):
-    item_id: UUID
-    on_hand: int
-    reserved: int
-    available: int = Field(description="on_hand - reserved")
-
-
-class FulfilmentOut(Shape):
-    order_id: UUID
-    tenant: str
-    state: str
-    failure: str = Field(description="the failed step and why; empty if none")
-    stuck: str = Field(description="why it waits for a person; empty unless it is STUCK (or PARKED)")
-
-
-class FulfilmentsOut(Shape):
-    fulfilments: list[FulfilmentOut]

@@ -1,5 +1,5 @@
 """The operators' status page at ``/``: followers, blocked projections, stuck sagas and the last audit
-verification, read-only and refreshing itself.
+verification, read-only and refreshing itself; the domain's projections and process managers among them.
 
 ``GET /v1/status`` is the JSON the page polls: the facts of ``commitline status --json`` (the log head,
 every follower's position, lag, liveness, status and problems, the STUCK sagas), each follower stopped at
@@ -11,6 +11,7 @@ counts, positions and ids but no event payloads, and belong on the operators' ne
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime, timezone
 from importlib import resources
 from typing import Any
@@ -19,12 +20,12 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from commitline.application.process import StuckInstance
 from commitline.composition import Commitline
 from commitline.http.problems import RouteNotFound
 from commitline.infrastructure.followers.status import FollowerStatus
 from commitline.infrastructure.kafka.publisher import PUBLISHER
 from commitline.infrastructure.store.audit_runs import ALL, AuditRuns
-from commitline.projections import PROJECTIONS
 
 router = APIRouter()
 
@@ -44,16 +45,22 @@ _FRESH = {"Cache-Control": "no-store"}
 REASON = '"<why it is safe>"'
 
 
-def unblock_commands(follower: FollowerStatus) -> list[str]:
+def unblock_commands(follower: FollowerStatus, projections: Collection[str]) -> list[str]:
     """The commands an operator runs for a follower stopped at a poison event: retry it (after fixing the
-    cause), or skip exactly that event; [] for a follower no command unblocks."""
+    cause), or skip exactly that event; [] for a follower no command unblocks. ``projections``: the domain's."""
     at = (follower.error or {}).get("position", "N")
     if follower.name == PUBLISHER:
         return ["commitline publisher retry", f"commitline publisher skip --position {at} --reason {REASON}"]
-    if follower.name in PROJECTIONS:
+    if follower.name in projections:
         return [f"commitline projections retry {follower.name}",
                 f"commitline projections skip {follower.name} --position {at} --reason {REASON}"]
     return []
+
+
+def retry_command(stuck: StuckInstance, several: bool) -> str:
+    """The command that resumes a saga instance waiting for a person (naming its saga when there are several)."""
+    saga = f" --saga {stuck.saga}" if several else ""
+    return f"commitline sagas retry {stuck.id} --tenant {stuck.tenant}{saga}"
 
 
 def status_document(app: Commitline) -> dict[str, Any]:
@@ -67,8 +74,10 @@ def status_document(app: Commitline) -> dict[str, Any]:
             error = s.error or {}
             blocked.append({"name": s.name, "position": s.position, "poison_position": error.get("position"),
                             "event_type": error.get("event_type"), "message": error.get("message", ""),
-                            "alive": s.alive, "commands": unblock_commands(s)})
+                            "alive": s.alive, "commands": unblock_commands(s, app.domain.projections)})
     problems = report.problems()
+    stuck = [{"saga": s.saga, "id": str(s.id), "tenant": s.tenant, "state": s.state, "reason": s.reason,
+              "command": retry_command(s, len(report.sagas) > 1)} for s in report.stuck]
     return {
         "generated_at": datetime.now(timezone.utc).isoformat(),
         "schema": app.settings.schema_name,
@@ -79,9 +88,8 @@ def status_document(app: Commitline) -> dict[str, Any]:
                        "max_lag_seconds": report.thresholds.max_lag_seconds},
         "followers": [{**s.as_dict(), "problems": report.reasons(s)} for s in report.followers],
         "blocked": blocked,
-        "stuck_fulfilments": [{"order_id": str(r.order_id), "tenant": r.tenant, "state": r.state, "reason": r.stuck,
-                               "command": f"commitline sagas retry {r.order_id} --tenant {r.tenant}"}
-                              for r in report.stuck_fulfilments],
+        "stuck_sagas": stuck,
+        "stuck_fulfilments": [{**s, "order_id": s["id"]} for s in stuck],  # the name status pages first used
         "audit": {"last": last.as_dict() if last else None,
                   "last_all": last_all.as_dict() if last_all else None},
     }
@@ -90,7 +98,7 @@ def status_document(app: Commitline) -> dict[str, Any]:
 @router.get("/v1/status", tags=["operations"], summary="Followers, blocked projections, stuck sagas, last audit",
             description="The operators' view behind the status page at `/` (no API key; no payloads): the log head; "
             "each follower's position, lag, liveness, status and problems (as `commitline status --json`); "
-            "followers stopped at a poison event with the commands that unblock them; STUCK order fulfilments; "
+            "followers stopped at a poison event with the commands that unblock them; saga instances waiting for a person; "
             "the last `commitline audit verify` run.")
 def status(request: Request) -> Response:
     body = orjson.dumps(status_document(request.app.state.commitline), default=str)

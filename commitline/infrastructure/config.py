@@ -43,7 +43,12 @@ class Settings(BaseSettings):
     """PostgreSQL URL, e.g. `postgresql://user:pw@host/db?sslmode=verify-full`; all its libpq parameters apply (secret)"""
     data_dir: Path = Field(Path(".commitline"), validation_alias="COMMITLINE_DATA_DIR")
     """folder of the local services every process using it shares: the embedded PostgreSQL's data, the broker's log"""
-    schema_name: str = Field("commitline", pattern=r"^[a-z_][a-z0-9_]{0,40}$", validation_alias="COMMITLINE_SCHEMA")
+    app: str | None = Field(None, validation_alias="COMMITLINE_APP",
+                            json_schema_extra={"unset": "the built-in examples (`commitline.examples:domain`)"})
+    """the domain every process runs, as `module:attribute` (as `--app`), e.g. `shelfwise.app:domain`; the module is imported with the working directory first on the path"""
+    schema_name: str | None = Field(None, pattern=r"^[a-z_][a-z0-9_]{0,40}$", validation_alias="COMMITLINE_SCHEMA",
+                                    json_schema_extra={"unset": "the domain's schema: `commitline` for the built-in "
+                                                       "examples, else the domain's name"})
     """schema holding commitline's tables"""
     pool_size: int = Field(10, ge=1, le=500, validation_alias="COMMITLINE_POOL_SIZE")
     """connections kept open"""
@@ -71,9 +76,11 @@ class Settings(BaseSettings):
                                                                    "database; embedded Tansu broker with the "
                                                                    "embedded one"})
     """`host:port[,host:port]` of the Kafka cluster to publish to"""
-    kafka_topic_prefix: str = Field("commitline.", pattern=r"^[A-Za-z0-9._-]{0,200}$",
-                                    validation_alias="COMMITLINE_KAFKA_TOPIC_PREFIX")
-    """topic = prefix + aggregate type, e.g. `commitline.PaymentTransaction`"""
+    kafka_topic_prefix: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]{0,200}$",
+                                           validation_alias="COMMITLINE_KAFKA_TOPIC_PREFIX",
+                                           json_schema_extra={"unset": "the domain's schema and a dot: `commitline.` "
+                                                              "for the built-in examples"})
+    """topic = prefix + aggregate type, e.g. `commitline.Order` for an aggregate named `Order`"""
     kafka_partitions: int = Field(6, ge=1, le=10_000, validation_alias="COMMITLINE_KAFKA_PARTITIONS")
     """partitions of the topics the publisher creates"""
     kafka_replication_factor: int = Field(1, ge=1, le=10, validation_alias="COMMITLINE_KAFKA_REPLICATION_FACTOR")
@@ -129,12 +136,12 @@ class Settings(BaseSettings):
     """longest string in a command, in characters (fields have their own lower limits)"""
     max_list_length: int = Field(CommandLimits.max_list_length, ge=1, le=2**24,
                                  validation_alias="COMMITLINE_MAX_LIST_LENGTH")
-    """longest list in a command (`issue_survey_task` takes up to 100,000 users)"""
+    """longest list in a command (the examples' `issue_survey_task` takes up to 100,000 users)"""
     max_nesting_depth: int = Field(CommandLimits.max_depth, ge=2, le=100, validation_alias="COMMITLINE_MAX_NESTING_DEPTH")
     """deepest nesting of objects and lists in a command, the command itself being level 1"""
     gateway: str = Field("simulated", pattern=r"^(simulated|http|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$",
                          validation_alias="COMMITLINE_GATEWAY")
-    """payment gateway of the fulfilment saga: `simulated` (demo, ledger in PostgreSQL), `http` (the HTTP adapter, see `COMMITLINE_GATEWAY_URL`) or `module:factory`, a function taking a `GatewayContext` and returning a `PaymentGateway`"""
+    """the adapter behind a process manager's port (the examples' payment gateway): `simulated` (demo, ledger in PostgreSQL), `http` (the HTTP adapter, see `COMMITLINE_GATEWAY_URL`) or `module:factory`, a function taking a `PortContext` and returning the adapter"""
     gateway_url: str | None = Field(None, pattern=r"^https?://[^\s]+$", validation_alias="COMMITLINE_GATEWAY_URL")
     """base URL of the HTTP payment gateway (`COMMITLINE_GATEWAY=http`), e.g. `https://payments.internal/gw`"""
     gateway_token: SecretStr | None = Field(None, validation_alias="COMMITLINE_GATEWAY_TOKEN")
@@ -207,6 +214,15 @@ class Settings(BaseSettings):
             raise ConfigurationError("COMMITLINE_KAFKA_SSL_KEY_PASSWORD", "needs COMMITLINE_KAFKA_SSL_CERTFILE, the "
                                      "client certificate whose key it unlocks")
         return self
+
+    def for_domain(self, schema: str) -> Settings:
+        """These settings with the schema and topic prefix of a domain whose store is ``schema`` when they are not
+        set: the schema itself, and ``<schema>.`` (so a configured schema keeps the domain's topic names)."""
+        resolved = self.schema_name or schema
+        prefix = self.kafka_topic_prefix if self.kafka_topic_prefix is not None else f"{schema}."
+        if (resolved, prefix) == (self.schema_name, self.kafka_topic_prefix):
+            return self
+        return self.model_copy(update={"schema_name": resolved, "kafka_topic_prefix": prefix})
 
     def command_limits(self) -> CommandLimits:
         return CommandLimits(self.max_command_bytes, self.max_string_length, self.max_list_length,

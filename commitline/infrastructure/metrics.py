@@ -10,7 +10,7 @@
 Several ``commitline serve`` workers write their recorded metrics to ``PROMETHEUS_MULTIPROC_DIR``
 (``serve`` sets it before any worker starts); ``scrape_registry`` then sums every worker's files, and the
 PostgreSQL collector runs only in the worker answering the scrape. Labels never carry caller-supplied
-text: command types outside ``COMMAND_TYPES`` are ``unknown``, routes are templates, never paths.
+text: command types outside the domain's are ``unknown``, routes are templates, never paths.
 """
 
 from __future__ import annotations
@@ -119,8 +119,14 @@ class StoreCollector(Collector):
             status.add_metric([f.name, f.status], 1)
         yield from gauges.values()
         yield status
-        yield GaugeMetricFamily("commitline_fulfilments_stuck", "Order fulfilments STUCK, needing an operator",
-                                value=len(report.stuck_fulfilments))
+        stuck = GaugeMetricFamily("commitline_sagas_stuck", "Saga instances waiting for an operator (STUCK or "
+                                  "PARKED), per process manager", labels=["saga"])
+        for saga in report.sagas:
+            stuck.add_metric([saga], sum(1 for s in report.stuck if s.saga == saga))
+        yield stuck
+        # the same, summed, under the name earlier versions exported (alerts written against it keep working)
+        yield GaugeMetricFamily("commitline_fulfilments_stuck", "Saga instances waiting for an operator, every process "
+                                "manager together (the earlier name of commitline_sagas_stuck)", value=len(report.stuck))
 
 
 # A follower's own counters: (metric suffix, help, attribute of its ``metrics``), where it has that attribute.
@@ -129,7 +135,7 @@ _FOLLOWER_COUNTERS = (
      ("events_published", "events_applied")),
     ("batches", "Batches this process's follower handled", ("batches",)),
     ("errors", "Failed attempts this process's follower retried (e.g. Kafka unavailable)", ("retries",)),
-    ("sagas_advanced", "Sagas this process's fulfilment runner advanced", ("advanced",)),
+    ("sagas_advanced", "Saga instances this process's process-manager runner advanced", ("advanced",)),
 )
 
 

@@ -27,7 +27,7 @@ from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Composed, Identifier
 
 from commitline.infrastructure.followers.positions import Positions
-from commitline.infrastructure.store import api_keys, audit_runs, hash_backfill
+from commitline.infrastructure.store import api_keys, audit_runs, event_versions, hash_backfill
 from commitline.infrastructure.store.recorder import store_append_function_statements, store_schema_statements
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(5, "audit verification runs, for the status page", audit_runs.create_statements),
     Migration(6, "event store: one command's append as one statement (group commit, one sync per batch)",
               store_append_function_statements),
+    Migration(7, "event types and class versions the store holds, checked against the domain at start",
+              event_versions.create_statements),
 )
 LATEST = MIGRATIONS[-1].version
 

@@ -1,10 +1,10 @@
-"""Read models built by followers of the notification log, never by the command path.
+"""Read models: the projection base (tables and ``@on`` handlers), the projector that keeps one up to date
+exactly once, rebuilds, and the base of a domain's queries (``Reads``). No read model of its own: a
+domain declares its read models (``Domain.read_model``)."""
 
-``PROJECTIONS`` names every projection; ``ReadModels`` queries them; ``Projector`` keeps one
-up to date; ``rebuild`` replaces one with a fresh build from the first event.
-"""
+from __future__ import annotations
 
-from commitline.projections.queries import ReadModels
-from commitline.projections.read_models import PROJECTIONS
+from commitline.projections.base import Changes, Projection, Table, on
+from commitline.projections.reads import Reads
 
-__all__ = ["PROJECTIONS", "ReadModels"]
+__all__ = ["Changes", "Projection", "Reads", "Table", "on"]

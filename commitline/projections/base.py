@@ -3,7 +3,7 @@
 Handlers never touch the database. They record changes in a ``Changes`` batch held in
 memory: counter deltas (summed) and row values (last write wins). The projector flushes
 one batch of events as one upsert per table plus the new position, in one transaction.
-Rows a handler must read (a payment's previous state) are fetched for the whole batch
+Rows a handler must read (an entity's previous state) are fetched for the whole batch
 in one query per table before the handlers run (``prefetch``).
 """
 

@@ -16,8 +16,7 @@ from typing import Any
 import psycopg
 from eventsourcing.persistence import Notification
 
-from commitline.domain import EVENT_TYPES
-from commitline.infrastructure.store.codec import RecordedEvent, decode_event
+from commitline.infrastructure.store.codec import EventCodec, RecordedEvent
 from commitline.infrastructure.followers.positions import Positions
 from commitline.projections.base import Changes, Projection
 from commitline.projections.storage import load_rows, write_changes
@@ -30,13 +29,15 @@ class BatchOutcome:
     poison: dict[str, Any] | None = None
 
 
-def _decoded(projection: Projection, notifications: Sequence[Notification]) -> list[tuple[Notification, Any]]:
+def _decoded(projection: Projection, codec: EventCodec,
+             notifications: Sequence[Notification]) -> list[tuple[Notification, Any]]:
     handled = {cls.type_name() for cls in projection._handlers}
+    known = codec.registry.event_types
     out: list[tuple[Notification, Any]] = []
     for n in notifications:
-        if n.topic in handled or n.topic not in EVENT_TYPES:
+        if n.topic in handled or n.topic not in known:
             try:
-                out.append((n, decode_event(n.topic, n.originator_id, n.originator_version, n.state)))
+                out.append((n, codec.decode_event(n.topic, n.originator_id, n.originator_version, n.state)))
             except Exception as e:  # an undecodable event is poison like a failing handler
                 out.append((n, e))
         else:
@@ -49,9 +50,10 @@ def _poison(n: Notification, error: Exception) -> dict[str, Any]:
             "version": n.originator_version, "message": f"{type(error).__name__}: {error}"}
 
 
-def apply_batch(conn: psycopg.Connection[Any], schema: str, projection: Projection, follower: str,
-                start_position: int, notifications: Sequence[Notification], suffix: str = "") -> BatchOutcome:
-    decoded = _decoded(projection, notifications)
+def apply_batch(conn: psycopg.Connection[Any], schema: str, projection: Projection, codec: EventCodec,
+                follower: str, start_position: int, notifications: Sequence[Notification],
+                suffix: str = "") -> BatchOutcome:
+    decoded = _decoded(projection, codec, notifications)
     relevant = [r for _, r in decoded if isinstance(r, RecordedEvent)]
     changes = projection.new_changes()
     specs = projection.table_specs()

@@ -19,6 +19,7 @@ from typing import Any
 from eventsourcing.persistence import Notification
 
 from commitline.infrastructure.followers.engine import Follower, Handled
+from commitline.infrastructure.store.codec import EventCodec
 from commitline.infrastructure.store.recorder import EventRecorder
 from commitline.projections.base import Projection
 from commitline.projections.batches import apply_batch
@@ -36,11 +37,12 @@ class ProjectorMetrics:
 class Projector(Follower):
     yields_to_waiters = True  # a rebuild waiting to swap its tables in gets the lease
 
-    def __init__(self, projection: Projection, recorder: EventRecorder, conninfo: dict, *, batch_size: int = 2000,
-                 poll_interval: float = 1.0, owner: str | None = None):
+    def __init__(self, projection: Projection, codec: EventCodec, recorder: EventRecorder, conninfo: dict, *,
+                 batch_size: int = 2000, poll_interval: float = 1.0, owner: str | None = None):
         super().__init__(recorder, conninfo, projection.name, batch_size=batch_size, poll_interval=poll_interval,
                          owner=owner)
         self.projection = projection
+        self.codec = codec
         self.schema = recorder.datastore.schema
         self.metrics = ProjectorMetrics()
 
@@ -68,7 +70,7 @@ class Projector(Follower):
 
     async def handle(self, batch: Sequence[Notification], position: int) -> Handled:
         outcome = await asyncio.to_thread(self.lease.run, lambda conn: apply_batch(
-            conn, self.schema, self.projection, self.projection.name, position, batch))
+            conn, self.schema, self.projection, self.codec, self.projection.name, position, batch))
         self.metrics.events_applied += outcome.applied
         self.metrics.batches += 1
         if outcome.poison is not None:

@@ -33,6 +33,7 @@ from eventsourcing.persistence import Notification
 from commitline.infrastructure.followers.engine import GAP_POLL_SECONDS, Follower, Handled
 from commitline.infrastructure.followers.lease import Lease, instance_id
 from commitline.infrastructure.followers.positions import Positions
+from commitline.infrastructure.store.codec import EventCodec
 from commitline.infrastructure.store.recorder import EventRecorder
 from commitline.projections.base import Projection
 from commitline.projections.batches import apply_batch
@@ -81,10 +82,11 @@ class _Replay(Follower):
     the live one); its position is the rebuild's own row. A poison event ends the rebuild unless it
     was skipped: on the live projection by an operator, or with ``--skip``."""
 
-    def __init__(self, projection: Projection, recorder: EventRecorder, conninfo: dict[str, Any], batch_size: int,
-                 skip: dict[int, str]):
+    def __init__(self, projection: Projection, codec: EventCodec, recorder: EventRecorder, conninfo: dict[str, Any],
+                 batch_size: int, skip: dict[int, str]):
         super().__init__(recorder, conninfo, rebuild_name(projection.name), batch_size=batch_size, poll_interval=0)
         self.projection = projection
+        self.codec = codec
         self.schema = recorder.datastore.schema
         self.writer: Lease = self.lease
         self.metrics = RebuildMetrics()
@@ -92,7 +94,7 @@ class _Replay(Follower):
 
     async def handle(self, batch: Sequence[Notification], position: int) -> Handled:
         outcome = await asyncio.to_thread(self.writer.run, lambda conn: apply_batch(
-            conn, self.schema, self.projection, self.lease.name, position, batch, REBUILD_SUFFIX))
+            conn, self.schema, self.projection, self.codec, self.lease.name, position, batch, REBUILD_SUFFIX))
         self.metrics.applied += outcome.applied
         if outcome.poison is None:
             return Handled(outcome.position, saved=True)
@@ -127,20 +129,20 @@ class _Replay(Follower):
         return reason
 
 
-def rebuild(projection: Projection, recorder: EventRecorder, conninfo: dict[str, Any], *, batch_size: int = 5000,
-            progress: Progress | None = None, swap_timeout: float = 60.0,
+def rebuild(projection: Projection, codec: EventCodec, recorder: EventRecorder, conninfo: dict[str, Any], *,
+            batch_size: int = 5000, progress: Progress | None = None, swap_timeout: float = 60.0,
             skip: dict[int, str] | None = None) -> RebuildResult:
     """Rebuild ``projection``; ``skip`` maps poison positions to pass (beyond the live projection's skips) to
     the operator's reason."""
-    return rebuild_many([projection], recorder, conninfo, batch_size=batch_size, progress=progress,
+    return rebuild_many([projection], codec, recorder, conninfo, batch_size=batch_size, progress=progress,
                         swap_timeout=swap_timeout, skip=skip)[0]
 
 
-def rebuild_many(projections: Sequence[Projection], recorder: EventRecorder, conninfo: dict[str, Any], *,
-                 batch_size: int = 5000, progress: Progress | None = None, swap_timeout: float = 60.0,
-                 skip: dict[int, str] | None = None) -> list[RebuildResult]:
+def rebuild_many(projections: Sequence[Projection], codec: EventCodec, recorder: EventRecorder,
+                 conninfo: dict[str, Any], *, batch_size: int = 5000, progress: Progress | None = None,
+                 swap_timeout: float = 60.0, skip: dict[int, str] | None = None) -> list[RebuildResult]:
     """Rebuild every projection in ``projections``, reading the log once for all of them."""
-    return asyncio.run(_rebuild(list(projections), recorder, conninfo, batch_size, progress, swap_timeout,
+    return asyncio.run(_rebuild(list(projections), codec, recorder, conninfo, batch_size, progress, swap_timeout,
                                 skip or {}))
 
 
@@ -167,10 +169,10 @@ def abort(projection: Projection, recorder: EventRecorder, conninfo: dict[str, A
     return found
 
 
-async def _rebuild(projections: list[Projection], recorder: EventRecorder, conninfo: dict[str, Any],
-                   batch_size: int, progress: Progress | None, swap_timeout: float,
+async def _rebuild(projections: list[Projection], codec: EventCodec, recorder: EventRecorder,
+                   conninfo: dict[str, Any], batch_size: int, progress: Progress | None, swap_timeout: float,
                    skip: dict[int, str]) -> list[RebuildResult]:
-    replays = [_Replay(p, recorder, conninfo, batch_size, skip) for p in projections]
+    replays = [_Replay(p, codec, recorder, conninfo, batch_size, skip) for p in projections]
     held: list[_Replay] = []
     started = time.perf_counter()
     try:

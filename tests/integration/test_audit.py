@@ -15,9 +15,9 @@ import pytest
 
 from commitline.application.audit import Auditor, AuditQueryError, BeforeCreation, VersionBeyondHead, state_of
 from commitline.application.errors import AggregateNotFound
-from commitline.domain.inventory import InventoryItem
-from commitline.domain.payment import PaymentTransaction
-from commitline.domain.survey import SurveyAssignment, SurveyTask
+from commitline.examples.inventory import InventoryItem
+from commitline.examples.payments import PaymentTransaction
+from commitline.examples.surveys import SurveyAssignment, SurveyTask
 from commitline.composition import Commitline, bootstrap
 from tests.support import settings_for
 

@@ -14,7 +14,7 @@ import orjson
 import psycopg
 
 from commitline.composition import bootstrap
-from commitline.domain.inventory import InventoryItem
+from commitline.examples.inventory import InventoryItem
 from tests.support import count_rows, settings_for
 
 DERIVED = re.compile(r"sha256:[0-9a-f]{64}")

@@ -10,8 +10,9 @@ from uuid import UUID, uuid4
 
 import pytest
 
-from commitline.application.errors import CommitlineError, ConcurrencyConflict, InsufficientStock
-from commitline.domain.inventory import InventoryItem
+from commitline.application.errors import CommitlineError, ConcurrencyConflict
+from commitline.examples.inventory import InsufficientStock
+from commitline.examples.inventory import InventoryItem
 from commitline.composition import Commitline
 from tests.support import count_rows
 

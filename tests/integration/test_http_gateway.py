@@ -9,14 +9,15 @@ from uuid import UUID, uuid4
 import pytest
 
 from commitline.application.errors import ConfigurationError
-from commitline.application.fulfilment import FulfilmentSaga
+from commitline.examples.fulfilment_saga import FulfilmentSaga
 from commitline.composition import Commitline, bootstrap
-from commitline.domain.fulfilment import OrderFulfilment, fulfilment_id, payment_id_for
-from commitline.domain.order import Order
-from commitline.domain.payment import PaymentTransaction
-from commitline.infrastructure.sagas.http_gateway import HttpGateway
+from commitline.examples.fulfilment import OrderFulfilment, fulfilment_id, payment_id_for
+from commitline.examples.orders import Order
+from commitline.examples.payments import PaymentTransaction
+from commitline.examples.http_gateway import HttpGateway
 from tests.gateway_server import GatewayServer
 from tests.support import settings_for
+from tests.support import configured_gateway, make_saga
 
 TOKEN = "gw-secret-token-7"
 
@@ -50,7 +51,7 @@ def outcome(app: Commitline, order_id: UUID) -> tuple[str, str, str | None]:
 
 def test_orders_through_the_http_gateway(pg_dsn: str, schema: str, gateway_server: GatewayServer) -> None:
     with shop_app(pg_dsn, schema, gateway_server.url) as app:
-        saga = app.saga()
+        saga = make_saga(app)
         assert isinstance(saga.gateway, HttpGateway) and saga.attempts == 3 and saga.backoff == 0.01
         item = uuid4()
         app.dispatch({"type": "receive_stock", "item_id": str(item), "quantity": 10}, idempotency_key="stock")
@@ -83,7 +84,7 @@ def test_attempts_and_backoff_are_settings(pg_dsn: str, schema: str, gateway_ser
         item = uuid4()
         app.dispatch({"type": "receive_stock", "item_id": str(item), "quantity": 1}, idempotency_key="stock")
         order_id = place(app, item, "acct|unavailable")
-        app.saga().advance(order_id)
+        make_saga(app).advance(order_id)
         key = FulfilmentSaga.gateway_key(order_id)
         # authorize tried 4 times, then the compensation's void 4 times: the void never got through -> STUCK
         assert gateway_server.calls[("authorize", key)] == 4
@@ -99,7 +100,7 @@ def test_an_unreachable_gateway_is_unavailable_and_never_leaks_the_token(pg_dsn:
         item = uuid4()
         app.dispatch({"type": "receive_stock", "item_id": str(item), "quantity": 1}, idempotency_key="stock")
         order_id = place(app, item, "acct")
-        app.saga().advance(order_id)
+        make_saga(app).advance(order_id)
         saga = app.store.load(OrderFulfilment, fulfilment_id(order_id))
         assert saga.state.value == "STUCK" and "cannot reach the gateway" in (saga.stuck or "")
         history = app.auditor().history(fulfilment_id(order_id), compact=False)
@@ -109,7 +110,7 @@ def test_an_unreachable_gateway_is_unavailable_and_never_leaks_the_token(pg_dsn:
 def test_a_gateway_factory_chosen_by_import_path(pg_dsn: str, schema: str, gateway_server: GatewayServer) -> None:
     with shop_app(pg_dsn, schema, gateway_server.url, gateway="tests.gateway_server:factory",
                   gateway_token=None) as app:
-        gateway = app.gateway()
+        gateway = configured_gateway(app)
         assert isinstance(gateway, HttpGateway)
         gateway_server.token = None
         assert gateway.authorize("k1", __import__("decimal").Decimal("1.00"), "EUR", "acct") == "auth-k1"
@@ -118,7 +119,7 @@ def test_a_gateway_factory_chosen_by_import_path(pg_dsn: str, schema: str, gatew
                             ("tests.gateway_server:not_a_gateway", "lacks capture, void")):
         with shop_app(pg_dsn, schema, gateway_server.url, gateway=path) as app:
             with pytest.raises(ConfigurationError) as refused:
-                app.saga()
+                make_saga(app)
             assert refused.value.variable == "COMMITLINE_GATEWAY" and complaint in str(refused.value)
 
 

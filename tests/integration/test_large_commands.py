@@ -20,7 +20,7 @@ from eventsourcing.persistence import StoredEvent
 
 from commitline.application.errors import EventTooLarge
 from commitline.composition import Commitline, bootstrap
-from commitline.domain.survey import MAX_USERS_PER_ISSUE
+from commitline.examples.surveys import MAX_USERS_PER_ISSUE
 from commitline.infrastructure.kafka.producer import record_size
 from commitline.infrastructure.store.event_store import PostgresEventStore
 from tests.integration.test_projections import projector
@@ -124,7 +124,7 @@ def record_size_of(record: object) -> int:
 
 def test_an_event_above_the_limit_is_refused_and_nothing_is_written(app: Commitline, pg_dsn: str,
                                                                      schema: str) -> None:
-    app.processor.store = PostgresEventStore(app.recorder, max_event_bytes=100_000)  # below any command's events
+    app.processor.store = PostgresEventStore(app.recorder, app.codec, max_event_bytes=100_000)  # below any command's events
     task_id = app.dispatch({"type": "create_survey_task", "title": "t"}, idempotency_key="create").aggregate_id
     before = count_rows(pg_dsn, schema)
     with pytest.raises(EventTooLarge) as refused:

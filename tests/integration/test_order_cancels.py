@@ -10,22 +10,24 @@ import time
 from collections import Counter
 from uuid import UUID, uuid4
 
-from commitline.application.errors import CommitlineError, IllegalTransition, OrderAlreadyConfirmed
-from commitline.application.fulfilment import FulfilmentSaga
+from commitline.application.errors import CommitlineError, IllegalTransition
+from commitline.examples.orders import OrderAlreadyConfirmed
+from commitline.examples.fulfilment_saga import FulfilmentSaga
 from commitline.composition import Commitline
-from commitline.domain.fulfilment import OrderFulfilment, SagaState, fulfilment_id, payment_id_for
-from commitline.domain.inventory import InventoryItem
-from commitline.domain.order import Order
-from commitline.domain.payment import PaymentTransaction
+from commitline.examples.fulfilment import OrderFulfilment, SagaState, fulfilment_id, payment_id_for
+from commitline.examples.inventory import InventoryItem
+from commitline.examples.orders import Order
+from commitline.examples.payments import PaymentTransaction
 from tests.support import FollowerThread, wait_for
+from tests.support import fulfilment_runner, make_saga, simulated_gateway
 
 
 def test_forty_cancels_at_random_moments_leave_nothing_captured_or_reserved(app: Commitline) -> None:
     rng = random.Random(20261121)
     item = uuid4()
     app.dispatch({"type": "receive_stock", "item_id": str(item), "quantity": 500}, idempotency_key="stock")
-    gateway = app.simulated_gateway()
-    saga = app.saga(gateway, attempts=3, backoff=0.01)
+    gateway = simulated_gateway(app)
+    saga = make_saga(app, gateway, attempts=3, backoff=0.01)
     outcomes: Counter[str] = Counter()
     unexpected: list[BaseException] = []
 
@@ -47,7 +49,7 @@ def test_forty_cancels_at_random_moments_leave_nothing_captured_or_reserved(app:
 
     orders: list[UUID] = []
     before, during, after = [], [], []
-    with FollowerThread(lambda: app.fulfilment_runner(saga, poll_interval=0.05, workers=4)):
+    with FollowerThread(lambda: fulfilment_runner(app, saga, poll_interval=0.05, workers=4)):
         threads = []
         for i in range(100):
             order_id = place()

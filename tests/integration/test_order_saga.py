@@ -14,35 +14,36 @@ from uuid import UUID, uuid4
 import psycopg
 import pytest
 
-from commitline.application.fulfilment import FulfilmentSaga
-from commitline.domain.inventory import InventoryItem
-from commitline.domain.fulfilment import (
+from commitline.examples.fulfilment_saga import FulfilmentSaga
+from commitline.examples.inventory import InventoryItem
+from commitline.examples.fulfilment import (
     FulfilmentRetried,
     OrderFulfilment,
     SagaState,
     fulfilment_id,
     payment_id_for,
 )
-from commitline.domain.order import Order
-from commitline.domain.payment import PaymentTransaction
+from commitline.examples.orders import Order
+from commitline.examples.payments import PaymentTransaction
 from commitline.composition import Commitline
 from tests.integration.test_concurrency import run_at_once
 from tests.support import FollowerThread
+from tests.support import fulfilment_runner, make_saga, simulated_gateway
 
 
 class Shop:
     def __init__(self, app: Commitline, stock: int = 10):
         self.app = app
-        self.gateway = app.simulated_gateway()
+        self.gateway = simulated_gateway(app)
         self.item = uuid4()
         app.dispatch({"type": "receive_stock", "item_id": str(self.item), "quantity": stock},
                      idempotency_key=f"stock-{self.item}")
 
     def saga(self, **kwargs: object) -> FulfilmentSaga:
-        return self.app.saga(self.gateway, backoff=0.01, **kwargs)
+        return make_saga(self.app, self.gateway, backoff=0.01, **kwargs)
 
     def runner(self) -> FollowerThread:
-        return FollowerThread(lambda: self.app.fulfilment_runner(self.saga(), poll_interval=0.2))
+        return FollowerThread(lambda: fulfilment_runner(self.app, self.saga(), poll_interval=0.2))
 
     def place(self, account: str = "acct", quantity: int = 1) -> UUID:
         return self.app.dispatch({"type": "place_order", "item_id": str(self.item), "quantity": quantity,
@@ -107,20 +108,19 @@ def test_the_saga_records_every_step(app: Commitline) -> None:
 
 KILL_SCRIPT = textwrap.dedent("""
     import asyncio, os, signal, sys
-    from commitline.application.fulfilment import FulfilmentSaga
     from commitline.composition import bootstrap
-    from tests.support import settings_for
+    from tests.support import fulfilment_runner, make_saga, settings_for
 
     dsn, schema, boundary = sys.argv[1:4]
     app = bootstrap(settings_for(dsn, schema))
     def crash(at):
         if at == boundary:
             os.kill(os.getpid(), signal.SIGKILL)
-    saga = app.saga(backoff=0.01, on_boundary=crash)
+    saga = make_saga(app, backoff=0.01, on_boundary=crash)
     async def main():
         stop = asyncio.Event()
         asyncio.get_running_loop().call_later(30, stop.set)
-        await app.fulfilment_runner(saga, poll_interval=0.2, workers=1).run(stop)
+        await fulfilment_runner(app, saga, poll_interval=0.2, workers=1).run(stop)
     asyncio.run(main())
     sys.exit(3)  # the boundary was never reached
 """)

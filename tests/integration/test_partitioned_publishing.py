@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from uuid import uuid4
 
 import orjson
@@ -22,7 +22,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from commitline.composition import Commitline, bootstrap
-from commitline.domain import AGGREGATES
+from tests.support import AGGREGATES
 from commitline.infrastructure.followers.buckets import BucketLog, BucketPage, bucket_of
 from commitline.infrastructure.followers.group_status import GroupStatus, group_status
 from commitline.infrastructure.kafka.envelope import topic_for
@@ -68,14 +68,16 @@ def stored_events(pg_dsn: str, schema: str) -> dict[str, tuple[str, int]]:
     return {orjson.loads(bytes(s))["id"]: (str(a), v) for a, v, s in rows}
 
 
-def consume_everything(bootstrap_servers: str, prefix: str) -> list[tuple[str, int, int, dict]]:
-    """(topic, partition, offset, envelope) of every record of the prefix's topics, each partition read from its
-    beginning to the end offset it had when reading began: manual assignment, no consumer group."""
+def consume_everything(bootstrap_servers: str, prefix: str,
+                       aggregates: Sequence[type] = AGGREGATES) -> list[tuple[str, int, int, dict]]:
+    """(topic, partition, offset, envelope) of every record of the prefix's topics (of ``aggregates``, by default
+    the examples'), each partition read from its beginning to the end offset it had when reading began: manual
+    assignment, no consumer group."""
     consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"reader-{uuid.uuid4()}",
                          "enable.auto.commit": False, "auto.offset.reset": "earliest"})
     try:
         metadata = consumer.list_topics(timeout=20)
-        wanted = [topic_for(prefix, a.__name__) for a in AGGREGATES]
+        wanted = [topic_for(prefix, a.__name__) for a in aggregates]
         partitions = [TopicPartition(t, p, OFFSET_BEGINNING) for t in wanted if t in metadata.topics
                       for p in metadata.topics[t].partitions]
         ends = {(tp.topic, tp.partition): consumer.get_watermark_offsets(tp, timeout=20)[1] for tp in partitions}

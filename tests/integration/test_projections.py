@@ -17,11 +17,11 @@ import orjson
 import psycopg
 import pytest
 
-from commitline.domain.payment import PaymentSubmitted
-from commitline.domain.survey import SurveyTask
+from commitline.examples.payments import PaymentSubmitted
+from commitline.examples.surveys import SurveyTask
 from commitline.composition import Commitline, bootstrap
 from commitline.infrastructure.store.codec import encode_event
-from commitline.projections import PROJECTIONS
+from tests.support import PROJECTIONS
 from commitline.infrastructure.followers.interventions import InterventionRefused, retry, skip
 from tests.integration.test_concurrency import run_at_once
 from tests.support import FollowerThread, settings_for, wait_for

@@ -84,8 +84,9 @@ def test_every_event_exactly_once_in_order_under_concurrent_writers(pg_dsn: str,
         duplicates = check_stream(records, expected)
         assert duplicates == 0, "a healthy run publishes each event once"
         envelope = records[0].envelope
-        assert set(envelope) == {"event_id", "type", "aggregate_type", "aggregate_id", "version", "notification_id",
-                                 "recorded_at", "tenant", "payload"}
+        assert set(envelope) == {"event_id", "type", "schema_version", "aggregate_type", "aggregate_id", "version",
+                                 "notification_id", "recorded_at", "tenant", "payload"}
+        assert envelope["schema_version"] == 1
         assert envelope["payload"] == {"quantity": envelope["payload"]["quantity"]}
 
 

@@ -12,10 +12,11 @@ from uuid import UUID, uuid4
 import orjson
 
 from commitline.composition import Commitline
-from commitline.domain.fulfilment import OrderFulfilment, SagaState, fulfilment_id
-from commitline.domain.order import Order
+from commitline.examples.fulfilment import OrderFulfilment, SagaState, fulfilment_id
+from commitline.examples.orders import Order
 from tests.integration.http.conftest import cli_env
 from tests.support import FollowerThread, wait_for
+from tests.support import fulfilment_runner, make_saga, simulated_gateway
 
 
 class BrokenForSomeAccounts:
@@ -45,8 +46,8 @@ def test_ten_failing_sagas_are_parked_while_190_complete(app: Commitline, pg_dsn
     item = uuid4()
     app.dispatch({"type": "receive_stock", "item_id": str(item), "quantity": 1000}, idempotency_key="stock")
     broken = {f"broken-{i}" for i in range(10)}
-    gateway = BrokenForSomeAccounts(app.simulated_gateway(), set(broken))
-    saga = app.saga(gateway, attempts=2, backoff=0.01)
+    gateway = BrokenForSomeAccounts(simulated_gateway(app), set(broken))
+    saga = make_saga(app, gateway, attempts=2, backoff=0.01)
     accounts = [f"broken-{i // 20}" if i % 20 == 0 else f"acct-{i}" for i in range(200)]
     orders = {app.dispatch({"type": "place_order", "item_id": str(item), "quantity": 1, "amount": "10.00",
                             "currency": "EUR", "account": account},
@@ -55,7 +56,7 @@ def test_ten_failing_sagas_are_parked_while_190_complete(app: Commitline, pg_dsn
     healthy = [o for o, a in orders.items() if a not in broken]
     assert len(failing) == 10 and len(healthy) == 190
 
-    runner = FollowerThread(lambda: app.fulfilment_runner(saga, poll_interval=0.2))
+    runner = FollowerThread(lambda: fulfilment_runner(app, saga, poll_interval=0.2))
     projector = FollowerThread(lambda: app.projector("order_fulfilments", poll_interval=0.2))
     with runner, projector:
         final = (SagaState.COMPLETED, SagaState.COMPENSATED, SagaState.PARKED)

@@ -19,8 +19,8 @@ import pytest
 from commitline.composition import Commitline
 from commitline.infrastructure.followers.lease import Lease
 from commitline.infrastructure.kafka.publisher import PUBLISHER
-from commitline.infrastructure.sagas.runner import RUNNER
-from commitline.projections import PROJECTIONS
+from tests.support import RUNNER
+from tests.support import PROJECTIONS
 from tests.integration.test_order_saga import Shop
 from tests.integration.test_projections import inject_orphan_payment_event
 from tests.support import FollowerThread, wait_for

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from commitline.application.errors import ConcurrencyConflict
-from commitline.domain.inventory import InventoryItem
+from commitline.examples.inventory import InventoryItem
 from commitline.composition import Commitline, bootstrap
 from commitline.infrastructure.store.codec import encode_event
 from commitline.infrastructure.store.recorder import EventRecorder

@@ -6,8 +6,9 @@ from collections import Counter
 
 import pytest
 
-from commitline.application.errors import IllegalTransition, UserNotIssued, UsersAlreadyIssued
-from commitline.domain.survey import AssignmentStatus, SurveyAssignment, SurveyTask, assignment_id
+from commitline.application.errors import IllegalTransition
+from commitline.examples.surveys import UserNotIssued, UsersAlreadyIssued
+from commitline.examples.surveys import AssignmentStatus, SurveyAssignment, SurveyTask, assignment_id
 from commitline.composition import Commitline
 from tests.integration.test_concurrency import run_at_once
 

@@ -18,7 +18,9 @@ import orjson
 import psycopg
 import pytest
 
-from commitline.application import commands as c
+from commitline.examples import fulfilment as c
+from tests.support import COMMAND_TYPES
+from tests.support import SAGA_COMMANDS as SAGA_COMMANDS_LIST
 from commitline.application.errors import (
     AggregateAlreadyExists,
     AggregateNotFound,
@@ -26,12 +28,13 @@ from commitline.application.errors import (
     InvalidCommand,
     InvalidTenant,
 )
-from commitline.application.fulfilment import FulfilmentSaga
+from commitline.examples.fulfilment_saga import FulfilmentSaga
 from commitline.composition import Commitline, bootstrap
-from commitline.domain.fulfilment import fulfilment_id, payment_id_for
-from commitline.domain.inventory import InventoryItem
-from commitline.domain.survey import SurveyAssignment, assignment_id
+from commitline.examples.fulfilment import fulfilment_id, payment_id_for
+from commitline.examples.inventory import InventoryItem
+from commitline.examples.surveys import SurveyAssignment, assignment_id
 from tests.support import FollowerThread, count_rows, settings_for
+from tests.support import configured_gateway, fulfilment_runner, make_saga
 
 A, B = "bank-a", "bank-b"
 
@@ -151,7 +154,7 @@ STARTING_OR_CONTINUING = {"receive_stock"}
 
 
 def test_the_table_covers_every_command_type() -> None:
-    every = {cls.model_fields["type"].default for cls in (*c.COMMAND_TYPES.values(), *c.SAGA_COMMANDS)}
+    every = {cls.model_fields["type"].default for cls in (*COMMAND_TYPES.values(), *SAGA_COMMANDS_LIST)}
     covered = {kind.split(" ")[0] for kind in ON_EXISTING} | set(CREATING) | STARTING_OR_CONTINUING
     assert covered == every
 
@@ -182,7 +185,7 @@ def _shown(error: CommitlineError, ids: dict[str, str]) -> tuple[str, str, str]:
     return text  # type: ignore[return-value]
 
 
-SAGA_COMMANDS = {cls.model_fields["type"].default: cls for cls in c.SAGA_COMMANDS}
+SAGA_COMMANDS = {cls.model_fields["type"].default: cls for cls in SAGA_COMMANDS_LIST}
 
 
 def _internal(command: dict) -> Any:
@@ -383,8 +386,8 @@ def test_a_failed_order_is_compensated_as_its_tenant(app: Commitline, pg_dsn: st
     item = a.item(quantity=3)
     order = a({"type": "place_order", "item_id": item, "quantity": 2, "amount": "25.00", "currency": "EUR",
                "account": account})
-    saga = app.saga(app.gateway(), backoff=0.01)
-    with FollowerThread(lambda: app.fulfilment_runner(saga, poll_interval=0.2)):
+    saga = make_saga(app, configured_gateway(app), backoff=0.01)
+    with FollowerThread(lambda: fulfilment_runner(app, saga, poll_interval=0.2)):
         deadline = time.monotonic() + 60
         while _saga_events(app, order)[-1:] not in (["FulfilmentCancelled"], ["FulfilmentStuck"]):
             assert time.monotonic() < deadline, f"the saga did not finish: {_saga_events(app, order)}"
@@ -410,7 +413,7 @@ def _saga_events(app: Commitline, order: UUID) -> list[str]:
 def test_the_saga_never_advances_another_tenants_order(app: Commitline, pg_dsn: str, schema: str) -> None:
     order = UUID(Tenant(app, A).order())
     before = count_rows(pg_dsn, schema)
-    saga = FulfilmentSaga(app.processor, app.store, app.gateway())
+    saga = FulfilmentSaga(app.processor, app.store, {"payments": configured_gateway(app)})
     with pytest.raises(AggregateNotFound):
         saga.advance(order, B)
     assert count_rows(pg_dsn, schema) == before
@@ -421,7 +424,7 @@ def test_an_order_for_another_tenants_item_is_compensated_without_touching_it(ap
     item = Tenant(app, A).item(quantity=3)
     order = Tenant(app, B)({"type": "place_order", "item_id": item, "quantity": 1, "amount": "5.00",
                             "currency": "EUR", "account": "acct"})
-    saga = app.saga(app.gateway(), backoff=0.01)
+    saga = make_saga(app, configured_gateway(app), backoff=0.01)
     assert saga.advance(order, B).value == "COMPENSATED"
     fulfilment = app.auditor().history(fulfilment_id(order), tenant=B)
     assert "no InventoryItem with id" in fulfilment.entries[1].payload["reason"]

@@ -20,7 +20,7 @@ from commitline.application.chain import GENESIS, chain
 from commitline.application.errors import ConcurrencyConflict
 from commitline.application.ports import IdempotencyRecord, KeyAlreadyRecorded, StreamMoved
 from commitline.composition import Commitline, bootstrap
-from commitline.domain.inventory import InventoryItem, StockReceived
+from commitline.examples.inventory import InventoryItem, StockReceived
 from commitline.domain.aggregate import utcnow
 from commitline.infrastructure.store.codec import encode_event
 from commitline.infrastructure.store.recorder import PendingAppend

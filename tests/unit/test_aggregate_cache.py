@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from uuid import uuid4
 
-from commitline.domain.inventory import InventoryItem
+from commitline.examples.inventory import InventoryItem
 from commitline.infrastructure.store.aggregate_cache import AggregateCache, Entry
 
 

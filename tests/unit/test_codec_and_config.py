@@ -11,9 +11,12 @@ import pytest
 
 from commitline.application.errors import ConfigurationError
 from commitline.application.retry import RetryPolicy
-from commitline.domain.payment import PaymentCreated
-from commitline.infrastructure.store.codec import decode_event, encode_event
+from commitline.examples.payments import PaymentCreated
+from commitline.examples import domain
+from commitline.infrastructure.store.codec import EventCodec, encode_event
 from commitline.infrastructure.config import Settings, load_settings, variables_markdown
+
+CODEC = EventCodec(domain.check().registry)
 
 
 def test_event_roundtrip_is_exact_and_stored_json_is_plain() -> None:
@@ -24,7 +27,7 @@ def test_event_roundtrip_is_exact_and_stored_json_is_plain() -> None:
     )
     stored = encode_event(event, "t1")
     assert orjson.loads(stored.state)["data"] == {"amount": "0.10", "currency": "EUR", "account": "acc"}
-    back = decode_event(stored.topic, stored.originator_id, stored.originator_version, stored.state)
+    back = CODEC.decode_event(stored.topic, stored.originator_id, stored.originator_version, stored.state)
     assert back.event == event and back.tenant == "t1" and back.aggregate_type == "PaymentTransaction"
     assert isinstance(back.event.amount, Decimal) and str(back.event.amount) == "0.10"
     assert back.event.occurred_at == event.occurred_at
@@ -37,7 +40,7 @@ def test_upcasting_old_payloads(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(PaymentCreated, "class_version", 2, raising=False)
     monkeypatch.setattr(PaymentCreated, "upcast_v1_v2",
                         staticmethod(lambda d: {**d, "account": d["account"].upper()}), raising=False)
-    assert decode_event(stored.topic, stored.originator_id, 1, stored.state).event.account == "A"
+    assert CODEC.decode_event(stored.topic, stored.originator_id, 1, stored.state).event.account == "A"
 
 
 def test_configuration_defaults_and_errors() -> None:

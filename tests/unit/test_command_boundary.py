@@ -19,14 +19,10 @@ from hypothesis import strategies as st
 
 from commitline.application import errors as E
 from commitline.application.boundary import DEFAULT_LIMITS, CommandLimits, check_idempotency_key, check_tenant
-from commitline.application.commands import (
-    COMMAND_TYPES,
-    Command,
-    CreatePayment,
-    CreateSurveyTask,
-    IssueSurveyTask,
-    parse_command,
-)
+from commitline.application.commands import Command
+from tests.support import COMMAND_TYPES, EXAMPLES, parse_command
+from commitline.examples.payments import CreatePayment
+from commitline.examples.surveys import CreateSurveyTask, IssueSurveyTask
 from commitline.application.errors import printable
 from commitline.application.processor import CommandProcessor
 from commitline.infrastructure.config import load_settings
@@ -176,7 +172,8 @@ class _Untouchable:
 def test_bad_input_is_refused_before_the_store(command: Any, key: Any, tenant: Any,
                                                error: type[E.CommitlineError], loc: list | None) -> None:
     with pytest.raises(E.CommitlineError) as caught:
-        CommandProcessor(_Untouchable()).dispatch(command, idempotency_key=key, tenant=tenant)  # type: ignore[arg-type]
+        CommandProcessor(_Untouchable(), EXAMPLES.catalog).dispatch(  # type: ignore[arg-type]
+            command, idempotency_key=key, tenant=tenant)
     assert_refused(caught.value, error, loc)
 
 

@@ -7,7 +7,8 @@ from uuid import UUID, uuid4
 
 import pytest
 
-from commitline.application.commands import CreatePayment, parse_command
+from tests.support import parse_command
+from commitline.examples.payments import CreatePayment
 from commitline.application.errors import InvalidCommand, UnknownCommandType
 from commitline.application.processor import fingerprint
 

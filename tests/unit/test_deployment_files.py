@@ -192,7 +192,7 @@ def test_each_commitline_service_runs_its_real_cli_subcommand(service: str) -> N
 
 def test_each_commitline_service_checks_the_health_of_the_followers_it_runs() -> None:
     from commitline.composition import FOLLOWER_ALIASES
-    from commitline.projections import PROJECTIONS
+    from tests.support import PROJECTIONS
 
     runs = {"publisher": {"publisher"}, "projector": set(PROJECTIONS), "sagas": {"sagas"}}
     for name in LONG_RUNNING:

@@ -10,14 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from commitline.domain.errors import DomainError
-from commitline.domain.inventory import InventoryItem, ReservationState
-from commitline.domain.payment import PAYMENT_TRANSITIONS, PaymentTransaction
-from commitline.infrastructure.store.codec import decode_event, decode_snapshot, encode_event, encode_snapshot
+from commitline.examples.inventory import InventoryItem, ReservationState
+from commitline.examples.payments import PAYMENT_TRANSITIONS, PaymentTransaction
+from commitline.examples import domain
+from commitline.infrastructure.store.codec import EventCodec, decode_snapshot, encode_event, encode_snapshot
 
 
 def roundtrip(events):  # through the exact bytes the store keeps
     stored = [encode_event(e, "tenant-a") for e in events]
-    return [decode_event(s.topic, s.originator_id, s.originator_version, s.state).event for s in stored]
+    return [CODEC.decode_event(s.topic, s.originator_id, s.originator_version, s.state).event for s in stored]
 
 
 payment_actions = st.lists(st.sampled_from(["submit", "complete", "fail"]), max_size=30)
@@ -53,6 +54,8 @@ inventory_actions = st.lists(
     ),
     max_size=40,
 )
+
+CODEC = EventCodec(domain.check().registry)
 
 
 @given(actions=inventory_actions)

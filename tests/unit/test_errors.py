@@ -14,22 +14,18 @@ from commitline.application.errors import (
     ConcurrencyConflict,
     ConfigurationError,
     DomainError,
-    DuplicateReservation,
     IdempotencyKeyReused,
     IllegalTransition,
-    InsufficientStock,
     InvalidCommand,
     InvalidTenant,
     InvalidValue,
     MissingIdempotencyKey,
     StoreUnavailable,
-    TaskClosed,
     UnknownCommandType,
-    UnknownReservation,
-    UserNotIssued,
-    UsersAlreadyIssued,
     WrongAggregateType,
 )
+from commitline.examples.inventory import DuplicateReservation, InsufficientStock, UnknownReservation
+from commitline.examples.surveys import TaskClosed, UserNotIssued, UsersAlreadyIssued
 
 ID = UUID("00000000-0000-4000-8000-000000000001")
 MANY = [f"u{i:03}" for i in range(150)]

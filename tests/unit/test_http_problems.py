@@ -7,7 +7,9 @@ from pathlib import Path
 
 from commitline.application import errors
 from commitline.domain.errors import CommitlineError
-from commitline.http.problems import STATUS, problem_document, status_markdown
+from commitline.examples.inventory import InsufficientStock, UnknownReservation
+from commitline.http.problems import STATUS, problem_document, status_markdown, status_of
+from tests.support import EXAMPLES
 
 
 def every_error_class(cls: type = CommitlineError) -> set[type]:
@@ -17,18 +19,28 @@ def every_error_class(cls: type = CommitlineError) -> set[type]:
     return found
 
 
-def test_every_typed_error_has_its_status_in_the_table() -> None:
+def test_every_typed_error_of_commitline_has_its_status_in_the_table() -> None:
     importlib.import_module("commitline.http.app")  # defines every HttpProblem the app raises
 
-    codes = {cls.code for cls in every_error_class()}
+    own = {cls for cls in every_error_class() if cls.__module__.startswith("commitline.")
+           and not cls.__module__.startswith("commitline.examples")}
+    codes = {cls.code for cls in own}
     abstract = {"error", "domain_error"}
     assert codes - abstract - set(STATUS) == set(), "add these codes to STATUS in commitline/http/problems.py"
+
+
+def test_a_domain_error_answers_with_the_status_it_declares() -> None:
+    assert status_of(InsufficientStock("item", 3, 1)) == 409
+    assert status_of(UnknownReservation("item", "r")) == 404
+    assert set(EXAMPLES.error_statuses) == {"insufficient_stock", "unknown_reservation", "duplicate_reservation",
+                                             "task_closed", "users_already_issued", "user_not_issued",
+                                             "order_already_confirmed"}
 
 
 def test_readme_status_table_is_generated_from_the_table() -> None:
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     start = readme.index("| HTTP status | error `code` |")
-    assert readme[start:readme.find("\n\n", start)] == status_markdown(), \
+    assert readme[start:readme.find("\n\n", start)] == status_markdown(EXAMPLES.error_statuses), \
         "run: python -m commitline.http.problems, paste into README.md"
 
 

@@ -7,8 +7,8 @@ from decimal import Decimal
 import pytest
 
 from commitline.domain.errors import IllegalTransition
-from commitline.domain.payment import PaymentCompleted, PaymentCreated, PaymentSubmitted, PaymentTransaction
-from tests.unit.spec import event, given
+from commitline.examples.payments import PaymentCompleted, PaymentCreated, PaymentSubmitted, PaymentTransaction
+from commitline.testing import event, given
 
 CREATED = given(PaymentTransaction, event(PaymentCreated, amount=Decimal("10.00"), currency="EUR", account="a"))
 

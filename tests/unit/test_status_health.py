@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from uuid import UUID
+
 from datetime import datetime, timezone
 from typing import Any
 
 import pytest
 
-from commitline.infrastructure.followers.health import Problem, StuckSaga, Thresholds, follower_reasons, judge
+from commitline.application.process import StuckInstance
+from commitline.infrastructure.followers.health import Problem, Thresholds, follower_reasons, judge
 from commitline.infrastructure.followers.status import Backend, FollowerStatus, derive_status
 
 LIMITS = Thresholds(max_lag_events=100, max_lag_seconds=30)
@@ -81,11 +84,18 @@ def test_a_dead_follower_is_judged_only_when_in_scope() -> None:
     assert judge(followers, [], LIMITS, only=["b"]) == []
 
 
-def test_stuck_sagas_count_when_everything_or_the_saga_runner_is_judged() -> None:
-    stuck = [StuckSaga("o-1", "charge: GatewayUnavailable")]
-    expected = [Problem("order o-1", "fulfilment STUCK: charge: GatewayUnavailable")]
-    assert judge([], stuck, LIMITS, saga_runner="order-fulfilment") == expected
-    assert str(expected[0]) == "order o-1: fulfilment STUCK: charge: GatewayUnavailable"
+def test_stuck_sagas_count_when_everything_or_their_process_manager_is_judged() -> None:
+    order = UUID("00000000-0000-0000-0000-000000000001")
+    stuck = [StuckInstance("order-fulfilment", order, "acme", "STUCK", "charge: GatewayUnavailable",
+                           subject=f"order {order}", problem="fulfilment STUCK: charge: GatewayUnavailable")]
+    expected = [Problem(f"order {order}", "fulfilment STUCK: charge: GatewayUnavailable")]
+    assert judge([], stuck, LIMITS) == expected
+    assert str(expected[0]) == f"order {order}: fulfilment STUCK: charge: GatewayUnavailable"
     runner = follower("order-fulfilment")
-    assert judge([runner], stuck, LIMITS, only=["order-fulfilment"], saga_runner="order-fulfilment") == expected
-    assert judge([runner], stuck, LIMITS, only=["x"], saga_runner="order-fulfilment") == []
+    assert judge([runner], stuck, LIMITS, only=["order-fulfilment"]) == expected
+    assert judge([runner], stuck, LIMITS, only=["x"]) == []
+
+
+def test_a_stuck_instance_is_worded_after_its_saga_unless_its_process_manager_says_otherwise() -> None:
+    instance = StuckInstance("refunds", UUID(int=7), "acme", "PARKED", "bank down")
+    assert judge([], [instance], LIMITS) == [Problem(f"refunds {UUID(int=7)}", "PARKED: bank down")]

@@ -11,6 +11,7 @@ from commitline.cli import build_parser
 from commitline.http.status_page import unblock_commands
 from commitline.infrastructure.followers.status import FollowerStatus
 from commitline.infrastructure.kafka.publisher import PUBLISHER
+from tests.support import PROJECTIONS
 
 
 def stopped(name: str, at: int = 42) -> FollowerStatus:
@@ -26,7 +27,7 @@ def stopped(name: str, at: int = 42) -> FollowerStatus:
     ("order-fulfilment", []),  # retried by itself, never stopped at a poison event
 ])
 def test_the_commands_name_the_follower_and_the_poison_position(name: str, expected: list[str]) -> None:
-    assert unblock_commands(stopped(name)) == expected
+    assert unblock_commands(stopped(name), PROJECTIONS) == expected
     for command in expected:
         args = build_parser().parse_args(shlex.split(command)[1:])
         assert getattr(args, "position", 42) == 42

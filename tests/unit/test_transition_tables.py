@@ -10,9 +10,9 @@ from uuid import uuid4
 import pytest
 
 from commitline.domain.errors import IllegalTransition
-from commitline.domain.inventory import RESERVATION_TRANSITIONS, InventoryItem, ReservationState
-from commitline.domain.payment import PAYMENT_TRANSITIONS, PaymentState, PaymentTransaction
-from commitline.domain.survey import (
+from commitline.examples.inventory import RESERVATION_TRANSITIONS, InventoryItem, ReservationState
+from commitline.examples.payments import PAYMENT_TRANSITIONS, PaymentState, PaymentTransaction
+from commitline.examples.surveys import (
     ASSIGNMENT_TRANSITIONS,
     TASK_TRANSITIONS,
     AssignmentStatus,

@@ -71,8 +71,9 @@ function renderBlocked(doc) {
 }
 
 function renderStuck(doc) {
-  const rows = doc.stuck_fulfilments.map((s) => el("tr", {id: "stuck-" + s.order_id},
-    el("td", {class: "order"}, s.order_id), el("td", {class: "tenant"}, s.tenant), el("td", {class: "state"}, s.state),
+  const rows = doc.stuck_sagas.map((s) => el("tr", {id: "stuck-" + s.id},
+    el("td", {class: "order"}, s.id), el("td", {class: "saga"}, s.saga), el("td", {class: "tenant"}, s.tenant),
+    el("td", {class: "state"}, s.state),
     el("td", {class: "reason"}, s.reason), el("td", {class: "cmd"}, el("code", {class: "command"}, s.command))));
   fill(document.querySelector("#stuck tbody"), rows);
   document.getElementById("stuck").hidden = rows.length === 0;
@@ -116,7 +117,7 @@ function render(doc) {
   set("health", doc.healthy ? "healthy" : doc.problems.length + " problem" + (doc.problems.length > 1 ? "s" : ""),
       doc.healthy ? "good" : "bad");
   set("blocked-count", String(doc.blocked.length), doc.blocked.length ? "bad" : "good");
-  set("stuck-count", String(doc.stuck_fulfilments.length), doc.stuck_fulfilments.length ? "bad" : "good");
+  set("stuck-count", String(doc.stuck_sagas.length), doc.stuck_sagas.length ? "bad" : "good");
   fill(document.getElementById("problems"), doc.problems.map((p) => el("li", {}, p)));
   renderFollowers(doc);
   renderBlocked(doc);

@@ -1,7 +1,7 @@
 """The one follower loop: own the lease, read a batch, handle it, save the position, wait.
 
-Every follower of the notification log (the Kafka publisher, each projector, the fulfilment
-runner, a rebuild) is a ``Follower`` that says only two things:
+Every follower of the notification log (the Kafka publisher, each projector, each process
+manager's runner, a rebuild) is a ``Follower`` that says only two things:
 
 - ``handle(batch, position)``: what one batch does, returning where it got to (``Handled``);
   a handler that writes its position in its own transaction says so (``saved=True``), and

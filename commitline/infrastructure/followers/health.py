@@ -5,7 +5,8 @@ Pure logic over ``FollowerStatus`` rows and stuck sagas, no I/O. Unhealthy, alwa
 - a follower ``dead`` (its row says it works, but no live session holds its lease);
 - a follower stopped at a poison event (``failed``) or ``retrying`` a failing batch;
 - a live follower (not a rebuild, which lags by design) lagging beyond either threshold;
-- a STUCK saga, when all followers are judged or the saga runner is named;
+- a saga instance waiting for a person (STUCK, PARKED), when all followers are judged or its process
+  manager is named;
 - a bucket of a follower group (the publisher's) that is dead, failed, retrying or lagging, or that no
   live instance has owned for longer than a rebalance takes while instances run (``bucket_reasons``).
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+from commitline.application.process import StuckInstance
 from commitline.infrastructure.followers.status import DEAD, NEVER_RUN, FollowerStatus
 
 REBUILD_MARK = "@rebuild"
@@ -27,13 +29,6 @@ REBUILD_MARK = "@rebuild"
 class Thresholds:
     max_lag_events: int
     max_lag_seconds: float
-
-
-@dataclass(frozen=True)
-class StuckSaga:
-    order_id: str
-    reason: str
-    state: str = "STUCK"  # or PARKED
 
 
 @dataclass(frozen=True)
@@ -80,12 +75,11 @@ def bucket_reasons(s: FollowerStatus, limits: Thresholds, members: int, grace_se
     return reasons
 
 
-def judge(followers: Sequence[FollowerStatus], stuck: Sequence[StuckSaga], limits: Thresholds, *,
-          only: Collection[str] | None = None, saga_runner: str = "") -> list[Problem]:
-    """Every problem among ``followers`` (only those named in ``only``, when given) and ``stuck`` sagas
-    (counted when ``only`` is None or names ``saga_runner``)."""
+def judge(followers: Sequence[FollowerStatus], stuck: Sequence[StuckInstance], limits: Thresholds, *,
+          only: Collection[str] | None = None) -> list[Problem]:
+    """Every problem among ``followers`` (only those named in ``only``, when given) and ``stuck`` saga
+    instances (each counted when ``only`` is None or names its process manager)."""
     problems = [Problem(s.name, reason) for s in followers if only is None or s.name in only
                 for reason in follower_reasons(s, limits, required=only is not None)]
-    if only is None or saga_runner in only:
-        problems += [Problem(f"order {saga.order_id}", f"fulfilment {saga.state}: {saga.reason}") for saga in stuck]
+    problems += [Problem(s.subject, s.problem) for s in stuck if only is None or s.saga in only]
     return problems

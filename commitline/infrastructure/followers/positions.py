@@ -1,7 +1,7 @@
 """Follower positions, statuses and operator interventions: the one place their SQL lives.
 
 ``follower_positions`` holds one row per follower (the publisher, each projection, each
-rebuild, the fulfilment runner): how far it has handled the notification log, who owns
+rebuild, each process manager's runner): how far it has handled the notification log, who owns
 it, and whether it is running, retrying, stopped at a poison event ('failed'), or stopped.
 ``follower_interventions`` keeps every operator decision (skip, retry) with the error it
 answered. Every function takes the connection to run on, so a caller can write a position

@@ -1,8 +1,10 @@
 """The Kafka record for a stored event: topic, key, value envelope, headers, timestamp.
 
-The payload is the stored JSON object exactly as written (no decode into domain types
-and back), wrapped in an envelope with the event id (consumers deduplicate on it), type,
-aggregate id and type, version, notification id, recorded-at time and tenant.
+The payload is the stored JSON object as written (no decode into domain types and back), brought to
+the event class's current version by its upcasters when it was stored at an older one, wrapped in an
+envelope with the event id (consumers deduplicate on it), type, ``schema_version`` (the class version of
+the payload it carries), aggregate id and type, version, notification id, recorded-at time and tenant.
+The topic is ``<prefix><aggregate type>``: one per aggregate type of the domain.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from functools import lru_cache
 import orjson
 from eventsourcing.persistence import Notification
 
-from commitline.domain import AGGREGATE_OF_EVENT, EVENT_TYPES
+from commitline.domain import EventRegistry
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,12 +34,9 @@ def topic_for(prefix: str, aggregate_type: str) -> str:
     return f"{prefix}{aggregate_type}"
 
 
-@lru_cache(maxsize=None)
-def aggregate_type_of(event_type: str) -> str:
-    cls = EVENT_TYPES.get(event_type)
-    if cls is None:
-        raise LookupError(f"no event class is registered for stored type {event_type!r}")
-    return AGGREGATE_OF_EVENT[cls].__name__
+def topics_of(prefix: str, registry: EventRegistry) -> list[str]:
+    """Every topic the domain's events go to."""
+    return [topic_for(prefix, a.__name__) for a in registry.aggregates]
 
 
 @lru_cache(maxsize=1024)
@@ -45,24 +44,31 @@ def _encoded(text: str) -> bytes:
     return text.encode()
 
 
-def to_record(notification: Notification, topic_prefix: str, publisher: str) -> KafkaRecord:
+def to_record(notification: Notification, topic_prefix: str, publisher: str, registry: EventRegistry) -> KafkaRecord:
     # On the publisher's hot path: per-event work is kept to parsing, one dict and one dumps.
     stored = orjson.loads(notification.state)
     event_type = notification.topic
-    aggregate_type = aggregate_type_of(event_type)
+    cls = registry.event_class(event_type)
+    if cls is None:
+        raise LookupError(f"no event class is registered for stored type {event_type!r}")
+    aggregate_type = registry.aggregate_of_event[cls].__name__
+    payload, version = stored["data"], stored.get("v", 1)
+    if version < cls.class_version:
+        payload, version = cls.upcast(payload, version), cls.class_version
     aggregate_id = str(notification.originator_id)
     event_id = stored["id"]
     recorded_at = stored["at"]
     value = orjson.dumps({
         "event_id": event_id,
         "type": event_type,
+        "schema_version": version,
         "aggregate_type": aggregate_type,
         "aggregate_id": aggregate_id,
         "version": notification.originator_version,
         "notification_id": notification.id,
         "recorded_at": recorded_at,
         "tenant": stored["tenant"],
-        "payload": stored["data"],
+        "payload": payload,
     })
     return KafkaRecord(
         topic_prefix + aggregate_type,

@@ -55,7 +55,7 @@ from aiokafka.errors import KafkaError
 from eventsourcing.persistence import Notification
 
 from commitline.application.errors import StoreUnavailable
-from commitline.domain import AGGREGATES
+from commitline.domain import EventRegistry
 from commitline.infrastructure.config import Settings
 from commitline.infrastructure.followers.buckets import BucketLog, BucketPage
 from commitline.infrastructure.followers.group import GroupLease, GroupState
@@ -63,7 +63,7 @@ from commitline.infrastructure.followers.lease import LeaseLost, instance_id
 from commitline.infrastructure.followers.outage import Outage
 from commitline.infrastructure.followers.shared import SharedWakeup
 from commitline.infrastructure.followers.wakeup import wait_or_stop
-from commitline.infrastructure.kafka.envelope import KafkaRecord, to_record, topic_for
+from commitline.infrastructure.kafka.envelope import KafkaRecord, to_record, topics_of
 from commitline.infrastructure.kafka.producer import (
     RecordRefused,
     ensure_topics,
@@ -167,10 +167,11 @@ class PartitionedPublisher:
     in one loop. Offers what the CLI, ``run_until_signalled`` and ``/metrics`` use of a follower:
     ``run(stop)``, ``metrics``, ``waiting_for_operator``, ``on_caught_up``, ``on_poisoned``."""
 
-    def __init__(self, recorder: EventRecorder, conninfo: dict[str, Any], settings: Settings, *,
-                 owner: str | None = None, on_published: Callable[[Sequence[KafkaRecord]], None] | None = None,
-                 broker_in_memory: bool = False):
+    def __init__(self, recorder: EventRecorder, conninfo: dict[str, Any], settings: Settings,
+                 registry: EventRegistry, *, owner: str | None = None,
+                 on_published: Callable[[Sequence[KafkaRecord]], None] | None = None, broker_in_memory: bool = False):
         self.recorder = recorder
+        self.registry = registry
         self.conninfo = conninfo
         self.settings = settings
         self.owner = owner or instance_id()
@@ -187,7 +188,7 @@ class PartitionedPublisher:
         self.outage = Outage(log, "kafka", max_backoff)
         self.store_outage = Outage(log, f"{PUBLISHER}: PostgreSQL", max_backoff)
         self._join_outage = Outage(log, f"{PUBLISHER}: PostgreSQL", max_backoff)
-        self.topics = [topic_for(settings.kafka_topic_prefix, a.__name__) for a in AGGREGATES]
+        self.topics = topics_of(settings.kafka_topic_prefix, registry)
         self.producers = SharedProducer(settings, self.topics, f"commitline-{self.owner}")
         self.on_caught_up: Callable[[], None] | None = None
         self.on_poisoned: Callable[[], None] | None = None
@@ -499,7 +500,7 @@ class PartitionedPublisher:
             for n, b in zip(page.notifications, page.buckets):
                 events.setdefault(b, []).append(n)
         prefix, owner, limit = self.settings.kafka_topic_prefix, self.owner, self.settings.kafka_max_message_bytes
-        records = {b: [to_record(n, prefix, owner) for n in batch] for b, batch in events.items()}
+        records = {b: [to_record(n, prefix, owner, self.registry) for n in batch] for b, batch in events.items()}
         built = _Round(events, records, {}, through, full)
         for bucket, batch in records.items():
             for i, record in enumerate(batch):

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from commitline.domain import AGGREGATES
 from commitline.infrastructure.kafka.envelope import topic_for
 
 
@@ -25,9 +25,16 @@ class ConsumedRecord:
 
 
 def read_topics(bootstrap_servers: str, topic_prefix: str, expect_at_least: int, timeout: float = 60,
-                quiet_for: float = 1.0) -> list[ConsumedRecord]:
-    """Every record of the prefix's topics, sorted by (topic, partition, offset): read until at least
-    ``expect_at_least`` arrived and nothing new came for ``quiet_for`` seconds, or ``timeout`` passed."""
+                quiet_for: float = 1.0, *, aggregate_types: Iterable[str] | None = None) -> list[ConsumedRecord]:
+    """Every record of the prefix's topics (``<prefix><aggregate type>``, of the given aggregate types or of
+    every one there is), sorted by (topic, partition, offset): read until at least ``expect_at_least``
+    arrived and nothing new came for ``quiet_for`` seconds, or ``timeout`` passed."""
+    wanted = None if aggregate_types is None else {topic_for(topic_prefix, name) for name in aggregate_types}
+
+    def ours(topic: str) -> bool:
+        if wanted is not None:
+            return topic in wanted
+        return topic.startswith(topic_prefix) and "." not in topic[len(topic_prefix):]
 
     async def read() -> list[ConsumedRecord]:
         consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False,
@@ -37,7 +44,7 @@ def read_topics(bootstrap_servers: str, topic_prefix: str, expect_at_least: int,
             existing = await consumer.topics()  # metadata for all topics; creates none
             partitions = [
                 TopicPartition(topic, p)
-                for topic in (topic_for(topic_prefix, a.__name__) for a in AGGREGATES) if topic in existing
+                for topic in sorted(existing) if ours(topic)
                 for p in sorted(consumer.partitions_for_topic(topic) or ())
             ]
             if not partitions:

@@ -10,15 +10,16 @@ from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Identifier
 
 from commitline.application.audit import ChainRecord, StoredHistoryEvent
-from commitline.infrastructure.store.codec import decode_event
+from commitline.infrastructure.store.codec import EventCodec
 from commitline.infrastructure.store.recorder import EVENTS_TABLE, IDEMPOTENCY_TABLE, EventRecorder
 
 PAGE = 10_000
 
 
 class PostgresAuditSource:
-    def __init__(self, recorder: EventRecorder):
+    def __init__(self, recorder: EventRecorder, codec: EventCodec):
         self.datastore = recorder.datastore
+        self.codec = codec
         self.events = Identifier(self.datastore.schema, EVENTS_TABLE)
         self.idempotency = Identifier(self.datastore.schema, IDEMPOTENCY_TABLE)
 
@@ -27,7 +28,7 @@ class PostgresAuditSource:
             rows = conn.cursor(row_factory=tuple_row).execute(SQL(
                 "SELECT originator_version, topic, state FROM {} WHERE originator_id = %s ORDER BY originator_version"
             ).format(self.events), (aggregate_id,)).fetchall()
-        decoded = [decode_event(topic, aggregate_id, version, bytes(state)) for version, topic, state in rows]
+        decoded = [self.codec.decode_event(topic, aggregate_id, version, bytes(state)) for version, topic, state in rows]
         return [StoredHistoryEvent(r.event, r.aggregate_type, r.tenant) for r in decoded]
 
     def chain_records(self, aggregate_id: UUID | None) -> Iterator[ChainRecord]:

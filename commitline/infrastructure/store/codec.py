@@ -7,6 +7,8 @@ payload is readable by any consumer and decodes to values equal to what was writ
 
 Stored event state layout: ``{"id", "at", "tenant", "data"}`` plus ``"v"`` (the event
 class version) when it is above 1; old versions are upcast on read.
+
+Decoding needs the domain's event classes: an ``EventCodec`` holds one domain's ``EventRegistry``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import orjson
 from eventsourcing.persistence import StoredEvent
 from pydantic import TypeAdapter
 
-from commitline.domain import AGGREGATE_OF_EVENT, EVENT_TYPES, Aggregate, Event
+from commitline.domain import Aggregate, Event, EventRegistry
 
 _OPTIONS = orjson.OPT_SORT_KEYS
 
@@ -86,21 +88,29 @@ def encode_event(event: Event, tenant: str) -> StoredEvent:
     )
 
 
-def decode_event(topic: str, originator_id: UUID, originator_version: int, state: bytes) -> RecordedEvent:
-    cls = EVENT_TYPES.get(topic)
-    if cls is None:
-        raise UnknownEventType(f"no event class is registered for stored type {topic!r}")
-    stored = orjson.loads(state)
-    data = stored["data"]
-    version = stored.get("v", 1)
-    while version < cls.class_version:
-        data = getattr(cls, f"upcast_v{version}_v{version + 1}")(data)
-        version += 1
-    event = _adapter(cls).validate_python(
-        {**data, "event_id": stored["id"], "aggregate_id": originator_id, "version": originator_version,
-         "occurred_at": stored["at"]}
-    )
-    return RecordedEvent(event=event, tenant=stored["tenant"], aggregate_type=AGGREGATE_OF_EVENT[cls].__name__)
+def stored_version(state: dict[str, Any]) -> int:
+    """The class version a stored event state was written at."""
+    return int(state.get("v", 1))
+
+
+class EventCodec:
+    """Decoding stored events into one domain's event classes (upcast to their current version)."""
+
+    def __init__(self, registry: EventRegistry):
+        self.registry = registry
+
+    def decode_event(self, topic: str, originator_id: UUID, originator_version: int, state: bytes) -> RecordedEvent:
+        cls = self.registry.event_class(topic)
+        if cls is None:
+            raise UnknownEventType(f"no event class is registered for stored type {topic!r}")
+        stored = orjson.loads(state)
+        data = cls.upcast(stored["data"], stored_version(stored))
+        event = _adapter(cls).validate_python(
+            {**data, "event_id": stored["id"], "aggregate_id": originator_id, "version": originator_version,
+             "occurred_at": stored["at"]}
+        )
+        return RecordedEvent(event=event, tenant=stored["tenant"],
+                            aggregate_type=self.registry.aggregate_of_event[cls].__name__)
 
 
 def encode_snapshot(aggregate: Aggregate) -> bytes:
@@ -109,5 +119,3 @@ def encode_snapshot(aggregate: Aggregate) -> bytes:
 
 def decode_snapshot(cls: type[Aggregate], state: bytes) -> Aggregate:
     return _adapter(cls).validate_json(state)
-
-

@@ -34,7 +34,8 @@ from commitline.application.errors import EventTooLarge, WrongAggregateType
 from commitline.application.ports import CommandLoad, ForeignStream, IdempotencyRecord
 from commitline.domain import Aggregate, Event
 from commitline.infrastructure.store.aggregate_cache import AggregateCache, Entry
-from commitline.infrastructure.store.codec import decode_event, decode_snapshot, encode_event, encode_snapshot
+from commitline.infrastructure.store.codec import EventCodec, decode_snapshot, encode_event, encode_snapshot
+from commitline.infrastructure.store.event_versions import EventVersions
 from commitline.infrastructure.store.group_commit import GroupCommitter
 from commitline.infrastructure.store.recorder import CommandRead, EventRecorder, PendingAppend, Snapshot
 
@@ -43,11 +44,16 @@ log = logging.getLogger(__name__)
 
 
 class PostgresEventStore:
-    def __init__(self, recorder: EventRecorder, snapshot_interval: int = 100, remembered_heads: int = 100_000, *,
-                 max_event_bytes: int = 900_000, cache_size: int = 10_000, group_commit: int = 48):
-        """``cache_size``: aggregates kept decoded (0: none); ``group_commit``: the most commands per
-        shared transaction (0: every append in its own, as ``recorder.append`` does it)."""
+    def __init__(self, recorder: EventRecorder, codec: EventCodec, snapshot_interval: int = 100,
+                 remembered_heads: int = 100_000, *, max_event_bytes: int = 900_000, cache_size: int = 10_000,
+                 group_commit: int = 48, versions: EventVersions | None = None):
+        """``codec``: the domain's event classes; ``cache_size``: aggregates kept decoded (0: none);
+        ``group_commit``: the most commands per shared transaction (0: every append in its own, as
+        ``recorder.append`` does it); ``versions``: where each new (event type, class version) is recorded
+        before its first event is stored."""
         self.recorder = recorder
+        self.codec = codec
+        self.versions = versions
         self.cache = AggregateCache(cache_size)
         self.committer = GroupCommitter(recorder, max_batch=group_commit) if group_commit else None
         self.snapshot_interval = snapshot_interval
@@ -70,7 +76,7 @@ class PostgresEventStore:
             if snapshot.aggregate_type != cls.__name__:
                 raise WrongAggregateType(aggregate_id, cls.__name__, snapshot.aggregate_type)
             start = decode_snapshot(cls, snapshot.state)  # type: ignore[assignment]
-        recorded = [decode_event(s.topic, s.originator_id, s.originator_version, s.state) for s in stored]
+        recorded = [self.codec.decode_event(s.topic, s.originator_id, s.originator_version, s.state) for s in stored]
         if recorded and recorded[0].aggregate_type != cls.__name__:
             raise WrongAggregateType(aggregate_id, cls.__name__, recorded[0].aggregate_type)
         aggregate = cls.replay(aggregate_id, [r.event for r in recorded], start)
@@ -105,7 +111,8 @@ class PostgresEventStore:
         if entry is not None:
             aggregate: A = entry.aggregate  # type: ignore[assignment]
             for s in read.events:
-                aggregate.apply(decode_event(s.topic, s.originator_id, s.originator_version, s.state).event)
+                aggregate.apply(self.codec.decode_event(s.topic, s.originator_id, s.originator_version,
+                                                         s.state).event)
         else:
             try:
                 aggregate = self._decoded(cls, aggregate_id, read, tenant)
@@ -124,7 +131,8 @@ class PostgresEventStore:
             if read.snapshot.aggregate_type != cls.__name__:
                 raise WrongAggregateType(aggregate_id, cls.__name__, read.snapshot.aggregate_type)
             start = decode_snapshot(cls, read.snapshot.state)  # type: ignore[assignment]
-        recorded = [decode_event(s.topic, s.originator_id, s.originator_version, s.state) for s in read.events]
+        recorded = [self.codec.decode_event(s.topic, s.originator_id, s.originator_version, s.state)
+                    for s in read.events]
         if recorded and recorded[0].aggregate_type != cls.__name__:
             raise WrongAggregateType(aggregate_id, cls.__name__, recorded[0].aggregate_type)
         return cls.replay(aggregate_id, [r.event for r in recorded], start)
@@ -139,6 +147,8 @@ class PostgresEventStore:
             if len(s.state) > self.max_event_bytes:
                 raise EventTooLarge(idempotency.command_type if idempotency else "the command", s.topic, len(s.state),
                                     self.max_event_bytes)
+        if self.versions is not None:
+            self.versions.ensure((e.type_name(), e.class_version) for e in events)
         before = stored[0].originator_version - 1
         links = chain(self._head_hash(aggregate.id, before), stored)
         if self.committer is not None:

@@ -19,11 +19,13 @@ import psycopg
 import pytest
 
 from commitline.composition import bootstrap
-from commitline.domain.fulfilment import fulfilment_id, payment_id_for
+from commitline.examples.fulfilment import fulfilment_id, payment_id_for
+from commitline.examples import reads as example_shapes
 from commitline.http import reads_shapes as shapes
-from commitline.projections import PROJECTIONS
+from tests.support import PROJECTIONS
 from tests.integration.http.conftest import Server
 from tests.support import FollowerThread, count_rows, settings_for, wait_for
+from tests.support import configured_gateway, fulfilment_runner, make_saga
 
 A, B = "acme", "globex"
 
@@ -149,12 +151,12 @@ def test_read_models_before_and_after_the_projections_ran(server: Server, pg_dsn
     problem(acme.get(f"/v1/read-models/task-statuses/{task}"), 404, "aggregate_not_found")
     problem(acme.get(f"/v1/read-models/inventory-levels/{item}"), 404, "aggregate_not_found")
     problem(acme.get(f"/v1/read-models/fulfilments/{order}"), 404, "aggregate_not_found")
-    assert ok(acme, "/v1/read-models/payment-totals", shapes.PaymentTotalsOut) == {"tenant": A, "totals": []}
-    assert ok(acme, "/v1/read-models/fulfilments", shapes.FulfilmentsOut) == {"fulfilments": []}
+    assert ok(acme, "/v1/read-models/payment-totals", example_shapes.PaymentTotalsOut) == {"tenant": A, "totals": []}
+    assert ok(acme, "/v1/read-models/fulfilments", example_shapes.FulfilmentsOut) == {"fulfilments": []}
 
     with bootstrap(settings_for(pg_dsn, schema)) as app:
-        saga = app.saga(app.gateway(), backoff=0.01)
-        with FollowerThread(lambda: app.fulfilment_runner(saga, poll_interval=0.2)):
+        saga = make_saga(app, configured_gateway(app), backoff=0.01)
+        with FollowerThread(lambda: fulfilment_runner(app, saga, poll_interval=0.2)):
             wait_for(lambda: acme.get(f"/v1/aggregates/{fulfilment_id(UUID(order))}").json().get("state", {})
                      .get("state") == "COMPLETED", "the order's fulfilment to complete")
         head = app.recorder.max_notification_id() or 0
@@ -162,16 +164,16 @@ def test_read_models_before_and_after_the_projections_ran(server: Server, pg_dsn
             with FollowerThread(lambda name=name: app.projector(name, poll_interval=0.2)) as projector:
                 projector.wait_until_at(head, timeout=60)
 
-    assert ok(acme, f"/v1/read-models/task-statuses/{task}", shapes.TaskStatusesOut) == {
+    assert ok(acme, f"/v1/read-models/task-statuses/{task}", example_shapes.TaskStatusesOut) == {
         "task_id": task, "statuses": {"DONE": 1, "PENDING": 59}}
-    assert ok(acme, f"/v1/read-models/inventory-levels/{item}", shapes.InventoryLevelOut) == {
+    assert ok(acme, f"/v1/read-models/inventory-levels/{item}", example_shapes.InventoryLevelOut) == {
         "item_id": item, "on_hand": 7, "reserved": 2, "available": 5}
-    shop_level = ok(acme, f"/v1/read-models/inventory-levels/{shop}", shapes.InventoryLevelOut)
+    shop_level = ok(acme, f"/v1/read-models/inventory-levels/{shop}", example_shapes.InventoryLevelOut)
     assert shop_level["on_hand"] - shop_level["reserved"] == shop_level["available"] == 2
     fulfilment = {"order_id": order, "tenant": A, "state": "COMPLETED", "failure": "", "stuck": ""}
-    assert ok(acme, f"/v1/read-models/fulfilments/{order}", shapes.FulfilmentOut) == fulfilment
-    assert ok(acme, "/v1/read-models/fulfilments", shapes.FulfilmentsOut) == {"fulfilments": [fulfilment]}
-    assert ok(acme, "/v1/read-models/fulfilments", shapes.FulfilmentsOut, stuck="true") == {"fulfilments": []}
+    assert ok(acme, f"/v1/read-models/fulfilments/{order}", example_shapes.FulfilmentOut) == fulfilment
+    assert ok(acme, "/v1/read-models/fulfilments", example_shapes.FulfilmentsOut) == {"fulfilments": [fulfilment]}
+    assert ok(acme, "/v1/read-models/fulfilments", example_shapes.FulfilmentsOut, stuck="true") == {"fulfilments": []}
 
     # the totals are the sums of what the aggregates say, the saga's payment for the order included
     expected: Counter[tuple[str, str]] = Counter()
@@ -180,14 +182,14 @@ def test_read_models_before_and_after_the_projections_ran(server: Server, pg_dsn
         state = ok(acme, f"/v1/aggregates/{pid}", shapes.AggregateOut)["state"]
         expected[(state["state"], state["currency"])] += Decimal(state["amount"])  # type: ignore[assignment]
         counts[(state["state"], state["currency"])] += 1
-    totals = ok(acme, "/v1/read-models/payment-totals", shapes.PaymentTotalsOut)
+    totals = ok(acme, "/v1/read-models/payment-totals", example_shapes.PaymentTotalsOut)
     assert totals["tenant"] == A
     assert {(t["state"], t["currency"]): (t["payments"], Decimal(t["amount"])) for t in totals["totals"]} == {
         key: (counts[key], amount) for key, amount in expected.items()}
     assert {t["amount"] for t in totals["totals"]} >= {"2.50", "1.25"}, "amounts are decimal strings"
-    assert ok(globex, "/v1/read-models/payment-totals", shapes.PaymentTotalsOut) == {
+    assert ok(globex, "/v1/read-models/payment-totals", example_shapes.PaymentTotalsOut) == {
         "tenant": B, "totals": [{"state": "CREATED", "currency": "EUR", "payments": 1, "amount": "99.00"}]}
-    assert ok(globex, "/v1/read-models/fulfilments", shapes.FulfilmentsOut) == {"fulfilments": []}
+    assert ok(globex, "/v1/read-models/fulfilments", example_shapes.FulfilmentsOut) == {"fulfilments": []}
     for url in (f"/v1/read-models/task-statuses/{task}", f"/v1/read-models/inventory-levels/{item}",
                 f"/v1/read-models/fulfilments/{order}"):
         assert_like_unused(globex, url, url.rsplit("/", 1)[1])

@@ -31,6 +31,7 @@ from commitline.infrastructure.kafka.publisher import PUBLISHER
 from tests.integration.http.conftest import Server
 from tests.integration.test_projections import inject_orphan_payment_event
 from tests.support import FollowerThread, settings_for, wait_for
+from tests.support import configured_gateway, fulfilment_runner, make_saga
 
 CHROMIUM = "/usr/bin/chromium"
 TESSERACT = "/usr/bin/tesseract"
@@ -146,8 +147,8 @@ def test_the_status_page_shows_positions_blocked_projections_stuck_sagas_and_the
         command(acme, {"type": "create_survey_task", "title": f"task {i}"})
 
     with bootstrap(settings_for(pg_dsn, schema)) as app:
-        saga = app.saga(app.gateway(), backoff=0.01)
-        with FollowerThread(lambda: app.fulfilment_runner(saga, poll_interval=0.1)) as runner, \
+        saga = make_saga(app, configured_gateway(app), backoff=0.01)
+        with FollowerThread(lambda: fulfilment_runner(app, saga, poll_interval=0.1)) as runner, \
                 FollowerThread(lambda: app.projector("order_fulfilments", poll_interval=0.1)):
             wait_for(lambda: app.read_models().fulfilments(stuck_only=True), "the order's saga to be STUCK", 120)
             wait_for(lambda: runner.follower.metrics.position >= app.recorder.max_notification_id(),

@@ -11,7 +11,7 @@ from uuid import uuid4
 import pytest
 
 from commitline.domain.errors import IllegalTransition, InvalidValue
-from commitline.domain.fulfilment import (
+from commitline.examples.fulfilment import (
     AFTER_STEP,
     SAGA_TRANSITIONS,
     STEPS,
@@ -28,7 +28,7 @@ from commitline.domain.fulfilment import (
     fulfilment_id,
     payment_id_for,
 )
-from tests.unit.spec import event, given
+from commitline.testing import event, given
 
 S = SagaState
 ORDER = uuid4()

@@ -6,14 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from commitline.domain.errors import (
-    DuplicateReservation,
-    IllegalTransition,
-    InsufficientStock,
-    InvalidValue,
-    UnknownReservation,
-)
-from commitline.domain.inventory import (
+from commitline.domain.errors import IllegalTransition, InvalidValue
+from commitline.examples.inventory import DuplicateReservation, InsufficientStock, UnknownReservation
+from commitline.examples.inventory import (
     InventoryItem,
     ReservationFulfilled,
     ReservationReleased,
@@ -21,7 +16,7 @@ from commitline.domain.inventory import (
     StockReceived,
     StockReserved,
 )
-from tests.unit.spec import event, given
+from commitline.testing import event, given
 
 RECEIVED_3 = event(StockReceived, quantity=3)
 A_RESERVES_2 = event(StockReserved, reservation_id="a", quantity=2)

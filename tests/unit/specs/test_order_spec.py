@@ -9,9 +9,10 @@ from uuid import uuid4
 
 import pytest
 
-from commitline.domain.errors import IllegalTransition, InvalidValue, OrderAlreadyConfirmed
-from commitline.domain.order import ORDER_TRANSITIONS, Order, OrderCancelled, OrderConfirmed, OrderPlaced, OrderState
-from tests.unit.spec import event, given
+from commitline.domain.errors import IllegalTransition, InvalidValue
+from commitline.examples.orders import OrderAlreadyConfirmed
+from commitline.examples.orders import ORDER_TRANSITIONS, Order, OrderCancelled, OrderConfirmed, OrderPlaced, OrderState
+from commitline.testing import event, given
 
 ITEM = uuid4()
 PLACED = event(OrderPlaced, item_id=ITEM, quantity=2, amount=Decimal("25.00"), currency="EUR", account="acc-1")

@@ -7,8 +7,8 @@ from decimal import Decimal
 import pytest
 
 from commitline.domain.errors import IllegalTransition, InvalidValue
-from commitline.domain.order import OrderCancelled
-from commitline.domain.payment import (
+from commitline.examples.orders import OrderCancelled
+from commitline.examples.payments import (
     PaymentCompleted,
     PaymentCreated,
     PaymentFailed,
@@ -16,7 +16,7 @@ from commitline.domain.payment import (
     PaymentSubmitted,
     PaymentTransaction,
 )
-from tests.unit.spec import event, given, recorded
+from commitline.testing import event, given, recorded
 
 CREATED = event(PaymentCreated, amount=Decimal("10.00"), currency="EUR", account="acc-1")
 SUBMITTED = event(PaymentSubmitted, attempt=1)

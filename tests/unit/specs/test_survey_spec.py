@@ -7,8 +7,9 @@ from uuid import uuid4
 
 import pytest
 
-from commitline.domain.errors import IllegalTransition, InvalidValue, TaskClosed, UserNotIssued, UsersAlreadyIssued
-from commitline.domain.survey import (
+from commitline.domain.errors import IllegalTransition, InvalidValue
+from commitline.examples.surveys import TaskClosed, UserNotIssued, UsersAlreadyIssued
+from commitline.examples.surveys import (
     ISSUE_EVENT_BUDGET,
     MAX_USERS_PER_ISSUE,
     AssignmentStatus,
@@ -23,7 +24,7 @@ from commitline.domain.survey import (
     in_parts,
     json_size,
 )
-from tests.unit.spec import event, given
+from commitline.testing import event, given
 
 TASK_ID = uuid4()
 CREATED = event(SurveyTaskCreated, title="Satisfaction")

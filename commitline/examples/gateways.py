@@ -1,8 +1,9 @@
-"""Which payment gateway the fulfilment saga calls, chosen by ``COMMITLINE_GATEWAY``.
+"""The ``payments`` port's factory: which payment gateway the fulfilment saga calls, chosen by
+``COMMITLINE_GATEWAY``.
 
 ``simulated`` (the default: the demo's gateway, its ledger in PostgreSQL), ``http`` (``HttpGateway``, the
 HTTP adapter to ``COMMITLINE_GATEWAY_URL``) or ``module:factory``: an import path of a function that takes
-a ``GatewayContext`` and returns a ``PaymentGateway`` (authorize, capture, void, each idempotent per key).
+a ``PortContext`` and returns a ``PaymentGateway`` (authorize, capture, void, each idempotent per key).
 A path that cannot be imported or called, or that returns something without those methods, is a
 ``ConfigurationError`` naming ``COMMITLINE_GATEWAY``, raised when the saga is built, not at the first order.
 """
@@ -10,30 +11,19 @@ A path that cannot be imported or called, or that returns something without thos
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
 from typing import Any
 
-from commitline.application.errors import ConfigurationError
-from commitline.application.payment_gateway import PaymentGateway
-from commitline.infrastructure.config import Settings
+from commitline import ConfigurationError, PortContext
+from commitline.examples.payment_gateway import PaymentGateway
 
 OPERATIONS = ("authorize", "capture", "void")
 
 
-@dataclass(frozen=True)
-class GatewayContext:
-    """What a gateway factory may use: the settings (``gateway_url``, ``gateway_token``,
-    ``gateway_timeout_s`` ...) and the database's connection parameters (secret: never print them)."""
-
-    settings: Settings
-    conninfo: dict[str, Any] = field(repr=False)
-
-
 def _factory(path: str) -> Any:
     if path == "simulated":
-        path = "commitline.infrastructure.sagas.simulated_gateway:create"
+        path = "commitline.examples.simulated_gateway:create"
     elif path == "http":
-        path = "commitline.infrastructure.sagas.http_gateway:create"
+        path = "commitline.examples.http_gateway:create"
     module_name, _, name = path.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -45,7 +35,7 @@ def _factory(path: str) -> Any:
     return factory
 
 
-def load_gateway(context: GatewayContext) -> PaymentGateway:
+def load_gateway(context: PortContext) -> PaymentGateway:
     """The configured gateway, made by its factory."""
     path = context.settings.gateway
     gateway = _factory(path)(context)

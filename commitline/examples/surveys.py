@@ -1,5 +1,4 @@
-"""Survey tasks (seed 003): a task issued to batches of users, re-issued later, each user
-answering at most once.
+"""Surveys (seed 003): a task issued to batches of users, re-issued later, each user answering at most once.
 
 Answers are recorded on a per-(task, user) ``SurveyAssignment`` stream rather than on
 the task's own stream, so thousands of users answering at once never contend for one
@@ -11,19 +10,44 @@ A large issue (up to 100,000 users) is recorded as several ``SurveyTaskIssued`` 
 one round (``part`` of ``parts``), each holding at most ``ISSUE_EVENT_BUDGET`` bytes of user
 ids, all appended atomically by the one command: every stored event, and every Kafka record
 made from it, stays well below Kafka's default 1 MB message limit.
+
+The whole slice: both aggregates with their events and tables, the errors, the commands and their
+handlers, and the ``task_statuses`` read model.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Sequence
 from enum import Enum
+from typing import Annotated, Any
 from uuid import UUID, uuid5
 
-from commitline.domain.aggregate import Aggregate, Event
-from commitline.domain.errors import InvalidValue, TaskClosed, UserNotIssued, UsersAlreadyIssued
-from commitline.domain.fsm import table
+from pydantic import Field
+
+from commitline import (
+    Aggregate,
+    AggregateNotFound,
+    Changes,
+    Command,
+    Domain,
+    DomainError,
+    Event,
+    Id,
+    InvalidValue,
+    Loader,
+    Projection,
+    RecordedEvent,
+    Stream,
+    Table,
+    Text,
+    VersionedCommand,
+    on,
+    table,
+)
+from commitline.examples.reads import ExampleReads, TaskStatusesOut
+
+domain = Domain("surveys")
 
 MAX_USERS_PER_ISSUE = 100_000
 ISSUE_EVENT_BUDGET = 256 * 1024
@@ -95,7 +119,47 @@ def assignment_id(task_id: UUID, user_id: str) -> UUID:
     return uuid5(_ASSIGNMENT_NAMESPACE, f"{task_id}/{user_id}")
 
 
-@dataclass(kw_only=True)
+@domain.error
+class TaskClosed(DomainError):
+    code = "task_closed"
+    status = 409
+    fields = ("task_id", "action")
+    message = "task {task_id} is closed: cannot {action}"
+
+
+@domain.error
+class UsersAlreadyIssued(DomainError):
+    """A (re-)issue named users who already hold the task; nothing is issued."""
+
+    code = "users_already_issued"
+    status = 409
+    fields = ("task_id", "user_ids")
+    message = "task {task_id} was already issued to {count} of these users: {shown}"
+
+    def __init__(self, task_id: str, user_ids: Iterable[str]):
+        super().__init__(task_id, tuple(sorted(user_ids)))
+
+    @property
+    def count(self) -> int:
+        return len(self.user_ids)
+
+    @property
+    def shown(self) -> str:
+        return ", ".join(self.user_ids[:10]) + (" ..." if self.count > 10 else "")
+
+    def details(self) -> dict[str, Any]:
+        return {"task_id": self.task_id, "count": self.count, "user_ids": list(self.user_ids[:100])}
+
+
+@domain.error
+class UserNotIssued(DomainError):
+    code = "user_not_issued"
+    status = 409
+    fields = ("task_id", "user_id")
+    message = "task {task_id} was never issued to user {user_id}"
+
+
+@domain.aggregate
 class SurveyTask(Aggregate):
     state: TaskState | None = None
     title: str = ""
@@ -145,7 +209,7 @@ class SurveyTask(Aggregate):
                 self.state = TaskState.CLOSED
 
 
-@dataclass(kw_only=True)
+@domain.aggregate
 class SurveyAssignment(Aggregate):
     """One user's assignment to one task; its id is derived from both (``assignment_id``)."""
 
@@ -170,3 +234,90 @@ class SurveyAssignment(Aggregate):
         match event:
             case SurveyTaskAnswered(task_id=task_id, user_id=user_id):
                 self.status, self.task_id, self.user_id = AssignmentStatus.DONE, task_id, user_id
+
+
+UserId = Annotated[str, Field(min_length=1, max_length=128)]
+
+
+class CreateSurveyTask(Command):
+    task_id: Id | None = None
+    title: Text
+
+
+class IssueSurveyTask(VersionedCommand):
+    task_id: Id
+    user_ids: Annotated[tuple[UserId, ...], Field(min_length=1, max_length=MAX_USERS_PER_ISSUE)]
+
+
+class AnswerSurveyTask(Command):
+    task_id: Id
+    user_id: UserId
+
+
+class CloseSurveyTask(VersionedCommand):
+    task_id: Id
+
+
+def _assignment(cmd: AnswerSurveyTask) -> UUID:
+    return assignment_id(cmd.task_id, cmd.user_id)
+
+
+@domain.handles(CreateSurveyTask, SurveyTask, Stream.NEW, id="task_id")
+def create_survey_task(task: SurveyTask, cmd: CreateSurveyTask) -> SurveyTask:
+    return SurveyTask.create(task.id, cmd.title)
+
+
+@domain.handles(IssueSurveyTask, SurveyTask, id="task_id")
+def issue_survey_task(task: SurveyTask, cmd: IssueSurveyTask) -> None:
+    task.issue(cmd.user_ids)
+
+
+@domain.handles(CloseSurveyTask, SurveyTask, id="task_id")
+def close_survey_task(task: SurveyTask, cmd: CloseSurveyTask) -> None:
+    task.close()
+
+
+@domain.handles(AnswerSurveyTask, SurveyAssignment, Stream.ANY, id=_assignment)
+def answer_survey_task(assignment: SurveyAssignment, cmd: AnswerSurveyTask, load: Loader) -> None:
+    task = load(SurveyTask, cmd.task_id)
+    assert isinstance(task, SurveyTask)
+    assignment.answer(task, cmd.user_id)
+
+
+# -- the read model: users per (survey task, status) ------------------------------------------------------
+
+PENDING, DONE = AssignmentStatus.PENDING.value, AssignmentStatus.DONE.value
+
+
+@domain.read_model
+class TaskStatuses(Projection):
+    """Users per (survey task, status). Issue adds PENDING users; an answer moves one to DONE."""
+
+    name = "task_statuses"
+    tables = (
+        Table("rm_task_statuses", {"task_id": "uuid", "status": "text", "tenant": "text", "users": "bigint"},
+              key=("task_id", "status"), counters=("users",)),
+    )
+
+    @on(SurveyTaskCreated)
+    def created(self, changes: Changes, r: RecordedEvent) -> None:
+        for status in AssignmentStatus:
+            changes.add("rm_task_statuses", (r.event.aggregate_id, status.value), users=0)
+            changes.put("rm_task_statuses", (r.event.aggregate_id, status.value), tenant=r.tenant)
+
+    @on(SurveyTaskIssued)
+    def issued(self, changes: Changes, r: RecordedEvent) -> None:
+        changes.add("rm_task_statuses", (r.event.aggregate_id, PENDING), users=len(r.event.user_ids))
+
+    @on(SurveyTaskAnswered)
+    def answered(self, changes: Changes, r: RecordedEvent) -> None:
+        changes.add("rm_task_statuses", (r.event.task_id, PENDING), users=-1)
+        changes.add("rm_task_statuses", (r.event.task_id, DONE), users=1)
+
+
+@domain.query("task-statuses/{task_id}", response=TaskStatusesOut, summary="Users per status of one survey task")
+def task_statuses(reads: ExampleReads, tenant: str, task_id: UUID) -> dict[str, object]:
+    statuses = reads.task_counts(task_id, tenant=tenant)
+    if not statuses:
+        raise AggregateNotFound("SurveyTask", task_id)
+    return {"task_id": task_id, "statuses": dict(sorted(statuses.items()))}

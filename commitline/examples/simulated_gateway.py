@@ -23,8 +23,7 @@ import psycopg
 from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Identifier
 
-from commitline.application.payment_gateway import GatewayDeclined, GatewayTimeout, GatewayUnavailable
-from commitline.infrastructure.migrations import lock_key
+from commitline.examples.payment_gateway import GatewayDeclined, GatewayTimeout, GatewayUnavailable
 
 log = logging.getLogger(__name__)
 LEDGER = "simulated_gateway_ledger"
@@ -38,7 +37,7 @@ class SimulatedGateway:
         self.calls = Identifier(schema, CALLS)
         with self._connect() as conn, conn.transaction():
             # The demo gateway's own tables, created on first use; the lock makes concurrent first uses safe.
-            conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (lock_key(schema),))
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"commitline-schema-{schema}",))
             conn.execute(SQL("CREATE TABLE IF NOT EXISTS {} (key text PRIMARY KEY, amount numeric NOT NULL, "
                              "currency text NOT NULL, account text NOT NULL, status text NOT NULL, "
                              "captures int NOT NULL DEFAULT 0)").format(self.ledger))
@@ -117,5 +116,5 @@ class SimulatedGateway:
 
 
 def create(context: Any) -> SimulatedGateway:
-    """The ``COMMITLINE_GATEWAY=simulated`` factory (``sagas/gateways.py``)."""
+    """The ``COMMITLINE_GATEWAY=simulated`` factory (``gateways.py``)."""
     return SimulatedGateway(context.conninfo, context.settings.schema_name)

@@ -6,19 +6,44 @@ exactly what was recorded. Steps: reserve stock -> authorize the payment -> conf
 order and capture the payment. A failed step moves it to COMPENSATING; compensations run
 in reverse; one that keeps failing moves it to STUCK for a person to resolve. The saga's
 id and the id of the payment it creates both derive from the order id.
+
+The slice: the saga's aggregate with its events and table, the commands only the process manager
+issues (``internal``: never accepted from HTTP or the CLI) and their handlers, and the
+``order_fulfilments`` read model with its queries. The process manager itself is ``fulfilment_saga``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, field
 from enum import Enum
+from typing import Annotated, Any
 from uuid import UUID, uuid5
 
-from commitline.domain.aggregate import Aggregate, Event
-from commitline.domain.errors import InvalidValue
-from commitline.domain.fsm import table
+from pydantic import Field
 
-_SAGA_NAMESPACE = UUID("8d2f4b61-0c5e-4f0a-9b7d-3e6a1c9f2d58")
+from commitline import (
+    Aggregate,
+    AggregateNotFound,
+    Changes,
+    Command,
+    Domain,
+    Event,
+    Id,
+    InvalidValue,
+    Loader,
+    Projection,
+    RecordedEvent,
+    Stream,
+    Table,
+    Text,
+    on,
+    table,
+)
+from commitline.examples.orders import Order
+from commitline.examples.reads import SAGA_NAMESPACE, ExampleReads, FulfilmentOut, FulfilmentsOut, fulfilment_id
+
+domain = Domain("fulfilment")
 STEPS = ("reserve", "charge", "confirm")
 
 
@@ -48,12 +73,8 @@ SAGA_TRANSITIONS = table("OrderFulfilment", {
 AFTER_STEP = {"reserve": S.RESERVED, "charge": S.AUTHORIZED, "confirm": S.COMPLETED}
 
 
-def fulfilment_id(order_id: UUID) -> UUID:
-    return uuid5(_SAGA_NAMESPACE, str(order_id))
-
-
 def payment_id_for(order_id: UUID) -> UUID:
-    return uuid5(_SAGA_NAMESPACE, f"payment/{order_id}")
+    return uuid5(SAGA_NAMESPACE, f"payment/{order_id}")
 
 
 class FulfilmentStarted(Event):
@@ -103,7 +124,7 @@ class FulfilmentRetried(Event):
     resumed: SagaState = SagaState.COMPENSATING  # where the saga goes on: COMPENSATING after STUCK, else where it was parked
 
 
-@dataclass(kw_only=True)
+@domain.aggregate
 class OrderFulfilment(Aggregate):
     state: SagaState | None = None
     order_id: UUID | None = None
@@ -192,3 +213,154 @@ class OrderFulfilment(Aggregate):
                 self.parked_from, self.state, self.stuck = self.state, S.PARKED, reason
             case FulfilmentRetried(resumed=resumed):
                 self.state, self.stuck, self.parked_from = resumed, None, None
+
+
+# -- the commands only the process manager issues (internal: never accepted as JSON) ----------------------
+
+Reason = Annotated[str, Field(min_length=1, max_length=2000)]
+Detail = Annotated[str, Field(max_length=2000)]
+
+
+class SagaCommand(Command):
+    """Recorded by the order-fulfilment process manager only."""
+
+    order_id: Id
+
+
+class StartFulfilment(SagaCommand):
+    pass
+
+
+class RecordFulfilmentStep(SagaCommand):
+    step: Text
+    detail: Detail
+
+
+class RecordFulfilmentFailure(SagaCommand):
+    step: Text
+    reason: Reason
+
+
+class RecordCompensation(SagaCommand):
+    step: Text
+    detail: Detail
+
+
+class RecordFulfilmentCancelled(SagaCommand):
+    reason: Reason
+
+
+class MarkFulfilmentStuck(SagaCommand):
+    step: Text
+    reason: Reason
+    attempts: Annotated[int, Field(ge=1)]
+
+
+class RetryFulfilment(SagaCommand):
+    pass
+
+
+class CancelOrderAfterFailure(SagaCommand):
+    """The saga's compensation: cancels the order even once confirmed (its capture failed)."""
+
+    reason: Reason
+
+
+class ParkFulfilment(SagaCommand):
+    reason: Reason
+    attempts: Annotated[int, Field(ge=1)]
+
+
+def _saga(cmd: SagaCommand) -> UUID:
+    return fulfilment_id(cmd.order_id)
+
+
+@domain.handles(StartFulfilment, OrderFulfilment, Stream.NEW, id=_saga, internal=True)
+def start_fulfilment(saga: OrderFulfilment, cmd: StartFulfilment, load: Loader) -> OrderFulfilment:
+    load(Order, cmd.order_id)  # the order must exist
+    return OrderFulfilment.start(cmd.order_id)
+
+
+@domain.handles(ParkFulfilment, OrderFulfilment, Stream.ANY, id=_saga, internal=True)
+def park_fulfilment(saga: OrderFulfilment, cmd: ParkFulfilment, load: Loader) -> None:
+    load(Order, cmd.order_id)  # the order must exist (a saga may be parked before it started)
+    saga.park(cmd.order_id, cmd.reason, cmd.attempts)
+
+
+@domain.handles(CancelOrderAfterFailure, Order, id="order_id", internal=True)
+def cancel_order_after_failure(order: Order, cmd: CancelOrderAfterFailure) -> None:
+    order.cancel(cmd.reason, compensation=True)
+
+
+# The process manager's records of its own progress: each calls one method of the saga aggregate.
+SAGA_RECORDS: dict[type[SagaCommand], Callable[[OrderFulfilment, Any], None]] = {
+    RecordFulfilmentStep: lambda saga, cmd: saga.step_completed(cmd.step, cmd.detail),
+    RecordFulfilmentFailure: lambda saga, cmd: saga.step_failed(cmd.step, cmd.reason),
+    RecordCompensation: lambda saga, cmd: saga.compensated_step(cmd.step, cmd.detail),
+    RecordFulfilmentCancelled: lambda saga, cmd: saga.cancelled(cmd.reason),
+    MarkFulfilmentStuck: lambda saga, cmd: saga.stuck_at(cmd.step, cmd.reason, cmd.attempts),
+    RetryFulfilment: lambda saga, cmd: saga.retry(),
+}
+for _command, _record in SAGA_RECORDS.items():
+    domain.handles(_command, OrderFulfilment, id=_saga, internal=True)(_record)
+
+
+# -- the read model: each order's fulfilment, where it stands, why it failed, whether it is stuck ----------
+
+@domain.read_model
+class OrderFulfilments(Projection):
+    """Each order's fulfilment saga: where it stands, why it failed, whether it is stuck."""
+
+    name = "order_fulfilments"
+    tables = (
+        Table("rm_order_fulfilments", {"saga_id": "uuid", "order_id": "uuid", "tenant": "text", "state": "text",
+                                       "failure": "text", "stuck": "text"}, key=("saga_id",)),
+    )
+
+    def _put(self, changes: Changes, r: RecordedEvent, **values: object) -> None:
+        changes.put("rm_order_fulfilments", (r.event.aggregate_id,), **values)
+
+    @on(FulfilmentStarted)
+    def started(self, changes: Changes, r: RecordedEvent) -> None:
+        self._put(changes, r, order_id=r.event.order_id, tenant=r.tenant, state=SagaState.STARTED.value)
+
+    @on(FulfilmentStepCompleted)
+    def step_completed(self, changes: Changes, r: RecordedEvent) -> None:
+        self._put(changes, r, state=AFTER_STEP[r.event.step].value)
+
+    @on(FulfilmentStepFailed)
+    def step_failed(self, changes: Changes, r: RecordedEvent) -> None:
+        self._put(changes, r, state=SagaState.COMPENSATING.value, failure=f"{r.event.step}: {r.event.reason}")
+
+    @on(FulfilmentCancelled)
+    def cancelled(self, changes: Changes, r: RecordedEvent) -> None:
+        self._put(changes, r, state=SagaState.COMPENSATED.value)
+
+    @on(FulfilmentStuck)
+    def stuck(self, changes: Changes, r: RecordedEvent) -> None:
+        self._put(changes, r, state=SagaState.STUCK.value,
+                  stuck=f"{r.event.step}: {r.event.reason} (after {r.event.attempts} attempts)")
+
+    @on(FulfilmentParked)
+    def parked(self, changes: Changes, r: RecordedEvent) -> None:
+        self._put(changes, r, order_id=r.event.order_id, tenant=r.tenant, state=SagaState.PARKED.value,
+                  stuck=f"{r.event.reason} (after {r.event.attempts} attempts)")
+
+    @on(FulfilmentRetried)
+    def retried(self, changes: Changes, r: RecordedEvent) -> None:
+        self._put(changes, r, state=r.event.resumed.value, stuck="")
+
+
+@domain.query("fulfilments", response=FulfilmentsOut,
+              summary="The caller's order fulfilments (sagas) and their state; stuck=true: only those waiting for "
+                      "a person (STUCK or PARKED)")
+def fulfilments(reads: ExampleReads, tenant: str, stuck: bool = False) -> dict[str, object]:
+    return {"fulfilments": [asdict(r) for r in reads.fulfilments(stuck_only=stuck, tenant=tenant)]}
+
+
+@domain.query("fulfilments/{order_id}", response=FulfilmentOut, summary="The fulfilment of one order")
+def fulfilment(reads: ExampleReads, tenant: str, order_id: UUID) -> dict[str, object]:
+    row = reads.fulfilment(order_id, tenant=tenant)
+    if row is None:
+        raise AggregateNotFound("fulfilment of order", order_id)
+    return asdict(row)

@@ -1,23 +1,36 @@
 """Orders (seed 001's third lesson): PLACED -> CONFIRMED | CANCELLED, and CONFIRMED ->
 CANCELLED as a compensation. How an order is fulfilled is the saga's business
-(``commitline.domain.fulfilment``); an order only records the outcome.
+(``commitline.examples.fulfilment``); an order only records the outcome.
 
 A customer may cancel a PLACED order (the saga then undoes whatever it had done); a CONFIRMED order's
 payment is captured or being captured, so a customer's cancel is refused (``OrderAlreadyConfirmed``) and
 only the saga's compensation, after its capture failed, cancels a confirmed order. So no cancelled order
-ever keeps a captured payment."""
+ever keeps a captured payment.
+
+The slice: the aggregate with its events, table and error, the customer's commands and their handlers."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from decimal import Decimal
 from enum import Enum
 from uuid import UUID
 
-from commitline.domain.aggregate import Aggregate, Event
-from commitline.domain.errors import InvalidValue, OrderAlreadyConfirmed
-from commitline.domain.fsm import table
-from commitline.domain.money import check_amount, check_currency
+from commitline import (
+    Aggregate,
+    Domain,
+    DomainError,
+    Event,
+    Id,
+    InvalidValue,
+    Quantity,
+    Stream,
+    Text,
+    VersionedCommand,
+    table,
+)
+from commitline.examples.money import PricedCommand, check_amount, check_currency
+
+domain = Domain("orders")
 
 
 class OrderPlaced(Event):
@@ -49,7 +62,19 @@ ORDER_TRANSITIONS = table("Order", {
 })
 
 
-@dataclass(kw_only=True)
+@domain.error
+class OrderAlreadyConfirmed(DomainError):
+    """A customer's cancel of a confirmed order: its payment is captured (or being captured), so cancelling
+    it would leave the money taken. Only the fulfilment saga cancels a confirmed order, when its capture failed."""
+
+    code = "order_already_confirmed"
+    status = 409
+    fields = ("order_id",)
+    message = ("order {order_id} is confirmed and its payment captured or being captured: it can no longer be "
+               "cancelled (a refund is a new business transaction, not a cancel)")
+
+
+@domain.aggregate
 class Order(Aggregate):
     state: OrderState | None = None
     item_id: UUID | None = None
@@ -91,3 +116,35 @@ class Order(Aggregate):
                 self.state = OrderState.CONFIRMED
             case OrderCancelled(reason=reason):
                 self.state, self.cancel_reason = OrderState.CANCELLED, reason
+
+
+class PlaceOrder(PricedCommand):
+    order_id: Id | None = None
+    item_id: Id
+    quantity: Quantity
+    account: Text
+
+
+class CancelOrder(VersionedCommand):
+    order_id: Id
+    reason: Text
+
+
+class ConfirmOrder(VersionedCommand):
+    order_id: Id
+
+
+@domain.handles(PlaceOrder, Order, Stream.NEW, id="order_id")
+def place_order(order: Order, cmd: PlaceOrder) -> Order:
+    return Order.place(order.id, item_id=cmd.item_id, quantity=cmd.quantity, amount=cmd.amount,
+                       currency=cmd.currency, account=cmd.account)
+
+
+@domain.handles(CancelOrder, Order, id="order_id")
+def cancel_order(order: Order, cmd: CancelOrder) -> None:
+    order.cancel(cmd.reason)
+
+
+@domain.handles(ConfirmOrder, Order, id="order_id")
+def confirm_order(order: Order, cmd: ConfirmOrder) -> None:
+    order.confirm()

@@ -21,10 +21,15 @@ from typing import Any
 
 import httpx
 
-from commitline.application.errors import printable
-from commitline.application.payment_gateway import GatewayDeclined, GatewayTimeout, GatewayUnavailable
+from commitline.examples.payment_gateway import GatewayDeclined, GatewayTimeout, GatewayUnavailable
 
 DECLINED = frozenset({402, 409, 422})
+
+
+def printable(value: object, limit: int) -> str:
+    """``value`` safe to show: printable text as it is, anything else as its ``repr``; at most ``limit`` characters."""
+    text = value if isinstance(value, str) and value.isprintable() else repr(value)
+    return text[:limit] + ("..." if len(text) > limit else "")
 
 
 class HttpGateway:
@@ -78,7 +83,7 @@ class HttpGateway:
 
 
 def create(context: Any) -> HttpGateway:
-    """The ``COMMITLINE_GATEWAY=http`` factory (``sagas/gateways.py``)."""
+    """The ``COMMITLINE_GATEWAY=http`` factory (``gateways.py``)."""
     settings = context.settings
     token = settings.gateway_token.get_secret_value() if settings.gateway_token else None
     return HttpGateway(settings.gateway_url, token=token, timeout_s=settings.gateway_timeout_s)

@@ -1,12 +1,16 @@
-"""Money rules: ISO 4217 currency codes and amounts that fit the currency's minor unit."""
+"""Money rules: ISO 4217 currency codes and amounts that fit the currency's minor unit, and the base of
+commands that carry money (checked at the boundary, so a bad amount is an invalid command)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from decimal import Decimal
+from typing import Annotated, Any
 
 from iso4217 import Currency
+from pydantic import Field, ValidationInfo, field_validator
 
-from commitline.domain.errors import InvalidValue
+from commitline import Amount, Command, InvalidValue
 
 MAX_AMOUNT = Decimal(10) ** 15
 """Amounts are below 10^15 (at most 15 digits before the point): stored as text and numeric, summed in
@@ -39,3 +43,31 @@ def check_amount(amount: Decimal, currency: str) -> Decimal:
     if decimals > allowed:
         raise InvalidValue("amount", amount, f"{currency} allows at most {allowed} decimal places")
     return amount
+
+
+def as_field_error(check: Callable[..., Any], *args: Any) -> Any:
+    """``check(*args)``, its InvalidValue turned into the ValueError a pydantic validator reports on its field."""
+    try:
+        return check(*args)
+    except InvalidValue as e:
+        raise ValueError(e.reason) from None
+
+
+class PricedCommand(Command):
+    """A command carrying money: an ISO 4217 currency and an amount that fits its minor unit."""
+
+    currency: Annotated[str, Field(min_length=3, max_length=3)]
+    amount: Amount
+
+    @field_validator("currency")
+    @classmethod
+    def _iso_currency(cls, code: str) -> str:
+        return as_field_error(check_currency, code)
+
+    @field_validator("amount")
+    @classmethod
+    def _amount_fits_currency(cls, amount: Decimal, info: ValidationInfo) -> Decimal:
+        currency = info.data.get("currency")
+        if currency is None:  # the currency error is reported on its own field
+            return amount
+        return as_field_error(check_amount, amount, currency)

@@ -1,4 +1,6 @@
-"""Given/when/then for aggregates, pure (no I/O):
+"""Public test helpers: given/when/then specifications of a domain's aggregates, pure (no I/O)::
+
+    from commitline.testing import event, given
 
     given(PaymentTransaction, CREATED).when(lambda p: p.submit()).then(event(PaymentSubmitted, attempt=1))
     given(PaymentTransaction, CREATED).when(lambda p: p.complete()).then_raises(IllegalTransition, current="CREATED")
@@ -19,10 +21,10 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 from uuid import UUID, uuid4
 
-import pytest
-
 from commitline.domain.aggregate import Aggregate, Event, utcnow
 from commitline.domain.errors import CommitlineError
+
+__all__ = ["Fact", "When", "event", "given", "recorded"]
 
 A = TypeVar("A", bound=Aggregate)
 E = TypeVar("E", bound=CommitlineError)
@@ -77,7 +79,7 @@ class When(Generic[A]):
         try:
             returned = self.command(aggregate)
         except CommitlineError as e:
-            pytest.fail(f"expected {list(expected)}, but the command was refused: {e!r}")
+            raise AssertionError(f"expected {list(expected)}, but the command was refused: {e!r}") from None
         subject = returned if isinstance(returned, Aggregate) else aggregate
         emitted = subject.collect_events()
         assert [Fact(type(e), e.payload()) for e in emitted] == list(expected)
@@ -88,9 +90,13 @@ class When(Generic[A]):
     def then_raises(self, error_type: type[E], **fields: Any) -> E:
         """Run the command; it must raise ``error_type`` with these field values and change nothing."""
         aggregate = self.given.aggregate()
-        with pytest.raises(error_type) as caught:
+        try:
             self.command(aggregate)
-        assert {name: getattr(caught.value, name) for name in fields} == fields
+        except error_type as e:
+            caught = e
+        else:
+            raise AssertionError(f"expected {error_type.__name__}, but the command was accepted")
+        assert {name: getattr(caught, name) for name in fields} == fields
         assert aggregate == self.given.aggregate(), "a refused command must not change the aggregate"
         assert aggregate.collect_events() == [], "a refused command must not emit events"
-        return caught.value
+        return caught

@@ -1,10 +1,11 @@
-"""The composition root: settings -> database (configured or embedded) -> store -> every runnable.
+"""The composition root: settings + a domain -> database (configured or embedded) -> store -> every runnable.
 
-``bootstrap()`` returns a ``Commitline`` that builds, from one configuration, everything a
-program runs: the command processor, the Kafka publisher, the projectors, the fulfilment
-saga and its runner, the auditor, the read models, rebuilds and the status report, and
-``run_until_signalled`` to run followers until SIGINT/SIGTERM. The CLI, the demo, the
-tests and the benchmarks only call it and render what it returns.
+``bootstrap()`` returns a ``Commitline`` that builds, from one configuration and one domain (``--app`` /
+``COMMITLINE_APP``, or given; the built-in examples by default), everything a program runs: the command
+processor, the Kafka publisher, the projectors, the process managers and their runners, the auditor, the
+read models, rebuilds and the status report, and ``run_until_signalled`` to run followers until
+SIGINT/SIGTERM. The CLI, the HTTP server, the demo, the tests and the benchmarks only call it and render
+what it returns.
 """
 
 from __future__ import annotations
@@ -12,19 +13,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Collection, Iterable
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+from uuid import UUID
 
 import psycopg
 
 from commitline.application.audit import Auditor
-from commitline.application.errors import ConfigurationError, StoreUnavailable
-from commitline.application.fulfilment import FulfilmentSaga
-from commitline.application.payment_gateway import PaymentGateway
+from commitline.application.errors import ConfigurationError, InvalidDomain, StoreUnavailable
+from commitline.application.process import ProcessManager, StuckInstance
 from commitline.application.processor import CommandProcessor
 from commitline.application.retry import RetryPolicy
-from commitline.domain import AGGREGATE_TYPES
+from commitline.composition.status import StatusReport
+from commitline.domain.aggregate import Aggregate
+from commitline.framework.checks import stored_problems
+from commitline.framework.domain import Domain, PortContext
+from commitline.framework.loading import load_domain
 from commitline.infrastructure import migrations
 from commitline.infrastructure.config import Settings, load_settings
 from commitline.infrastructure.dispatch_cpu import DispatchCpu
@@ -35,31 +41,27 @@ from commitline.infrastructure.embedded.postgres import EmbeddedPostgres
 from commitline.infrastructure.embedded.shared import SharedServer
 from commitline.infrastructure.followers.engine import Follower
 from commitline.infrastructure.followers.buckets import parse_bucket_name
-from commitline.infrastructure.followers.group_status import GroupStatus, group_status
-from commitline.infrastructure.followers.health import (
-    Problem,
-    StuckSaga,
-    Thresholds,
-    bucket_reasons,
-    follower_reasons,
-    judge,
-)
-from commitline.infrastructure.followers.status import FollowerStatus, follower_statuses
+from commitline.infrastructure.followers.group_status import group_status
+from commitline.infrastructure.followers.health import Thresholds
+from commitline.infrastructure.followers.status import follower_statuses
+from commitline.infrastructure.followers.thread import FollowerThread
 from commitline.infrastructure.kafka.producer import client_options
-from commitline.infrastructure.kafka.partitioned import UNOWNED_GRACE_SECONDS, PartitionedPublisher
+from commitline.infrastructure.kafka.partitioned import PartitionedPublisher
 from commitline.infrastructure.kafka.publisher import PUBLISHER
+from commitline.infrastructure.kafka.reader import ConsumedRecord, read_topics
 from commitline.infrastructure.metrics import CommandMetrics
-from commitline.infrastructure.sagas.gateways import GatewayContext, load_gateway
-from commitline.infrastructure.sagas.runner import RUNNER, FulfilmentRunner
-from commitline.infrastructure.sagas.simulated_gateway import SimulatedGateway
+from commitline.infrastructure.sagas.runner import ProcessRunner
 from commitline.infrastructure.store.api_keys import ApiKeys
 from commitline.infrastructure.store.audit_source import PostgresAuditSource
+from commitline.infrastructure.store.codec import EventCodec
 from commitline.infrastructure.store.datastore import StoreDatastore, connect_options, describe_failure
+from commitline.infrastructure.store import event_versions
 from commitline.infrastructure.store.event_store import PostgresEventStore, stored_tenant
+from commitline.infrastructure.store.event_versions import EventVersions
 from commitline.infrastructure.store.recorder import EventRecorder
-from commitline.projections import PROJECTIONS, ReadModels
+from commitline.projections.base import Projection
 from commitline.projections.projector import Projector
-from commitline.projections.queries import FulfilmentRow
+from commitline.projections.reads import Reads
 from commitline.projections.rebuild import Progress, RebuildResult, rebuild, rebuild_many
 from commitline.projections.rebuild import abort as abort_rebuild
 from commitline.projections.storage import table_exists
@@ -67,59 +69,23 @@ from commitline.projections.storage import table_exists
 log = logging.getLogger(__name__)
 
 
+A = TypeVar("A", bound=Aggregate)
+
+
 class UnknownProjection(LookupError):
-    def __init__(self, unknown: Iterable[str]):
-        super().__init__(f"unknown projection(s) {', '.join(unknown)}; known: {', '.join(sorted(PROJECTIONS))}")
-
-
-class UnknownFollower(LookupError):
     def __init__(self, unknown: Iterable[str], known: Iterable[str]):
-        super().__init__(f"unknown follower(s) {', '.join(unknown)}; known: {', '.join(known)} "
-                         f"(aliases: {', '.join(FOLLOWER_ALIASES)})")
+        super().__init__(f"unknown projection(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
 
 
-FOLLOWER_ALIASES = {"publisher": PUBLISHER, "sagas": RUNNER}
-
-
-@dataclass(frozen=True)
-class StatusReport:
-    """Every known follower (never-run ones too) with its liveness from PostgreSQL, the STUCK sagas,
-    and the lag thresholds ``problems()`` judges by (``followers/health.py``)."""
-
-    head: int
-    followers: list[FollowerStatus]
-    stuck_fulfilments: list[FulfilmentRow]
-    thresholds: Thresholds
-    publisher: GroupStatus | None = None  # the publish instances and their buckets
-
-    def follower_names(self, names: Iterable[str]) -> list[str]:
-        """``names`` (or an alias: publisher, sagas) as follower names; UnknownFollower names any other."""
-        names, known = list(names), [s.name for s in self.followers]
-        resolved = [FOLLOWER_ALIASES.get(n, n) for n in names]
-        unknown = [n for n, r in zip(names, resolved) if r not in known]
-        if unknown:
-            raise UnknownFollower(unknown, known)
-        return resolved
-
-    def problems(self, only: Collection[str] | None = None) -> list[Problem]:
-        """What is unhealthy: among all followers, or only those in ``only`` (which must then be running)."""
-        stuck = [StuckSaga(str(r.order_id), r.stuck, r.state) for r in self.stuck_fulfilments]
-        problems = judge(self.followers, stuck, self.thresholds, only=only, saga_runner=RUNNER)
-        if self.publisher is not None and (only is None or PUBLISHER in only):
-            problems += [Problem(s.name, reason) for s in self.publisher.buckets for reason in self.bucket_reasons(s)]
-        return problems
-
-    def bucket_reasons(self, bucket: FollowerStatus) -> list[str]:
-        members = len(self.publisher.members) if self.publisher is not None else 0
-        return bucket_reasons(bucket, self.thresholds, members, UNOWNED_GRACE_SECONDS)
-
-    def reasons(self, follower: FollowerStatus) -> list[str]:
-        return follower_reasons(follower, self.thresholds)
+class UnknownProcessManager(LookupError):
+    def __init__(self, unknown: str, known: Iterable[str]):
+        names = ", ".join(sorted(known)) or "none: the domain declares no process manager"
+        super().__init__(f"unknown process manager {unknown!r}; known: {names}")
 
 
 @dataclass
 class Commitline:
-    """Everything wired together; close it to release connections and stop embedded services."""
+    """Everything wired together for one domain; close it to release connections and stop embedded services."""
 
     settings: Settings
     datastore: StoreDatastore
@@ -132,18 +98,32 @@ class Commitline:
     shared_postgres: SharedServer[EmbeddedPostgres] | None = field(default=None, repr=False)
     shared_kafka: SharedServer[RunningBroker] | None = field(default=None, repr=False)
     dispatch_cpu: DispatchCpu = field(default_factory=lambda: DispatchCpu(None))
+    domain: Domain = field(default=None, repr=False)  # type: ignore[assignment]  # set by bootstrap
     _closed: bool = field(default=False, repr=False)
+
+    @property
+    def codec(self) -> EventCodec:
+        return self.store.codec
 
     # -- commands and queries ----------------------------------------------------------
 
     def dispatch(self, command: Any, *, idempotency_key: str | None, tenant: str = "default"):
         return self.processor.dispatch(command, idempotency_key=idempotency_key, tenant=tenant)
 
-    def auditor(self) -> Auditor:
-        return Auditor(PostgresAuditSource(self.recorder), AGGREGATE_TYPES, stored_tenant)
+    def load(self, cls: type[A], aggregate_id: UUID, *, tenant: str | None = None) -> A:
+        """The aggregate as of its latest event (blank, version 0, if it has none). With ``tenant``, another
+        tenant's stream raises AggregateNotFound, as a command or read of it would."""
+        if tenant is None:
+            return self.store.load(cls, aggregate_id)
+        return self._manager_base().load(cls, aggregate_id, tenant)
 
-    def read_models(self) -> ReadModels:
-        return ReadModels(self.datastore)
+    def auditor(self) -> Auditor:
+        return Auditor(PostgresAuditSource(self.recorder, self.codec), self.domain.registry.aggregate_types,
+                       stored_tenant)
+
+    def read_models(self) -> Reads:
+        """The domain's read-model queries (its ``Reads`` subclass) over this store."""
+        return self.domain.reads_class(self.datastore)
 
     def api_keys(self) -> ApiKeys:
         return ApiKeys(self.datastore.get_connection, self.settings.schema_name)
@@ -163,16 +143,25 @@ class Commitline:
 
     def status(self) -> StatusReport:
         # The publisher's bucket rows are shown per publish instance (``publisher``), not as followers.
-        head, followers = follower_statuses(self.recorder, [PUBLISHER, RUNNER, *sorted(PROJECTIONS)],
+        sagas = tuple(sorted(self.domain.managers))
+        head, followers = follower_statuses(self.recorder, [PUBLISHER, *sagas, *sorted(self.domain.projections)],
                                             include=lambda name: parse_bucket_name(name) is None)
         limits = Thresholds(self.settings.status_max_lag_events, self.settings.status_max_lag_s)
         publisher = group_status(self.recorder, PUBLISHER, self.settings.publish_buckets, head)
-        return StatusReport(head, followers, self._stuck_fulfilments(), limits, publisher)
+        return StatusReport(head, followers, self.stuck_sagas(), limits, publisher, sagas)
 
-    def _stuck_fulfilments(self) -> list[FulfilmentRow]:
-        with self.datastore.get_connection() as conn:
-            built = table_exists(conn, self.datastore.schema, self.projection("order_fulfilments"))
-        return self.read_models().fulfilments(stuck_only=True) if built else []
+    def stuck_sagas(self, tenant: str | None = None) -> list[StuckInstance]:
+        """Every process manager's instances waiting for a person (of ``tenant``, or of every tenant); none
+        from one whose read models have not been built yet."""
+        stuck: list[StuckInstance] = []
+        reads = self.read_models()
+        for name, cls in sorted(self.domain.managers.items()):
+            with self.datastore.get_connection() as conn:
+                built = all(table_exists(conn, self.datastore.schema, self.projection(model))
+                            for model in cls.read_models)
+            if built:
+                stuck += self._manager_base(cls).stuck(reads, tenant)
+        return stuck
 
     # -- followers ---------------------------------------------------------------------
 
@@ -217,54 +206,102 @@ class Commitline:
             settings = self.start_embedded_kafka_if_unset()
             options.setdefault("broker_in_memory", self.settings.kafka_bootstrap_servers is None)
         client_options(settings)  # a TLS file that cannot be loaded is refused now, not once publishing starts
-        return PartitionedPublisher(self.recorder, self.conninfo, settings, **options)
+        return PartitionedPublisher(self.recorder, self.conninfo, settings, self.domain.registry, **options)
 
     def projector(self, name: str, **options: Any) -> Projector:
         options.setdefault("batch_size", self.settings.project_batch_size)
-        return Projector(self.projection(name), self.recorder, self.conninfo, **options)
+        return Projector(self.projection(name), self.codec, self.recorder, self.conninfo, **options)
 
     def projectors(self, names: Iterable[str] = (), **options: Any) -> list[Projector]:
-        return [self.projector(name, **options) for name in (list(names) or sorted(PROJECTIONS))]
+        return [self.projector(name, **options) for name in (list(names) or sorted(self.domain.projections))]
 
-    @staticmethod
-    def projection(name: str) -> Any:
-        if name not in PROJECTIONS:
-            raise UnknownProjection([name])
-        return PROJECTIONS[name]()
+    def projection(self, name: str) -> Projection:
+        known = self.domain.projections
+        if name not in known:
+            raise UnknownProjection([name], known)
+        return known[name]()
 
     def rebuild(self, name: str, *, batch_size: int | None = None, progress: Progress | None = None,
                 skip: dict[int, str] | None = None) -> RebuildResult:
         """Rebuild projection ``name``; ``skip``: poison positions to pass with the operator's reason."""
-        return rebuild(self.projection(name), self.recorder, self.conninfo,
+        return rebuild(self.projection(name), self.codec, self.recorder, self.conninfo,
                        batch_size=batch_size or self.settings.project_batch_size, progress=progress, skip=skip)
 
     def rebuild_many(self, names: Iterable[str], *, batch_size: int | None = None,
                      progress: Progress | None = None) -> list[RebuildResult]:
         """Rebuild the named projections (all, if none are named), reading the log once for all of them."""
-        projections = [self.projection(name) for name in (list(names) or sorted(PROJECTIONS))]
-        return rebuild_many(projections, self.recorder, self.conninfo,
+        projections = [self.projection(name) for name in (list(names) or sorted(self.domain.projections))]
+        return rebuild_many(projections, self.codec, self.recorder, self.conninfo,
                             batch_size=batch_size or self.settings.project_batch_size, progress=progress)
 
     def abort_rebuild(self, name: str) -> bool:
         """Discard an abandoned rebuild of ``name``; False if there was none."""
         return abort_rebuild(self.projection(name), self.recorder, self.conninfo)
 
-    def gateway(self) -> PaymentGateway:
-        """The configured payment gateway (``COMMITLINE_GATEWAY``; the simulated one by default)."""
-        return load_gateway(GatewayContext(self.settings, self.conninfo))
+    def port(self, name: str) -> Any:
+        """The adapter of the domain's port ``name``, made by its factory now (ConfigurationError if it cannot)."""
+        factories = self.domain.port_factories
+        if name not in factories:
+            raise ConfigurationError("COMMITLINE_APP", f"the domain {self.domain.name} declares no port {name!r} "
+                                     f"(it has: {', '.join(sorted(factories)) or 'none'})")
+        return factories[name](PortContext(self.settings, self.conninfo))
 
-    def simulated_gateway(self) -> SimulatedGateway:
-        return SimulatedGateway(self.conninfo, self.settings.schema_name)
-
-    def saga(self, gateway: PaymentGateway | None = None, **options: Any) -> FulfilmentSaga:
-        """The fulfilment saga over ``gateway`` (default: the configured one), retrying each gateway call and
-        compensation ``COMMITLINE_GATEWAY_ATTEMPTS`` times with ``COMMITLINE_GATEWAY_BACKOFF_MS`` back-off."""
+    def process_manager(self, name: str | None = None, *, ports: Mapping[str, Any] | None = None,
+                        **options: Any) -> ProcessManager:
+        """The domain's process manager ``name`` (the only one when None) over this processor and store. Each
+        port it has no adapter for in ``ports`` is made by the domain's factory; ``attempts`` and ``backoff``
+        default to ``COMMITLINE_GATEWAY_ATTEMPTS`` and ``COMMITLINE_GATEWAY_BACKOFF_MS``."""
+        cls = self._manager_class(name)
+        given = dict(ports or {})
+        adapters = {port: given.pop(port) if port in given else self.port(port) for port in self.domain.port_factories}
+        adapters.update(given)
         options.setdefault("attempts", self.settings.gateway_attempts)
         options.setdefault("backoff", self.settings.gateway_backoff_ms / 1000)
-        return FulfilmentSaga(self.processor, self.store, gateway or self.gateway(), **options)
+        return cls(self.processor, self.store, adapters, **options)
 
-    def fulfilment_runner(self, saga: FulfilmentSaga | None = None, **options: Any) -> FulfilmentRunner:
-        return FulfilmentRunner(saga or self.saga(), self.recorder, self.conninfo, **options)
+    def process_runner(self, manager: ProcessManager | str | None = None, **options: Any) -> ProcessRunner:
+        """The follower that runs ``manager`` (an instance, or the name of one to build) over the log."""
+        if not isinstance(manager, ProcessManager):
+            manager = self.process_manager(manager)
+        return ProcessRunner(manager, self.codec, self.recorder, self.conninfo, **options)
+
+    def _manager_class(self, name: str | None) -> type[ProcessManager]:
+        managers = self.domain.managers
+        if name is None and len(managers) == 1:
+            return next(iter(managers.values()))
+        if name is None or name not in managers:
+            raise UnknownProcessManager(name or "(none named)", managers)
+        return managers[name]
+
+    def _manager_base(self, cls: type[ProcessManager] = ProcessManager) -> ProcessManager:
+        """A process manager without ports: enough for what the CLI and status ask of it (``stuck``,
+        ``instances``, ``retry``, ``history_of``), which never calls an external system."""
+        return cls(self.processor, self.store)
+
+    @contextmanager
+    def background(self, *followers: Any) -> Iterator[list[FollowerThread]]:
+        """Run followers (or functions making them: ``app.projector``, ``app.publisher``) in threads of
+        their own while the block runs; they stop at its end. For programs that are not asyncio."""
+        threads = [FollowerThread(f if callable(f) and not hasattr(f, "run") else (lambda f=f: f))
+                   for f in followers]
+        started: list[FollowerThread] = []
+        try:
+            for thread in threads:
+                started.append(thread.start())
+            yield started
+        finally:
+            for thread in reversed(started):
+                thread.stop()
+
+    def published(self, expect_at_least: int, *, timeout: float = 60, quiet_for: float = 1.0,
+                  settings: Settings | None = None) -> list[ConsumedRecord]:
+        """Every record published to the domain's topics, read back from the broker (``settings``' broker, by
+        default the configured one): forensics and demonstrations."""
+        settings = settings or self.settings
+        if settings.kafka_bootstrap_servers is None:
+            raise ConfigurationError("KAFKA_BOOTSTRAP_SERVERS", "is not set: there is no broker to read from")
+        return read_topics(settings.kafka_bootstrap_servers, settings.kafka_topic_prefix or "", expect_at_least,
+                           timeout, quiet_for, aggregate_types=self.domain.registry.aggregate_types)
 
     def run_until_signalled(self, *followers: Follower, drain: bool = False) -> None:
         """Run the followers until SIGINT or SIGTERM (or, with ``drain``, until each has caught up or stopped
@@ -326,13 +363,17 @@ def connection_parts(settings: Settings) -> tuple[dict[str, Any], SharedServer[E
     return Settings(database_url=embedded.dsn).connection_parts(), shared
 
 
-def bootstrap(settings: Settings | None = None, *, apply_migrations: bool = True,
+def bootstrap(settings: Settings | None = None, *, domain: Domain | str | None = None, apply_migrations: bool = True,
               dispatch_cpu: str = "off") -> Commitline:
-    """Wire everything from ``settings`` (default: the environment), bringing the schema up to date
-    first unless ``apply_migrations`` is False (``commitline migrate --check``). ``dispatch_cpu`` applies
-    when ``COMMITLINE_DISPATCH_CPU`` is unset: ``auto`` in commitline's own server and CLI processes."""
+    """Wire ``domain`` (a ``Domain``, or its ``module:attribute``; default ``COMMITLINE_APP``, else the built-in
+    examples) to ``settings`` (default: the environment), bringing the schema up to date first unless
+    ``apply_migrations`` is False (``commitline migrate --check``). The domain is checked before anything is
+    written (``InvalidDomain``, ``InvalidApp``). ``dispatch_cpu`` applies when ``COMMITLINE_DISPATCH_CPU`` is
+    unset: ``auto`` in commitline's own server and CLI processes."""
     settings = settings or load_settings()
     logging.getLogger().setLevel(settings.log_level)
+    domain = domain.check() if isinstance(domain, Domain) else load_domain(domain or settings.app)
+    settings = settings.for_domain(domain.schema)
     cpu = DispatchCpu.from_setting(settings.dispatch_cpu or dispatch_cpu)  # a bad value fails before any I/O
     try:
         parts, shared = connection_parts(settings)
@@ -355,16 +396,27 @@ def bootstrap(settings: Settings | None = None, *, apply_migrations: bool = True
         )
         datastore.pool.open(wait=True, timeout=15)
         recorder = EventRecorder(datastore)
+        with datastore.get_connection() as conn:
+            stored = event_versions.stored_pairs(conn, settings.schema_name)
     except Exception as e:
         cpu.close()
         if shared is not None:
             shared.release()
         raise StoreUnavailable(describe_failure(e, parts)) from None
-    store = PostgresEventStore(recorder, settings.snapshot_interval, max_event_bytes=settings.max_event_bytes,
-                               cache_size=settings.aggregate_cache_size, group_commit=settings.group_commit_max)
+    unreadable = stored_problems(domain, stored, settings.schema_name)
+    if unreadable:  # before this process writes or publishes anything
+        datastore.close()
+        cpu.close()
+        if shared is not None:
+            shared.release()
+        raise InvalidDomain(domain=domain.name, problems=unreadable)
+    store = PostgresEventStore(recorder, EventCodec(domain.registry), settings.snapshot_interval,
+                               max_event_bytes=settings.max_event_bytes, cache_size=settings.aggregate_cache_size,
+                               group_commit=settings.group_commit_max,
+                               versions=EventVersions(datastore.get_connection, settings.schema_name, stored))
     retry = RetryPolicy(
         settings.retry_max_attempts, settings.retry_base_delay_ms / 1000, settings.retry_max_delay_ms / 1000
     )
-    processor = CommandProcessor(store, retry, settings.command_limits(), CommandMetrics(), cpu.enter)
-    return Commitline(settings, datastore, recorder, store, processor,
-                      parts, shared.instance if shared else None, shared_postgres=shared, dispatch_cpu=cpu)
+    processor = CommandProcessor(store, domain.catalog, retry, settings.command_limits(), CommandMetrics(), cpu.enter)
+    return Commitline(settings, datastore, recorder, store, processor, parts, shared.instance if shared else None,
+                      shared_postgres=shared, dispatch_cpu=cpu, domain=domain)

@@ -1,0 +1,64 @@
+"""What ``Commitline.status()`` returns: every follower with its liveness, the saga instances waiting for a
+person, and the judgement of what is unhealthy (``commitline status``, ``--check``, the status page, metrics)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+
+from commitline.application.process import StuckInstance
+from commitline.infrastructure.followers.group_status import GroupStatus
+from commitline.infrastructure.followers.health import Problem, Thresholds, bucket_reasons, follower_reasons, judge
+from commitline.infrastructure.followers.status import FollowerStatus
+from commitline.infrastructure.kafka.partitioned import UNOWNED_GRACE_SECONDS
+from commitline.infrastructure.kafka.publisher import PUBLISHER
+
+
+class UnknownFollower(LookupError):
+    def __init__(self, unknown: Iterable[str], known: Iterable[str]):
+        super().__init__(f"unknown follower(s) {', '.join(unknown)}; known: {', '.join(known)} "
+                         f"(aliases: {', '.join(FOLLOWER_ALIASES)})")
+
+
+FOLLOWER_ALIASES = ("publisher", "sagas")  # the publisher; every process manager
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    """Every known follower (never-run ones too) with its liveness from PostgreSQL, the saga instances
+    waiting for a person, and the lag thresholds ``problems()`` judges by (``followers/health.py``)."""
+
+    head: int
+    followers: list[FollowerStatus]
+    stuck: list[StuckInstance]
+    thresholds: Thresholds
+    publisher: GroupStatus | None = None  # the publish instances and their buckets
+    sagas: tuple[str, ...] = ()  # the process managers' follower names
+
+    def follower_names(self, names: Iterable[str]) -> list[str]:
+        """``names`` (or an alias: publisher, sagas) as follower names; UnknownFollower names any other."""
+        names, known = list(names), [s.name for s in self.followers]
+        resolved: list[str] = []
+        unknown = []
+        for name in names:
+            expanded = [PUBLISHER] if name == "publisher" else list(self.sagas) if name == "sagas" else [name]
+            if not expanded or any(n not in known for n in expanded):
+                unknown.append(name)
+            resolved += expanded
+        if unknown:
+            raise UnknownFollower(unknown, known)
+        return list(dict.fromkeys(resolved))
+
+    def problems(self, only: Collection[str] | None = None) -> list[Problem]:
+        """What is unhealthy: among all followers, or only those in ``only`` (which must then be running)."""
+        problems = judge(self.followers, self.stuck, self.thresholds, only=only)
+        if self.publisher is not None and (only is None or PUBLISHER in only):
+            problems += [Problem(s.name, reason) for s in self.publisher.buckets for reason in self.bucket_reasons(s)]
+        return problems
+
+    def bucket_reasons(self, bucket: FollowerStatus) -> list[str]:
+        members = len(self.publisher.members) if self.publisher is not None else 0
+        return bucket_reasons(bucket, self.thresholds, members, UNOWNED_GRACE_SECONDS)
+
+    def reasons(self, follower: FollowerStatus) -> list[str]:
+        return follower_reasons(follower, self.thresholds)

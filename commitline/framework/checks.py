@@ -1,0 +1,346 @@
+"""Every way a domain's declarations can contradict each other, found at once, each with where it is declared.
+
+``problems(domain)`` returns one line per problem (``path:line: what is wrong``); ``Domain.check`` raises
+them together in one ``InvalidDomain``, before anything is written. Checked here:
+
+- aggregates: each an ``Aggregate`` subclass with events, ``_evolve`` and a sound transition table on a
+  field it has; no two with one name (the name is the Kafka topic and the stored aggregate type);
+- events: each an ``Event`` subclass of one aggregate only, type names unique, an upcaster for every
+  step from version 1 to ``class_version``;
+- commands: each a ``Command`` subclass with one handler, type names unique, its aggregate held by the
+  domain, its id field present;
+- errors: ``DomainError`` subclasses with their own code (unique, not one of commitline's) and an HTTP
+  status from 400 to 599;
+- read models: ``Projection`` subclasses with a unique name and tables no other read model declares,
+  handling only events the domain's aggregates emit;
+- process managers: ``ProcessManager`` subclasses with a unique name, not a follower name commitline or a
+  read model uses, triggered only by the domain's events; ports named once; queries at distinct paths.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any, get_args
+
+from commitline.application.commands import Command
+from commitline.application.process import ProcessManager
+from commitline.domain.aggregate import Aggregate, Event
+from commitline.domain.errors import CommitlineError, DomainError
+from commitline.framework.domain import Declared, Domain, shown_path
+from commitline.projections.base import Projection
+from commitline.projections.reads import Reads
+
+NAME = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
+#: codes commitline itself answers with; a domain error may not take one
+CORE_CODES = frozenset({
+    "error", "domain_error", "illegal_transition", "invalid_value", "invalid_command", "unknown_command_type",
+    "missing_idempotency_key", "invalid_idempotency_key", "invalid_tenant", "idempotency_key_reused",
+    "concurrency_conflict", "aggregate_not_found", "aggregate_already_exists", "wrong_aggregate_type",
+    "event_too_large", "configuration_error", "invalid_app", "invalid_domain", "store_unavailable",
+    "audit_query_error", "version_beyond_head", "before_creation", "malformed_json", "invalid_query",
+    "unauthorized", "not_found", "method_not_allowed", "body_too_large", "unsupported_media_type", "not_ready",
+    "internal_error",
+})
+#: follower names commitline uses itself (with the aliases ``status --check`` accepts)
+CORE_FOLLOWERS = frozenset({"kafka-publisher", "publisher", "sagas"})
+
+
+@functools.lru_cache(maxsize=None)
+def _source_line(obj: Any) -> str | None:
+    try:
+        path = inspect.getsourcefile(obj)
+        line = inspect.getsourcelines(obj)[1]
+    except (OSError, TypeError):
+        return None
+    return f"{shown_path(path)}:{line}" if path else None
+
+
+def where_defined(obj: Any, fallback: str) -> str:
+    """``file:line`` where a class or function is defined; ``fallback`` when the source cannot be found."""
+    try:
+        return _source_line(obj) or fallback
+    except TypeError:  # unhashable
+        return fallback
+
+
+def problems(domain: Domain) -> list[str]:
+    found: list[str] = []
+
+    def say(where: str, text: str) -> None:
+        found.append(f"{where}: {text}")
+
+    if not NAME.fullmatch(domain.schema):
+        say(domain.where, f"the domain's schema {domain.schema!r} must be 1-41 lowercase letters, digits or '_' "
+            "(give Domain(..., schema=...) when the name is not one)")
+    aggregates = _aggregates(domain, say)
+    events = _events(aggregates, say)
+    _commands(domain, aggregates, say)
+    _errors(domain, say)
+    _read_models(domain, events, say)
+    _process_managers(domain, events, say)
+    _ports_and_queries(domain, say)
+    return found
+
+
+def _aggregates(domain: Domain, say: Any) -> dict[type[Aggregate], str]:
+    held: dict[type[Aggregate], str] = {}
+    by_name: dict[str, list[str]] = defaultdict(list)
+    for d in domain.aggregates:
+        cls = d.value
+        if not (isinstance(cls, type) and issubclass(cls, Aggregate)) or cls is Aggregate:
+            say(d.where, f"{cls!r} is not an Aggregate subclass")
+            continue
+        if cls in held:
+            continue  # held twice (an included part and the whole): the same class, no contradiction
+        where = where_defined(cls, d.where)
+        held[cls] = where
+        by_name[cls.__name__].append(where)
+        if not cls.EVENTS:
+            say(where, f"aggregate {cls.__name__} declares no EVENTS")
+        if cls._evolve is Aggregate._evolve:
+            say(where, f"aggregate {cls.__name__} does not implement _evolve(event)")
+        _machine(cls, where, say)
+    for name, places in by_name.items():
+        if len(places) > 1:
+            say(places[1], f"two aggregates are named {name} (also {places[0]}): the name is the stored aggregate "
+                "type and the Kafka topic")
+    return held
+
+
+def _machine(cls: type[Aggregate], where: str, say: Any) -> None:
+    table = cls.TRANSITIONS
+    if table is None:
+        if cls.MACHINE is not None:
+            say(where, f"aggregate {cls.__name__} names a MACHINE but has no TRANSITIONS table")
+        return
+    for problem in table.problems():
+        say(where, f"aggregate {cls.__name__}'s transition table: {problem}")
+    machine = cls.machine()
+    assert machine is not None
+    fields = {f.name: f for f in cls.__dataclass_fields__.values()}
+    if machine[1] not in fields:
+        say(where, f"aggregate {cls.__name__} has no field {machine[1]!r} to hold its machine's state "
+            "(set MACHINE to the field that does)")
+        return
+    enum = table.enum
+    annotation = fields[machine[1]].type
+    per_entry = isinstance(annotation, str) and annotation.replace(" ", "").startswith(("dict[", "Mapping[", "dict"))
+    if enum is not None and isinstance(annotation, str) and not per_entry and enum.__name__ not in annotation:
+        say(where, f"aggregate {cls.__name__}'s field {machine[1]} is {annotation}, but its transition table's "
+            f"states are {enum.__name__} members")
+
+
+def _events(aggregates: dict[type[Aggregate], str], say: Any) -> dict[type[Event], type[Aggregate]]:
+    owner: dict[type[Event], type[Aggregate]] = {}
+    by_name: dict[str, list[str]] = defaultdict(list)
+    for cls, where in aggregates.items():
+        for event in cls.EVENTS:
+            if not (isinstance(event, type) and issubclass(event, Event)):
+                say(where, f"aggregate {cls.__name__}'s EVENTS holds {event!r}, not an Event subclass")
+                continue
+            if event in owner and owner[event] is not cls:
+                say(where, f"event {event.__name__} is emitted by both {owner[event].__name__} and {cls.__name__}: "
+                    "an event belongs to one aggregate")
+                continue
+            if event in owner:
+                continue
+            owner[event] = cls
+            event_where = where_defined(event, where)
+            by_name[event.type_name()].append(event_where)
+            if not isinstance(event.class_version, int) or event.class_version < 1:
+                say(event_where, f"event {event.__name__}'s class_version must be a whole number from 1, not "
+                    f"{event.class_version!r}")
+                continue
+            missing = event.missing_upcasters()
+            if missing:
+                say(event_where, f"event {event.__name__}'s upcaster chain has a hole: it is at class_version "
+                    f"{event.class_version} and lacks {', '.join(missing)}")
+            beyond = [f"upcast_v{v}_v{v + 1}" for v in event.upcasters() if v >= event.class_version]
+            if beyond:
+                say(event_where, f"event {event.__name__} has {', '.join(beyond)}, beyond its class_version "
+                    f"{event.class_version} (raise class_version to the version they produce)")
+    for name, places in by_name.items():
+        if len(places) > 1:
+            say(places[1], f"two events have the type name {name} (also {places[0]})")
+    return owner
+
+
+def _commands(domain: Domain, aggregates: dict[type[Aggregate], str], say: Any) -> None:
+    seen: dict[type[Command], str] = {}
+    by_type: dict[str, list[str]] = defaultdict(list)
+    for d in domain.handlers:
+        handler = d.value
+        command = handler.command
+        if not (isinstance(command, type) and issubclass(command, Command)):
+            say(d.where, f"{command!r} is not a Command subclass")
+            continue
+        if command in seen:
+            if seen[command] != d.where:
+                say(d.where, f"command {command.__name__} has a second handler (the first at {seen[command]})")
+            continue
+        seen[command] = d.where
+        type_field = command.model_fields.get("type")
+        if type_field is None or not isinstance(type_field.default, str) or not get_args(type_field.annotation):
+            say(d.where, f"command {command.__name__} has no fixed type: declare `type: Literal[\"...\"] = \"...\"` "
+                "or leave it to the class name")
+            continue
+        by_type[command.type_name()].append(d.where)
+        if handler.aggregate not in aggregates:
+            name = getattr(handler.aggregate, "__name__", repr(handler.aggregate))
+            say(d.where, f"the handler of {command.__name__} changes {name}, an aggregate the domain does not hold "
+                "(register it with @domain.aggregate)")
+        field = getattr(handler.target, "__qualname__", "")
+        if field.startswith("field "):
+            name = field[len("field "):].strip("'")
+            if name not in command.model_fields:
+                say(d.where, f"the handler of {command.__name__} takes the aggregate id from field {name!r}, which "
+                    f"{command.__name__} does not have")
+    for name, places in by_type.items():
+        if len(places) > 1:
+            say(places[1], f"two commands have the type {name!r} (also {places[0]})")
+
+
+def _errors(domain: Domain, say: Any) -> None:
+    codes: dict[str, str] = {}
+    for d in _unique_declared(domain.errors):
+        cls = d.value
+        if not (isinstance(cls, type) and issubclass(cls, CommitlineError)):
+            say(d.where, f"{cls!r} is not a DomainError subclass")
+            continue
+        where = where_defined(cls, d.where)
+        code = cls.code
+        if not issubclass(cls, DomainError):
+            say(where, f"{cls.__name__} is not a DomainError subclass")
+        elif code in CORE_CODES:
+            say(where, f"error {cls.__name__} uses the code {code!r}, which commitline uses itself: give it its own")
+        elif code in codes:
+            say(where, f"error {cls.__name__} uses the code {code!r}, as another error does ({codes[code]})")
+        codes.setdefault(code, where)
+        status = getattr(cls, "status", None)
+        if not isinstance(status, int) or not 400 <= status <= 599:
+            say(where, f"error {cls.__name__} needs an HTTP status from 400 to 599 (status = 409, 404, 422, ...), "
+                f"not {status!r}")
+
+
+def _read_models(domain: Domain, events: dict[type[Event], type[Aggregate]], say: Any) -> None:
+    names: dict[str, str] = {}
+    tables: dict[str, str] = {}
+    for d in _unique_declared(domain.read_models):
+        cls = d.value
+        if not (isinstance(cls, type) and issubclass(cls, Projection)):
+            say(d.where, f"{cls!r} is not a Projection subclass")
+            continue
+        where = where_defined(cls, d.where)
+        name = getattr(cls, "name", None)
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            say(where, f"read model {cls.__name__} needs a name of lowercase letters, digits or '_', not {name!r}")
+            continue
+        if name in names:
+            say(where, f"two read models are named {name} (also {names[name]})")
+        names.setdefault(name, where)
+        for table in getattr(cls, "tables", ()):
+            if table.name in tables:
+                say(where, f"read model {name} declares the table {table.name}, as {tables[table.name]} does")
+            tables.setdefault(table.name, name)
+        for event in cls._handlers:
+            if event not in events:
+                say(where, f"read model {name} handles {getattr(event, '__name__', event)}, which no aggregate of "
+                    "the domain emits")
+
+
+def _process_managers(domain: Domain, events: dict[type[Event], type[Aggregate]], say: Any) -> None:
+    names: dict[str, str] = {}
+    read_models = {getattr(d.value, "name", None) for d in domain.read_models}
+    for d in _unique_declared(domain.process_managers):
+        cls = d.value
+        if not (isinstance(cls, type) and issubclass(cls, ProcessManager)):
+            say(d.where, f"{cls!r} is not a ProcessManager subclass")
+            continue
+        where = where_defined(cls, d.where)
+        name = getattr(cls, "name", None)
+        if not isinstance(name, str) or not name:
+            say(where, f"process manager {cls.__name__} needs a name")
+            continue
+        if name in names:
+            say(where, f"two process managers are named {name} (also {names[name]})")
+        elif name in CORE_FOLLOWERS or name in read_models:
+            say(where, f"process manager {cls.__name__} is named {name!r}, a name another follower uses")
+        names.setdefault(name, where)
+        if not cls.triggers:
+            say(where, f"process manager {name} has no triggers (the event types it reacts to)")
+        for event in cls.triggers:
+            if event not in events:
+                say(where, f"process manager {name} is triggered by {getattr(event, '__name__', event)}, which no "
+                    "aggregate of the domain emits")
+        for model in cls.read_models:
+            if model not in read_models:
+                say(where, f"process manager {name} names the read model {model!r}, which the domain does not hold")
+        if cls.advance is ProcessManager.advance:
+            say(where, f"process manager {name} does not implement advance(instance_id, tenant)")
+
+
+def _ports_and_queries(domain: Domain, say: Any) -> None:
+    ports: dict[str, str] = {}
+    for d in domain.ports:
+        name, factory = d.value
+        if name in ports and ports[name] != d.where:
+            say(d.where, f"the port {name!r} is declared twice (also {ports[name]})")
+        if not callable(factory):
+            say(d.where, f"the port {name!r}'s factory is not callable")
+        ports.setdefault(name, d.where)
+    paths: dict[str, str] = {}
+    for d in domain.queries:
+        path = d.value.path
+        if path in paths and paths[path] != d.where:
+            say(d.where, f"two queries are served at /v1/read-models/{path} (also {paths[path]})")
+        paths.setdefault(path, d.where)
+        parameters = list(inspect.signature(d.value.function).parameters)
+        if parameters[:2] != ["reads", "tenant"]:
+            say(d.where, f"query {d.value.function.__name__} must take (reads, tenant, ...) first, not "
+                f"({', '.join(parameters[:2])})")
+        for placeholder in re.findall(r"{(\w+)}", path):
+            if placeholder not in parameters:
+                say(d.where, f"query {d.value.function.__name__} has no parameter {placeholder!r} for its path")
+    readers = _unique_declared(domain.readers)
+    for d in readers:
+        if not (isinstance(d.value, type) and issubclass(d.value, Reads)):
+            say(d.where, f"{d.value!r} is not a Reads subclass")
+    if len({d.value for d in readers}) > 1:
+        say(readers[1].where, f"the domain has two query classes ({', '.join(d.value.__name__ for d in readers)}): "
+            "one Reads subclass holds every query method")
+
+
+def _unique_declared(declared: Iterable[Declared[Any]]) -> list[Declared[Any]]:
+    seen: set[int] = set()
+    out = []
+    for d in declared:
+        if id(d.value) not in seen:
+            seen.add(id(d.value))
+            out.append(d)
+    return out
+
+
+def stored_problems(domain: Domain, pairs: Iterable[tuple[str, int]], schema: str) -> list[str]:
+    """What the store (schema ``schema``) holds that ``domain`` cannot read: event types it does not declare,
+    versions newer than their class, old versions without the upcasters that bring them to the current one."""
+    found = []
+    events = domain.registry.event_types
+    for topic, version in sorted(pairs):
+        cls = events.get(topic)
+        where = f"schema {schema}"
+        if cls is None:
+            found.append(f"{where}: holds {topic} events (version {version}), a type the domain {domain.name!r} does "
+                         "not declare: a store holds one domain's events (choose another COMMITLINE_SCHEMA, or "
+                         "declare the type again)")
+        elif version > cls.class_version:
+            found.append(f"{where}: holds {cls.__name__} events at version {version}, newer than its class_version "
+                         f"{cls.class_version} here (a newer release of the domain wrote them)")
+        elif missing := cls.missing_upcasters(version):
+            found.append(f"{where}: holds {cls.__name__} events at version {version}, and {cls.__name__} "
+                         f"({where_defined(cls, '?')}) lacks {', '.join(missing)} to bring them to version "
+                         f"{cls.class_version}")
+    return found

@@ -1,0 +1,287 @@
+"""``Domain``: the one object that collects a team's domain from its own package.
+
+A domain holds aggregates (their state, events and transition table), the handler of each command
+(which aggregate, whether its stream must be new, existing or either, how its id is found), the
+domain's own errors with their HTTP statuses, read models and the queries over them, process managers
+and the ports they call external systems through. Declarations are plain decorators and calls; nothing
+is checked while they are made, so one mistake does not hide the next: ``check()`` (run by
+``bootstrap`` before anything is written) reports every contradiction at once, each with the place it
+was declared (``framework.checks``).
+
+Everything the engine offers is derived from it: the event classes the store decodes, the commands
+HTTP and the CLI accept and OpenAPI describes, Kafka topics, read models and their rebuilds, process
+managers, the problem-document table, audit replay.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Generic, TypeVar
+from uuid import UUID
+
+from commitline.application.catalog import CommandCatalog, Handler, Stream, target_field, with_loader
+from commitline.application.commands import Command
+from commitline.application.errors import InvalidDomain
+from commitline.application.process import ProcessManager
+from commitline.domain.aggregate import Aggregate
+from commitline.domain.errors import DomainError
+from commitline.domain.registry import EventRegistry
+from commitline.projections.base import Projection
+from commitline.projections.reads import Reads
+
+T = TypeVar("T")
+C = TypeVar("C", bound=type)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def call_site(depth: int = 2) -> str:
+    """``file:line`` of the caller ``depth`` frames up, relative to the working directory when inside it."""
+    frame = sys._getframe(depth)
+    return f"{shown_path(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+def shown_path(path: str) -> str:
+    try:
+        relative = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if relative.startswith("..") else relative
+
+
+@dataclass(frozen=True)
+class Declared(Generic[T]):
+    """Something a domain holds, and where it was declared."""
+
+    value: T
+    where: str
+
+
+@dataclass(frozen=True)
+class Query:
+    """A read over the read models, served at ``GET /v1/read-models/<path>``: ``function(reads, tenant, ...)``
+    takes the path's parameters and the query's own (by name, typed), and returns JSON values; it raises
+    ``AggregateNotFound`` for something the tenant does not have."""
+
+    path: str
+    function: Callable[..., Any]
+    response: type | None = None
+    summary: str = ""
+
+
+@dataclass(frozen=True)
+class PortContext:
+    """What a port's factory may use to build its adapter: the settings (``gateway_url``, ``gateway_token``,
+    ``gateway_timeout_s``, ...) and the database's connection parameters (secret: never print them)."""
+
+    settings: Any
+    conninfo: dict[str, Any] = field(repr=False)
+
+
+PortFactory = Callable[[PortContext], Any]
+
+
+class Domain:
+    """A team's domain: see the module docstring. ``schema`` is where its store lives by default (and its
+    topics' prefix, ``<schema>.``), unless ``COMMITLINE_SCHEMA`` / ``COMMITLINE_KAFKA_TOPIC_PREFIX`` say
+    otherwise; it defaults to the domain's name. ``demo`` is what ``commitline demo`` runs."""
+
+    def __init__(self, name: str, *, schema: str | None = None, include: Iterable[Domain] = (),
+                 demo: Callable[..., int] | None = None):
+        self.name = name
+        self.schema = schema or name
+        self.where = call_site()
+        self.demo = demo
+        self.parts: list[Domain] = []
+        self._own: dict[str, list[Declared[Any]]] = {kind: [] for kind in _KINDS}
+        self._checked_at = -1  # the declaration count when it was last checked
+        for part in include:
+            self.include(part)
+
+    def __repr__(self) -> str:
+        return f"Domain({self.name!r})"
+
+    # -- declaring ---------------------------------------------------------------------
+
+    def aggregate(self, cls: C) -> C:
+        """Hold the aggregate class ``cls`` (its ``EVENTS`` and ``TRANSITIONS`` come with it); a decorator."""
+        return self._add("aggregates", cls)
+
+    def handles(self, command: type[Command], aggregate: type[Aggregate], stream: Stream = Stream.EXISTING, *,
+                id: str | Callable[[Any], UUID | None] | None = None,  # noqa: A002 - reads as the domain's word
+                internal: bool = False) -> Callable[[F], F]:
+        """Decorate the handler of ``command``: ``handler(aggregate, command[, load]) -> Aggregate | None``.
+
+        ``stream``: NEW (refused with AggregateAlreadyExists if it exists), EXISTING (AggregateNotFound if
+        not) or ANY. ``id``: the command field holding the aggregate id, or a function of the command
+        giving it; a None id (or no ``id`` for a NEW stream) is derived from the tenant and the
+        idempotency key, so a retry creates the same aggregate. ``internal``: only the domain's process
+        managers issue it; HTTP and the CLI never accept it."""
+        where = call_site()
+        target = _target(id)
+
+        def register(function: F) -> F:
+            handler = Handler(command, aggregate, stream, target, with_loader(function), internal, where)
+            self._declare("handlers", handler, where)
+            return function
+
+        return register
+
+    def error(self, cls: C) -> C:
+        """Hold a ``DomainError`` subclass with its ``code`` and HTTP ``status``; a decorator."""
+        return self._add("errors", cls)
+
+    def read_model(self, cls: C) -> C:
+        """Hold a read model (a ``Projection`` subclass: ``name``, ``tables``, ``@on`` handlers); a decorator."""
+        return self._add("read_models", cls)
+
+    def process_manager(self, cls: C) -> C:
+        """Hold a process manager (a ``ProcessManager`` subclass); a decorator."""
+        return self._add("process_managers", cls)
+
+    def port(self, name: str, factory: PortFactory) -> None:
+        """Declare the port ``name``: ``factory(context)`` builds its adapter (``context.settings``,
+        ``context.conninfo``) when a process manager is built; process managers use it as ``self.ports[name]``."""
+        self._declare("ports", (name, factory), call_site())
+
+    def query(self, path: str, *, response: type | None = None, summary: str = "") -> Callable[[F], F]:
+        """Decorate a read served at ``GET /v1/read-models/<path>`` (``{name}`` parts are parameters)."""
+        where = call_site()
+
+        def register(function: F) -> F:
+            self._declare("queries", Query(path.strip("/"), function, response, summary), where)
+            return function
+
+        return register
+
+    def reader(self, cls: C) -> C:
+        """Hold the class of the domain's read-model queries (a ``Reads`` subclass); a decorator.
+        ``app.read_models()`` returns one, and each ``query`` receives one."""
+        return self._add("readers", cls)
+
+    def include(self, other: Domain) -> Domain:
+        """Hold everything ``other`` declares too, now and later (a domain made of parts, each in its own
+        module, each with its own ``Domain``)."""
+        if other is not self and other not in self.parts:
+            self.parts.append(other)
+            _DECLARATIONS[0] += 1
+        return self
+
+    def _add(self, kind: str, value: C) -> C:
+        self._declare(kind, value, call_site(3))
+        return value
+
+    def _declare(self, kind: str, value: Any, where: str) -> None:
+        self._own[kind].append(Declared(value, where))
+        _DECLARATIONS[0] += 1
+
+    def declared(self, kind: str) -> list[Declared[Any]]:
+        """What this domain and its parts declare of ``kind`` (``aggregates``, ``handlers``, ...), in order."""
+        out = list(self._own[kind])
+        for part in self.parts:
+            out.extend(part.declared(kind))
+        return out
+
+    @property
+    def aggregates(self) -> list[Declared[type[Aggregate]]]:
+        return self.declared("aggregates")
+
+    @property
+    def handlers(self) -> list[Declared[Handler]]:
+        return self.declared("handlers")
+
+    @property
+    def errors(self) -> list[Declared[type[DomainError]]]:
+        return self.declared("errors")
+
+    @property
+    def read_models(self) -> list[Declared[type[Projection]]]:
+        return self.declared("read_models")
+
+    @property
+    def process_managers(self) -> list[Declared[type[ProcessManager]]]:
+        return self.declared("process_managers")
+
+    @property
+    def ports(self) -> list[Declared[tuple[str, PortFactory]]]:
+        return self.declared("ports")
+
+    @property
+    def queries(self) -> list[Declared[Query]]:
+        return self.declared("queries")
+
+    @property
+    def readers(self) -> list[Declared[type[Reads]]]:
+        return self.declared("readers")
+
+    # -- using ---------------------------------------------------------------------------
+
+    def check(self) -> Domain:
+        """Raise InvalidDomain listing every contradiction among the declarations (with where each is
+        declared); return the domain when there is none."""
+        if self._checked_at != _DECLARATIONS[0]:
+            from commitline.framework.checks import problems
+
+            found = problems(self)
+            if found:
+                raise InvalidDomain(domain=self.name, problems=found)
+            for name in ("registry", "catalog", "projections", "managers", "error_statuses", "port_factories",
+                         "reads_class"):
+                self.__dict__.pop(name, None)
+            self._checked_at = _DECLARATIONS[0]
+        return self
+
+    @functools.cached_property
+    def registry(self) -> EventRegistry:
+        return EventRegistry(_unique(d.value for d in self.aggregates))
+
+    @functools.cached_property
+    def catalog(self) -> CommandCatalog:
+        return CommandCatalog(d.value for d in self.handlers)
+
+    @functools.cached_property
+    def projections(self) -> Mapping[str, type[Projection]]:
+        return MappingProxyType({d.value.name: d.value for d in self.read_models})
+
+    @functools.cached_property
+    def managers(self) -> Mapping[str, type[ProcessManager]]:
+        return MappingProxyType({d.value.name: d.value for d in self.process_managers})
+
+    @functools.cached_property
+    def error_statuses(self) -> Mapping[str, int]:
+        """The HTTP status of each of the domain's error codes."""
+        return MappingProxyType({d.value.code: int(d.value.status) for d in self.errors
+                                 if d.value.status is not None})
+
+    @functools.cached_property
+    def port_factories(self) -> Mapping[str, PortFactory]:
+        return MappingProxyType({name: factory for name, factory in (d.value for d in self.ports)})
+
+    @functools.cached_property
+    def reads_class(self) -> type[Reads]:
+        return self.readers[-1].value if self.readers else Reads
+
+
+_DECLARATIONS = [0]  # every declaration of every domain counts: a domain is checked again after any
+_KINDS = ("aggregates", "handlers", "errors", "read_models", "process_managers", "ports", "queries", "readers")
+
+
+def _target(id: str | Callable[[Any], UUID | None] | None) -> Callable[[Any], UUID | None]:  # noqa: A002
+    if id is None:
+        return _derived
+    if isinstance(id, str):
+        return target_field(id)
+    return id
+
+
+def _derived(command: Any) -> UUID | None:
+    """No id of its own: derived from the tenant and the idempotency key."""
+    return None
+
+
+def _unique(values: Iterable[T]) -> list[T]:
+    return list(dict.fromkeys(values))

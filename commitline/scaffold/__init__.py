@@ -1,0 +1,54 @@
+"""``commitline init PATH``: a new service package with its own domain, written from the templates in
+``service/`` (package data): one aggregate with its transition table, two commands with their handlers, one
+read model, given/when/then specifications (``commitline.testing``) and a README with the commands to run it.
+
+The package is named after the folder; ``${package}`` in a template stands for that name.
+"""
+
+from __future__ import annotations
+
+import keyword
+import re
+from importlib import resources
+from pathlib import Path
+from string import Template
+
+_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
+#: template (under ``service/``) -> where it goes (``{package}`` is the package's name)
+FILES = {
+    "pyproject.toml.tmpl": "pyproject.toml",
+    "README.md.tmpl": "README.md",
+    "package/__init__.py.tmpl": "{package}/__init__.py",
+    "package/refunds.py.tmpl": "{package}/refunds.py",
+    "package/read_models.py.tmpl": "{package}/read_models.py",
+    "tests/test_refunds.py.tmpl": "tests/test_refunds.py",
+}
+
+
+class ScaffoldRefused(ValueError):
+    """The folder cannot take a new service (its name is no package name, or it holds files already)."""
+
+
+def package_name(path: Path) -> str:
+    name = path.resolve().name.replace("-", "_")
+    if not _NAME.fullmatch(name) or keyword.iskeyword(name):
+        raise ScaffoldRefused(f"{path.name!r} cannot name a Python package (and a database schema): use lowercase "
+                              "letters, digits and '_' (or '-'), starting with a letter, at most 41 characters")
+    return name
+
+
+def write_service(path: Path) -> tuple[str, list[Path]]:
+    """Write a new service package into ``path`` (created if missing, refused if it holds anything); returns
+    the package's name and the files written."""
+    name = package_name(path)
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise ScaffoldRefused(f"{path} already exists and is not an empty folder: nothing was written")
+    templates = resources.files(__package__) / "service"
+    written = []
+    for template, target in FILES.items():
+        destination = path / target.format(package=name)
+        text = Template((templates / template).read_text(encoding="utf-8")).substitute(package=name)
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        destination.write_text(text, encoding="utf-8")
+        written.append(destination)
+    return name, written

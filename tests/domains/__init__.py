@@ -1,0 +1,1 @@
+"""Small domains for tests of the framework itself: broken ones, evolving ones."""

@@ -1,0 +1,115 @@
+"""A domain is checked when it is loaded: every contradiction among its declarations is refused at once, in one
+message naming each and where it is declared (no I/O: this is before anything could be written)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from commitline import Aggregate, Command, Domain, Event, InvalidDomain, Stream
+from tests.domains import contradictions
+
+SOURCE = Path(contradictions.__file__).read_text().splitlines()
+
+
+def marked(name: str) -> int:
+    """The line of ``contradictions.py`` marked ``# <- name``."""
+    return next(n for n, line in enumerate(SOURCE, start=1) if line.rstrip().endswith(f"# <- {name}"))
+
+
+def problems() -> list[str]:
+    with pytest.raises(InvalidDomain) as refused:
+        contradictions.domain.check()
+    return list(refused.value.problems)
+
+
+def test_every_contradiction_is_listed_in_one_error() -> None:
+    found = problems()
+    message = str(InvalidDomain(domain="contradictions", problems=found))
+    assert message.startswith(f"domain 'contradictions' cannot be used: {len(found)} problems:")
+    assert all(f"  - {p}" in message for p in found)
+    kinds = {
+        "two commands with one type name": r"two commands have the type 'switch_lamp'",
+        "two events with one type name": r"two events have the type name Switched",
+        "a handler for an aggregate not held": r"the handler of Glow changes Unheld, an aggregate the domain does "
+                                               r"not hold",
+        "a table naming unknown states": r"transition table: targets 'AMBER', GREEN have no row",
+        "a read model of an event no aggregate emits": r"read model brightness handles Dimmed, which no aggregate",
+        "an upcaster chain with a hole": r"upcaster chain has a hole: it is at class_version 3 and lacks upcast_v2_v3",
+        "an error without its HTTP status": r"error Broken needs an HTTP status",
+    }
+    for kind, pattern in kinds.items():
+        assert any(re.search(pattern, p) for p in found), f"{kind} not reported in {found}"
+
+
+@pytest.mark.parametrize(("pattern", "mark"), [
+    (r"two commands have the type 'switch_lamp'", "command type twice"),
+    (r"the handler of Glow changes Unheld", "aggregate not held"),
+    (r"upcaster chain has a hole", "upcaster hole"),
+    (r"read model brightness handles Dimmed", "event no aggregate emits"),
+    (r"error Broken needs an HTTP status", "error without status"),
+    (r"two events have the type name Switched", "event type twice"),
+])
+def test_each_problem_names_the_file_and_line_it_is_declared_at(pattern: str, mark: str) -> None:
+    problem = next(p for p in problems() if re.search(pattern, p))
+    path, line = re.match(r"^(\S+?):(\d+): ", problem).groups()  # type: ignore[union-attr]
+    assert path.endswith("tests/domains/contradictions.py")
+    assert abs(int(line) - marked(mark)) <= 1, (problem, marked(mark))
+
+
+def test_a_sound_domain_passes_and_is_checked_again_after_a_new_declaration() -> None:
+    domain = Domain("lights")
+
+    class Lit(Event):
+        pass
+
+    @domain.aggregate
+    class Bulb(Aggregate):
+        EVENTS = (Lit,)
+
+        def _evolve(self, event: Event) -> None:
+            pass
+
+    class Light(Command):
+        bulb_id: str
+
+    assert domain.check() is domain
+    domain.handles(Light, Bulb, Stream.EXISTING, id="wattage")(lambda bulb, command: None)
+    with pytest.raises(InvalidDomain, match="takes the aggregate id from field 'wattage', which Light does not have"):
+        domain.check()
+
+
+def test_a_domain_made_of_parts_sees_what_a_part_declares_later() -> None:
+    part, whole = Domain("part"), Domain("whole")
+    whole.include(part)
+
+    class Rang(Event):
+        pass
+
+    @part.aggregate
+    class Bell(Aggregate):
+        EVENTS = (Rang,)
+
+    with pytest.raises(InvalidDomain, match="aggregate Bell does not implement _evolve"):
+        whole.check()
+
+
+def test_the_examples_are_a_sound_domain() -> None:
+    from commitline.examples import domain
+
+    assert domain.check() is domain
+    assert {h.command.type_name() for h in domain.catalog.handlers.values() if h.internal} >= {
+        "start_fulfilment", "park_fulfilment", "retry_fulfilment"}
+
+
+def test_a_command_type_is_the_class_name_in_snake_case_unless_declared() -> None:
+    class PlaceTradeNow(Command):
+        portfolio_id: str
+
+    class ABCRefund(Command):
+        pass
+
+    assert PlaceTradeNow.type_name() == "place_trade_now" and PlaceTradeNow(portfolio_id="p").type == "place_trade_now"
+    assert ABCRefund.type_name() == "abc_refund"
