@@ -22,24 +22,8 @@ from uuid import UUID, uuid5
 
 from pydantic import Field
 
-from commitline import (
-    Aggregate,
-    AggregateNotFound,
-    Changes,
-    Command,
-    Domain,
-    Event,
-    Id,
-    InvalidValue,
-    Loader,
-    Projection,
-    RecordedEvent,
-    Stream,
-    Table,
-    Text,
-    on,
-    table,
-)
+from commitline import (Aggregate, AggregateNotFound, Changes, Command, Domain, Event, Id, InvalidValue, Loader,
+                        Projection, RecordedEvent, Stream, Table, Text, on, table)
 from commitline.examples.orders import Order
 from commitline.examples.reads import SAGA_NAMESPACE, ExampleReads, FulfilmentOut, FulfilmentsOut, fulfilment_id
 

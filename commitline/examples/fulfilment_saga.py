@@ -17,34 +17,16 @@ from typing import Any
 from uuid import UUID
 
 from commitline import AggregateNotFound, DomainError, IllegalTransition, InstanceRow, ProcessManager, StuckInstance
-from commitline.examples.fulfilment import (
-    CancelOrderAfterFailure,
-    FulfilmentRetried,
-    MarkFulfilmentStuck,
-    OrderFulfilment,
-    ParkFulfilment,
-    RecordCompensation,
-    RecordFulfilmentCancelled,
-    RecordFulfilmentFailure,
-    RecordFulfilmentStep,
-    RetryFulfilment,
-    SagaState,
-    StartFulfilment,
-    domain,
-    fulfilment_id,
-    payment_id_for,
-)
+from commitline.examples.fulfilment import (CancelOrderAfterFailure, FulfilmentRetried, MarkFulfilmentStuck,
+                                            OrderFulfilment, ParkFulfilment, RecordCompensation,
+                                            RecordFulfilmentCancelled, RecordFulfilmentFailure, RecordFulfilmentStep,
+                                            RetryFulfilment, SagaState, StartFulfilment, domain, fulfilment_id,
+                                            payment_id_for)
 from commitline.examples.inventory import ReleaseReservation, ReserveStock, UnknownReservation
 from commitline.examples.orders import ConfirmOrder, Order, OrderPlaced, OrderState
 from commitline.examples.payment_gateway import GatewayDeclined, GatewayUnavailable, PaymentGateway
-from commitline.examples.payments import (
-    CompletePayment,
-    CreatePayment,
-    FailPayment,
-    PaymentState,
-    PaymentTransaction,
-    SubmitPayment,
-)
+from commitline.examples.payments import (CompletePayment, CreatePayment, FailPayment, PaymentState, PaymentTransaction,
+                                          SubmitPayment)
 from commitline.examples.reads import ExampleReads, FulfilmentRow
 
 log = logging.getLogger(__name__)

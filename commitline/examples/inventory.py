@@ -11,25 +11,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from uuid import UUID
 
-from commitline import (
-    Aggregate,
-    AggregateNotFound,
-    Changes,
-    Domain,
-    DomainError,
-    Event,
-    Id,
-    InvalidValue,
-    Projection,
-    Quantity,
-    RecordedEvent,
-    Stream,
-    Table,
-    Text,
-    VersionedCommand,
-    on,
-    table,
-)
+from commitline import (Aggregate, AggregateNotFound, Changes, Domain, DomainError, Event, Id, InvalidValue, Projection,
+                        Quantity, RecordedEvent, Stream, Table, Text, VersionedCommand, on, table)
 from commitline.examples.reads import ExampleReads, InventoryLevelOut
 
 domain = Domain("inventory")

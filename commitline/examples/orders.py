@@ -15,19 +15,8 @@ from decimal import Decimal
 from enum import Enum
 from uuid import UUID
 
-from commitline import (
-    Aggregate,
-    Domain,
-    DomainError,
-    Event,
-    Id,
-    InvalidValue,
-    Quantity,
-    Stream,
-    Text,
-    VersionedCommand,
-    table,
-)
+from commitline import (Aggregate, Domain, DomainError, Event, Id, InvalidValue, Quantity, Stream, Text,
+                        VersionedCommand, table)
 from commitline.examples.money import PricedCommand, check_amount, check_currency
 
 domain = Domain("orders")

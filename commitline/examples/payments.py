@@ -10,22 +10,8 @@ from decimal import Decimal
 from enum import Enum
 from uuid import UUID
 
-from commitline import (
-    Aggregate,
-    Changes,
-    Domain,
-    Event,
-    Id,
-    InvalidValue,
-    Projection,
-    RecordedEvent,
-    Stream,
-    Table,
-    Text,
-    VersionedCommand,
-    on,
-    transitions,
-)
+from commitline import (Aggregate, Changes, Domain, Event, Id, InvalidValue, Projection, RecordedEvent, Stream, Table,
+                        Text, VersionedCommand, on, transitions)
 from commitline.examples.money import PricedCommand, check_amount, check_currency
 from commitline.examples.reads import ExampleReads, PaymentTotalsOut
 
@@ -197,7 +183,8 @@ class PaymentStates(Projection):
         changes.put("rm_payments", (r.event.aggregate_id,), state=target.value)
 
 
-@domain.query("payment-totals", response=PaymentTotalsOut, summary="The caller's payments and their sums per state and currency")
+@domain.query("payment-totals", response=PaymentTotalsOut,
+              summary="The caller's payments and their sums per state and currency")
 def payment_totals(reads: ExampleReads, tenant: str) -> dict[str, object]:
     return {"tenant": tenant, "totals": [
         {"state": t.state, "currency": t.currency, "payments": t.payments, "amount": str(t.amount)}

@@ -25,26 +25,8 @@ from uuid import UUID, uuid5
 
 from pydantic import Field
 
-from commitline import (
-    Aggregate,
-    AggregateNotFound,
-    Changes,
-    Command,
-    Domain,
-    DomainError,
-    Event,
-    Id,
-    InvalidValue,
-    Loader,
-    Projection,
-    RecordedEvent,
-    Stream,
-    Table,
-    Text,
-    VersionedCommand,
-    on,
-    table,
-)
+from commitline import (Aggregate, AggregateNotFound, Changes, Command, Domain, DomainError, Event, Id, InvalidValue,
+                        Loader, Projection, RecordedEvent, Stream, Table, Text, VersionedCommand, on, table)
 from commitline.examples.reads import ExampleReads, TaskStatusesOut
 
 domain = Domain("surveys")

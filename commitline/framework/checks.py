@@ -23,13 +23,13 @@ import functools
 import inspect
 import re
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, get_args
 
 from commitline.application.commands import Command
 from commitline.application.process import ProcessManager
 from commitline.domain.aggregate import Aggregate, Event
-from commitline.domain.errors import CommitlineError, DomainError
+from commitline.domain.errors import DomainError
 from commitline.framework.domain import Declared, Domain, shown_path
 from commitline.projections.base import Projection
 from commitline.projections.reads import Reads
@@ -86,17 +86,21 @@ def problems(domain: Domain) -> list[str]:
     return found
 
 
+def _subclasses(declared: Iterable[Declared[Any]], base: type, say: Any) -> Iterator[tuple[Any, str]]:
+    """Each declared class (once, however often it is held) that subclasses ``base``, with where it is
+    defined; anything else is reported."""
+    for d in _unique_declared(declared):
+        cls = d.value
+        if not (isinstance(cls, type) and issubclass(cls, base)) or cls is base:
+            say(d.where, f"{cls!r} is not a {base.__name__} subclass")
+            continue
+        yield cls, where_defined(cls, d.where)
+
+
 def _aggregates(domain: Domain, say: Any) -> dict[type[Aggregate], str]:
     held: dict[type[Aggregate], str] = {}
     by_name: dict[str, list[str]] = defaultdict(list)
-    for d in domain.aggregates:
-        cls = d.value
-        if not (isinstance(cls, type) and issubclass(cls, Aggregate)) or cls is Aggregate:
-            say(d.where, f"{cls!r} is not an Aggregate subclass")
-            continue
-        if cls in held:
-            continue  # held twice (an included part and the whole): the same class, no contradiction
-        where = where_defined(cls, d.where)
+    for cls, where in _subclasses(domain.aggregates, Aggregate, say):
         held[cls] = where
         by_name[cls.__name__].append(where)
         if not cls.EVENTS:
@@ -206,16 +210,9 @@ def _commands(domain: Domain, aggregates: dict[type[Aggregate], str], say: Any) 
 
 def _errors(domain: Domain, say: Any) -> None:
     codes: dict[str, str] = {}
-    for d in _unique_declared(domain.errors):
-        cls = d.value
-        if not (isinstance(cls, type) and issubclass(cls, CommitlineError)):
-            say(d.where, f"{cls!r} is not a DomainError subclass")
-            continue
-        where = where_defined(cls, d.where)
+    for cls, where in _subclasses(domain.errors, DomainError, say):
         code = cls.code
-        if not issubclass(cls, DomainError):
-            say(where, f"{cls.__name__} is not a DomainError subclass")
-        elif code in CORE_CODES:
+        if code in CORE_CODES:
             say(where, f"error {cls.__name__} uses the code {code!r}, which commitline uses itself: give it its own")
         elif code in codes:
             say(where, f"error {cls.__name__} uses the code {code!r}, as another error does ({codes[code]})")
@@ -229,12 +226,7 @@ def _errors(domain: Domain, say: Any) -> None:
 def _read_models(domain: Domain, events: dict[type[Event], type[Aggregate]], say: Any) -> None:
     names: dict[str, str] = {}
     tables: dict[str, str] = {}
-    for d in _unique_declared(domain.read_models):
-        cls = d.value
-        if not (isinstance(cls, type) and issubclass(cls, Projection)):
-            say(d.where, f"{cls!r} is not a Projection subclass")
-            continue
-        where = where_defined(cls, d.where)
+    for cls, where in _subclasses(domain.read_models, Projection, say):
         name = getattr(cls, "name", None)
         if not isinstance(name, str) or not NAME.fullmatch(name):
             say(where, f"read model {cls.__name__} needs a name of lowercase letters, digits or '_', not {name!r}")
@@ -255,12 +247,7 @@ def _read_models(domain: Domain, events: dict[type[Event], type[Aggregate]], say
 def _process_managers(domain: Domain, events: dict[type[Event], type[Aggregate]], say: Any) -> None:
     names: dict[str, str] = {}
     read_models = {getattr(d.value, "name", None) for d in domain.read_models}
-    for d in _unique_declared(domain.process_managers):
-        cls = d.value
-        if not (isinstance(cls, type) and issubclass(cls, ProcessManager)):
-            say(d.where, f"{cls!r} is not a ProcessManager subclass")
-            continue
-        where = where_defined(cls, d.where)
+    for cls, where in _subclasses(domain.process_managers, ProcessManager, say):
         name = getattr(cls, "name", None)
         if not isinstance(name, str) or not name:
             say(where, f"process manager {cls.__name__} needs a name")
