@@ -27,7 +27,7 @@ def audit_verify(ctx: BenchContext) -> Iterator[str]:
         prefill(app.recorder, total)
         with app.datastore.get_connection() as conn:
             conn.execute(f'ANALYZE "{schema}".events')
-        source = PostgresAuditSource(app.recorder)
+        source = PostgresAuditSource(app.recorder, app.codec)
         read_only = verify = 0.0
         report = None
         for _ in range(rounds):

@@ -30,7 +30,8 @@ from commitline.application.commands import Command
 from commitline.application.process import ProcessManager
 from commitline.domain.aggregate import Aggregate, Event
 from commitline.domain.errors import DomainError
-from commitline.framework.domain import Declared, Domain, shown_path
+from commitline.application.catalog import Stream
+from commitline.framework.domain import Declared, Domain, derived_id, shown_path
 from commitline.projections.base import Projection
 from commitline.projections.reads import Reads
 
@@ -197,6 +198,9 @@ def _commands(domain: Domain, aggregates: dict[type[Aggregate], str], say: Any) 
             name = getattr(handler.aggregate, "__name__", repr(handler.aggregate))
             say(d.where, f"the handler of {command.__name__} changes {name}, an aggregate the domain does not hold "
                 "(register it with @domain.aggregate)")
+        if handler.target is derived_id and handler.stream is not Stream.NEW:
+            say(d.where, f"the handler of {command.__name__} names no id, so each command would start a new stream: "
+                "give id=\"<field>\" (the field holding the aggregate id), or Stream.NEW")
         field = getattr(handler.target, "__qualname__", "")
         if field.startswith("field "):
             name = field[len("field "):].strip("'")

@@ -272,13 +272,13 @@ _KINDS = ("aggregates", "handlers", "errors", "read_models", "process_managers",
 
 def _target(id: str | Callable[[Any], UUID | None] | None) -> Callable[[Any], UUID | None]:  # noqa: A002
     if id is None:
-        return _derived
+        return derived_id
     if isinstance(id, str):
         return target_field(id)
     return id
 
 
-def _derived(command: Any) -> UUID | None:
+def derived_id(command: Any) -> UUID | None:
     """No id of its own: derived from the tenant and the idempotency key."""
     return None
 

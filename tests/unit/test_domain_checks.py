@@ -81,6 +81,27 @@ def test_a_sound_domain_passes_and_is_checked_again_after_a_new_declaration() ->
         domain.check()
 
 
+def test_a_command_on_an_existing_stream_must_say_where_its_id_is() -> None:
+    domain = Domain("switches")
+
+    class Flipped(Event):
+        pass
+
+    @domain.aggregate
+    class Switch(Aggregate):
+        EVENTS = (Flipped,)
+
+        def _evolve(self, event: Event) -> None:
+            pass
+
+    class Flip(Command):
+        switch_id: str
+
+    domain.handles(Flip, Switch)(lambda switch, command: None)
+    with pytest.raises(InvalidDomain, match="the handler of Flip names no id"):
+        domain.check()
+
+
 def test_a_domain_made_of_parts_sees_what_a_part_declares_later() -> None:
     part, whole = Domain("part"), Domain("whole")
     whole.include(part)
