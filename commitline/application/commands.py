@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from decimal import Decimal
 from functools import cache
 import re
-from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, Protocol, get_args
 from uuid import UUID
 
 import orjson
@@ -25,9 +25,6 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from commitline.application.boundary import DEFAULT_LIMITS, CommandLimits, check_json, problem, read_json, too_large
 from commitline.application.errors import InvalidCommand, UnknownCommandType
-
-if TYPE_CHECKING:
-    from commitline.application.catalog import CommandCatalog
 
 
 def _no_float(value: Any) -> Any:
@@ -83,7 +80,17 @@ class VersionedCommand(Command):
     expected_version: Version | None = None
 
 
-def parse_command(command: Command | Mapping[str, Any] | str | bytes, catalog: CommandCatalog, *,
+class KnownCommands(Protocol):
+    """What parsing needs to know of a domain's commands (``catalog.CommandCatalog`` is one)."""
+
+    public: Mapping[str, type[Command]]
+
+    def holds(self, command: type[Command]) -> bool: ...
+
+    def public_types(self) -> list[str]: ...
+
+
+def parse_command(command: Command | Mapping[str, Any] | str | bytes, catalog: KnownCommands, *,
                   limits: CommandLimits = DEFAULT_LIMITS) -> Command:
     """Validate a command given as a model, a mapping or JSON; raise InvalidCommand or UnknownCommandType.
 
@@ -128,7 +135,7 @@ def parse_command(command: Command | Mapping[str, Any] | str | bytes, catalog: C
     return command if isinstance(command, Command) else parsed
 
 
-def _command_class(data: dict[Any, Any], catalog: CommandCatalog) -> type[Command] | None:
+def _command_class(data: dict[Any, Any], catalog: KnownCommands) -> type[Command] | None:
     command_type = data.get("type")
     return catalog.public.get(command_type) if isinstance(command_type, str) else None
 

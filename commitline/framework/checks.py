@@ -24,16 +24,19 @@ import inspect
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
-from typing import Any, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 from commitline.application.commands import Command
 from commitline.application.process import ProcessManager
 from commitline.domain.aggregate import Aggregate, Event
 from commitline.domain.errors import DomainError
 from commitline.application.catalog import Stream
-from commitline.framework.domain import Declared, Domain, derived_id, shown_path
+from commitline.framework.declared import Declared, derived_id, shown_path
 from commitline.projections.base import Projection
 from commitline.projections.reads import Reads
+
+if TYPE_CHECKING:
+    from commitline.framework.domain import Domain
 
 NAME = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
 #: codes commitline itself answers with; a domain error may not take one

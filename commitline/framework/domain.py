@@ -16,12 +16,10 @@ managers, the problem-document table, audit replay.
 from __future__ import annotations
 
 import functools
-import os
-import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 from uuid import UUID
 
 from commitline.application.catalog import CommandCatalog, Handler, Stream, target_field, with_loader
@@ -31,34 +29,14 @@ from commitline.application.process import ProcessManager
 from commitline.domain.aggregate import Aggregate
 from commitline.domain.errors import DomainError
 from commitline.domain.registry import EventRegistry
+from commitline.framework.checks import problems
+from commitline.framework.declared import Declared, call_site, derived_id
 from commitline.projections.base import Projection
 from commitline.projections.reads import Reads
 
 T = TypeVar("T")
 C = TypeVar("C", bound=type)
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def call_site(depth: int = 2) -> str:
-    """``file:line`` of the caller ``depth`` frames up, relative to the working directory when inside it."""
-    frame = sys._getframe(depth)
-    return f"{shown_path(frame.f_code.co_filename)}:{frame.f_lineno}"
-
-
-def shown_path(path: str) -> str:
-    try:
-        relative = os.path.relpath(path)
-    except ValueError:
-        return path
-    return path if relative.startswith("..") else relative
-
-
-@dataclass(frozen=True)
-class Declared(Generic[T]):
-    """Something a domain holds, and where it was declared."""
-
-    value: T
-    where: str
 
 
 @dataclass(frozen=True)
@@ -224,8 +202,6 @@ class Domain:
         """Raise InvalidDomain listing every contradiction among the declarations (with where each is
         declared); return the domain when there is none."""
         if self._checked_at != _DECLARATIONS[0]:
-            from commitline.framework.checks import problems
-
             found = problems(self)
             if found:
                 raise InvalidDomain(domain=self.name, problems=found)
@@ -276,11 +252,6 @@ def _target(id: str | Callable[[Any], UUID | None] | None) -> Callable[[Any], UU
     if isinstance(id, str):
         return target_field(id)
     return id
-
-
-def derived_id(command: Any) -> UUID | None:
-    """No id of its own: derived from the tenant and the idempotency key."""
-    return None
 
 
 def _unique(values: Iterable[T]) -> list[T]:

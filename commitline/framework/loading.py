@@ -17,7 +17,8 @@ import sys
 import traceback
 
 from commitline.application.errors import InvalidApp, InvalidDomain
-from commitline.framework.domain import Domain, shown_path
+from commitline.framework.declared import shown_path
+from commitline.framework.domain import Domain
 
 DEFAULT_APP = "commitline.examples:domain"
 APP_VARIABLE = "COMMITLINE_APP"
