@@ -69,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         return int(args.run(args))
+    except (InvalidApp, InvalidDomain) as e:  # e.g. a store the domain cannot read, found at bootstrap
+        print(f"commitline: {e}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
     except (ConfigurationError, StoreUnavailable) as e:
         print_error(e)
         return EXIT_UNAVAILABLE

@@ -30,8 +30,9 @@ def cmd_tenants(args: argparse.Namespace) -> int:
                     print_json({**_row(made.key), "api_key": made.secret})
                 else:
                     print(made.secret)
-                    print(f"API key {made.key.key_id} for tenant {made.key.tenant}: shown once, only its hash is "
-                          "kept. Use it as Authorization: Bearer <key>.", file=sys.stderr)
+                    print(f"API key {made.key.key_id} for tenant {made.key.tenant} of the domain {app.domain.name} "
+                          f"(schema {app.settings.schema_name}): shown once, only its hash is kept. Use it as "
+                          "Authorization: Bearer <key>.", file=sys.stderr)
                 return EXIT_OK
             if args.tenants_command == "list":
                 rows = [_row(k) for k in keys.list(args.name)]

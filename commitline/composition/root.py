@@ -78,9 +78,14 @@ class UnknownProjection(LookupError):
 
 
 class UnknownProcessManager(LookupError):
-    def __init__(self, unknown: str, known: Iterable[str]):
-        names = ", ".join(sorted(known)) or "none: the domain declares no process manager"
-        super().__init__(f"unknown process manager {unknown!r}; known: {names}")
+    def __init__(self, unknown: str, known: Iterable[str], domain: str = ""):
+        names = sorted(known)
+        if not names:
+            super().__init__(f"the domain {domain!r} declares no process manager")
+        elif not unknown:
+            super().__init__(f"the domain has several process managers: name one with --saga ({', '.join(names)})")
+        else:
+            super().__init__(f"unknown process manager {unknown!r}; known: {', '.join(names)}")
 
 
 @dataclass
@@ -267,10 +272,12 @@ class Commitline:
 
     def _manager_class(self, name: str | None) -> type[ProcessManager]:
         managers = self.domain.managers
+        if not managers:
+            raise UnknownProcessManager(name or "", managers, self.domain.name)
         if name is None and len(managers) == 1:
             return next(iter(managers.values()))
         if name is None or name not in managers:
-            raise UnknownProcessManager(name or "(none named)", managers)
+            raise UnknownProcessManager(name or "", managers)
         return managers[name]
 
     def _manager_base(self, cls: type[ProcessManager] = ProcessManager) -> ProcessManager:
@@ -372,7 +379,12 @@ def bootstrap(settings: Settings | None = None, *, domain: Domain | str | None =
     unset: ``auto`` in commitline's own server and CLI processes."""
     settings = settings or load_settings()
     logging.getLogger().setLevel(settings.log_level)
-    domain = domain.check() if isinstance(domain, Domain) else load_domain(domain or settings.app)
+    if isinstance(domain, Domain):
+        domain = domain.check()
+    elif domain is not None:
+        domain = load_domain(domain, variable="bootstrap(domain=...)")
+    else:
+        domain = load_domain(settings.app)
     settings = settings.for_domain(domain.schema)
     cpu = DispatchCpu.from_setting(settings.dispatch_cpu or dispatch_cpu)  # a bad value fails before any I/O
     try:
@@ -409,7 +421,8 @@ def bootstrap(settings: Settings | None = None, *, domain: Domain | str | None =
         cpu.close()
         if shared is not None:
             shared.release()
-        raise InvalidDomain(domain=domain.name, problems=unreadable)
+        variable, spec = domain.loaded_as
+        raise InvalidDomain(variable, domain.name, unreadable, spec)
     store = PostgresEventStore(recorder, EventCodec(domain.registry), settings.snapshot_interval,
                                max_event_bytes=settings.max_event_bytes, cache_size=settings.aggregate_cache_size,
                                group_commit=settings.group_commit_max,

@@ -94,4 +94,9 @@ class InvalidValue(DomainError):
     code = "invalid_value"
     fields = ("field", "value", "reason")
     text_fields = ("value",)
-    message = "{field}={value!r}: {reason}"
+    message = "{field}={shown}: {reason}"
+
+    @property
+    def shown(self) -> str:
+        """Text quoted, any other value (a number, a Decimal, an id) as it is written: ``amount=1.001``."""
+        return repr(self.value) if isinstance(self.value, str) else str(self.value)

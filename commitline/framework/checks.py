@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import inspect
 import re
+import string
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, get_args
@@ -87,7 +88,14 @@ def problems(domain: Domain) -> list[str]:
     _read_models(domain, events, say)
     _process_managers(domain, events, say)
     _ports_and_queries(domain, say)
-    return found
+    return sorted(found, key=_place)
+
+
+def _place(problem: str) -> tuple[str, int, str]:
+    """A problem's file and line, to list problems in the order they are declared."""
+    path, _, rest = problem.partition(":")
+    line, _, _ = rest.partition(":")
+    return (path, int(line) if line.isdigit() else 0, problem)
 
 
 def _subclasses(declared: Iterable[Declared[Any]], base: type, say: Any) -> Iterator[tuple[Any, str]]:
@@ -113,8 +121,8 @@ def _aggregates(domain: Domain, say: Any) -> dict[type[Aggregate], str]:
             say(where, f"aggregate {cls.__name__} does not implement _evolve(event)")
         _machine(cls, where, say)
     for name, places in by_name.items():
-        if len(places) > 1:
-            say(places[1], f"two aggregates are named {name} (also {places[0]}): the name is the stored aggregate "
+        for place in places[1:]:
+            say(place, f"two aggregates are named {name} (also {places[0]}): the name is the stored aggregate "
                 "type and the Kafka topic")
     return held
 
@@ -172,8 +180,8 @@ def _events(aggregates: dict[type[Aggregate], str], say: Any) -> dict[type[Event
                 say(event_where, f"event {event.__name__} has {', '.join(beyond)}, beyond its class_version "
                     f"{event.class_version} (raise class_version to the version they produce)")
     for name, places in by_name.items():
-        if len(places) > 1:
-            say(places[1], f"two events have the type name {name} (also {places[0]})")
+        for place in places[1:]:
+            say(place, f"two events have the type name {name} (also {places[0]})")
     return owner
 
 
@@ -211,8 +219,8 @@ def _commands(domain: Domain, aggregates: dict[type[Aggregate], str], say: Any) 
                 say(d.where, f"the handler of {command.__name__} takes the aggregate id from field {name!r}, which "
                     f"{command.__name__} does not have")
     for name, places in by_type.items():
-        if len(places) > 1:
-            say(places[1], f"two commands have the type {name!r} (also {places[0]})")
+        for place in places[1:]:
+            say(place, f"two commands have the type {name!r} (also {places[0]})")
 
 
 def _errors(domain: Domain, say: Any) -> None:
@@ -228,6 +236,10 @@ def _errors(domain: Domain, say: Any) -> None:
         if not isinstance(status, int) or not 400 <= status <= 599:
             say(where, f"error {cls.__name__} needs an HTTP status from 400 to 599 (status = 409, 404, 422, ...), "
                 f"not {status!r}")
+        unknown = _unknown_placeholders(cls)
+        if unknown:
+            say(where, f"error {cls.__name__}'s message names {', '.join(unknown)}: not one of its fields "
+                f"({', '.join(cls.fields) or 'none'}) nor an attribute of it, so raising it would fail")
 
 
 def _read_models(domain: Domain, events: dict[type[Event], type[Aggregate]], say: Any) -> None:
@@ -306,6 +318,19 @@ def _ports_and_queries(domain: Domain, say: Any) -> None:
     if len({d.value for d in readers}) > 1:
         say(readers[1].where, f"the domain has two query classes ({', '.join(d.value.__name__ for d in readers)}): "
             "one Reads subclass holds every query method")
+
+
+def _unknown_placeholders(cls: type[DomainError]) -> list[str]:
+    """The names the error's ``message`` template uses that the error will not have when it is raised."""
+    template = cls.__dict__.get("message", getattr(cls, "message", ""))
+    if not isinstance(template, str):  # a property computing the message: nothing to check statically
+        return []
+    try:
+        names = {re.split(r"[.\[]", name, maxsplit=1)[0] for _, name, _, _ in string.Formatter().parse(template)
+                 if name}
+    except ValueError as e:
+        return [f"a malformed template ({e})"]
+    return sorted(n for n in names if n not in cls.fields and not hasattr(cls, n))
 
 
 def _unique_declared(declared: Iterable[Declared[Any]]) -> list[Declared[Any]]:

@@ -74,6 +74,7 @@ class Domain:
         self.schema = schema or name
         self.where = call_site()
         self.demo = demo
+        self.loaded_as: tuple[str, str | None] = ("bootstrap(domain=...)", None)  # how it was chosen, for errors
         self.parts: list[Domain] = []
         self._own: dict[str, list[Declared[Any]]] = {kind: [] for kind in _KINDS}
         self._checked_at = -1  # the declaration count when it was last checked

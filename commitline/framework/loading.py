@@ -37,6 +37,8 @@ def load_domain(spec: str | None = None, *, variable: str = APP_VARIABLE) -> Dom
         sys.path.insert(0, cwd)
     try:
         module = importlib.import_module(module_name)
+    except SystemExit as e:
+        raise InvalidApp(variable, spec, f"importing {module_name} exited (sys.exit({e.code!r}))") from None
     except ModuleNotFoundError as e:
         if e.name is not None and (module_name == e.name or module_name.startswith(e.name + ".")):
             raise InvalidApp(variable, spec, f"there is no module {e.name!r} (importable from {cwd} or the "
@@ -45,17 +47,31 @@ def load_domain(spec: str | None = None, *, variable: str = APP_VARIABLE) -> Dom
     except Exception as e:
         raise InvalidApp(variable, spec, f"importing {module_name} failed: {_described(e)}") from None
     value: object = module
-    for part in attribute.split("."):
+    for n, part in enumerate(attribute.split(".")):
         if not hasattr(value, part):
-            raise InvalidApp(variable, spec, f"module {module_name} has no attribute {attribute!r}") from None
+            held = ".".join([module_name, *attribute.split(".")[:n]])
+            kind = "module" if n == 0 else "attribute"
+            raise InvalidApp(variable, spec, f"{kind} {held} has no attribute {part!r}{_where(module)}") from None
         value = getattr(value, part)
     if not isinstance(value, Domain):
-        raise InvalidApp(variable, spec, f"{attribute} is a {type(value).__name__}, not a commitline Domain "
-                         "(Domain(\"name\") from `from commitline import Domain`)")
+        kind = "a class" if isinstance(value, type) else f"an object of type {type(value).__name__}"
+        raise InvalidApp(variable, spec, f"{attribute} is {kind}, not a commitline Domain (Domain(\"name\") from "
+                         "`from commitline import Domain`)")
+    value.loaded_as = (variable, spec)
     try:
         return value.check()
     except InvalidDomain as e:
         raise InvalidDomain(variable, e.domain, e.problems, spec) from None
+
+
+def _where(module: object) -> str:
+    """Where a module was imported from, when that may surprise: a folder without ``__init__.py`` (a namespace
+    package, say the project's own folder in the working directory, hiding the installed package)."""
+    if getattr(module, "__file__", None) is None:
+        paths = ", ".join(getattr(module, "__path__", []) or [])
+        return (f" (it was imported from the folder {paths}, which has no __init__.py: run commitline from the "
+                "folder that holds the package, or install it)")
+    return ""
 
 
 def _described(error: BaseException) -> str:

@@ -31,7 +31,9 @@ def on_database(pg_dsn: str, schema: str) -> dict[str, str]:
     ("tests.domains.raising:domain", "importing tests.domains.raising failed: RuntimeError: the team's settings file "
                                      "is missing (tests/domains/raising.py:6)"),
     ("tests.trades:nothing", "module tests.trades has no attribute 'nothing'"),
-    ("tests.trades.portfolio:Portfolio", "Portfolio is a type, not a commitline Domain"),
+    ("tests.trades.portfolio:Portfolio", "Portfolio is a class, not a commitline Domain"),
+    ("tests.trades:domain.missing", "attribute tests.trades.domain has no attribute 'missing'"),
+    ("tests.domains.exiting:domain", "importing tests.domains.exiting exited (sys.exit(5))"),
     ("tests.domains.contradictions:domain", "domain 'contradictions' cannot be used: 8 problems:"),
 ])
 def test_a_path_that_names_no_usable_domain_exits_3_naming_it(spec: str, says: str) -> None:
@@ -79,6 +81,8 @@ def test_the_chosen_domain_is_what_the_commands_work_on(pg_dsn: str, schema: str
     assert followers == ["kafka-publisher", "trade_book"], followers
     no_demo = commitline("--app", "tests.trades:domain", "demo", env=env)
     assert no_demo.returncode == 2 and "declares no demo" in no_demo.stderr
+    no_sagas = commitline("--app", "tests.trades:domain", "sagas", "list", env=env)
+    assert no_sagas.returncode == 2 and "the domain 'trades' declares no process manager" in no_sagas.stderr
 
 
 def test_without_a_choice_the_built_in_examples_run(pg_dsn: str, schema: str) -> None:

@@ -76,3 +76,38 @@ def test_a_release_that_cannot_read_the_stored_versions_is_refused_at_start(pg_d
     with pytest.raises(InvalidDomain, match="holds NoteWritten events .* a type the domain 'trades' does not declare"):
         bootstrap(settings_for(pg_dsn, schema), domain=trades)
     assert count_rows(pg_dsn, schema)["events"] == rows["events"] + 1, "refused before writing anything"
+
+
+def test_a_running_older_release_refuses_an_event_a_newer_one_wrote(pg_dsn: str, schema: str) -> None:
+    from commitline import ConfigurationError
+
+    notebook = uuid4()
+    with bootstrap(settings_for(pg_dsn, schema), domain=v1.domain) as old:
+        old.dispatch({"type": "write_note", "notebook_id": str(notebook), "text": "first"}, idempotency_key="n-1")
+        with bootstrap(settings_for(pg_dsn, schema), domain=v2.domain) as new:  # started later: it reads v1
+            new.dispatch({"type": "write_note", "notebook_id": str(notebook), "title": "second"},
+                         idempotency_key="n-2")
+        rows = count_rows(pg_dsn, schema)
+        with pytest.raises(ConfigurationError, match="stored at class version 2, newer than this release's 1"):
+            old.load(v1.Notebook, notebook)
+        with pytest.raises(ConfigurationError, match="newer than this release's 1"):
+            old.dispatch({"type": "write_note", "notebook_id": str(notebook), "text": "third"},
+                         idempotency_key="n-3")
+        assert count_rows(pg_dsn, schema) == rows, "nothing written on a stream it cannot read"
+
+
+def test_the_cli_refuses_a_store_it_cannot_read_naming_the_app(pg_dsn: str, schema: str) -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    with bootstrap(settings_for(pg_dsn, schema), domain=v2.domain) as new:
+        new.dispatch({"type": "write_note", "notebook_id": str(uuid4()), "title": "t"}, idempotency_key="n-1")
+    done = subprocess.run([sys.executable, "-m", "commitline.cli", "--app", "tests.domains.evolution.v1:domain",
+                           "status"], cwd=Path(__file__).parents[2], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn, "COMMITLINE_SCHEMA": schema})
+    assert done.returncode == 3 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("commitline: --app 'tests.domains.evolution.v1:domain': domain 'notes' cannot be "
+                                  "used: 1 problem:"), done.stderr
+    assert "holds NoteWritten events at version 2, newer than its class_version 1" in done.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -134,3 +135,63 @@ def test_a_command_type_is_the_class_name_in_snake_case_unless_declared() -> Non
 
     assert PlaceTradeNow.type_name() == "place_trade_now" and PlaceTradeNow(portfolio_id="p").type == "place_trade_now"
     assert ABCRefund.type_name() == "abc_refund"
+
+
+def test_every_extra_declaration_of_a_name_is_reported_in_the_order_declared() -> None:
+    domain = Domain("bells")
+
+    class Rung(Event):
+        pass
+
+    @domain.aggregate
+    class Bell(Aggregate):
+        EVENTS = (Rung,)
+
+        def _evolve(self, event: Event) -> None:
+            pass
+
+    class Ring(Command):
+        bell_id: str
+
+    class RingAgain(Command):
+        type: Literal["ring"] = "ring"
+        bell_id: str
+
+    class RingOnceMore(Command):
+        type: Literal["ring"] = "ring"
+        bell_id: str
+
+    for command in (Ring, RingAgain, RingOnceMore):
+        domain.handles(command, Bell, id="bell_id")(lambda bell, command: None)
+    with pytest.raises(InvalidDomain) as refused:
+        domain.check()
+    twice = [p for p in refused.value.problems if "two commands have the type 'ring'" in p]
+    assert len(twice) == 2
+    assert refused.value.problems == sorted(refused.value.problems, key=lambda p: (
+        p.split(":")[0], int(p.split(":")[1])))
+
+
+def test_an_error_whose_message_names_what_it_does_not_have_is_refused() -> None:
+    from commitline import DomainError
+
+    domain = Domain("refusals")
+
+    @domain.error
+    class Nope(DomainError):
+        code, status, fields = "nope", 409, ("thing_id",)
+        message = "thing {thing} refused ({thing_id})"
+
+    @domain.error
+    class Fine(DomainError):
+        code, status, fields = "fine", 409, ("thing_id",)
+        message = "thing {thing_id} refused: {why}"
+
+        @property
+        def why(self) -> str:
+            return "because"
+
+    with pytest.raises(InvalidDomain) as refused:
+        domain.check()
+    (problem,) = refused.value.problems
+    assert "error Nope's message names thing: not one of its fields (thing_id)" in problem
+    assert str(Fine("t-1")) == "thing t-1 refused: because"

@@ -40,7 +40,7 @@ CASES = [
     (IllegalTransition("Order", "CANCELLED", "CONFIRMED", ()), "illegal_transition",
      "Order cannot move from CANCELLED to CONFIRMED; allowed from CANCELLED: none (terminal state)",
      {"aggregate": "Order", "current": "CANCELLED", "requested": "CONFIRMED", "allowed": []}),
-    (InvalidValue("amount", Decimal("1.001"), "too precise"), "invalid_value", "amount=Decimal('1.001'): too precise",
+    (InvalidValue("amount", Decimal("1.001"), "too precise"), "invalid_value", "amount=1.001: too precise",
      {"field": "amount", "value": "1.001", "reason": "too precise"}),
     (InsufficientStock("item-1", 2, 1), "insufficient_stock", "item item-1: requested 2, available 1",
      {"item_id": "item-1", "requested": 2, "available": 1}),

@@ -23,6 +23,7 @@ import orjson
 from eventsourcing.persistence import StoredEvent
 from pydantic import TypeAdapter
 
+from commitline.application.errors import ConfigurationError
 from commitline.domain import Aggregate, Event, EventRegistry
 
 _OPTIONS = orjson.OPT_SORT_KEYS
@@ -104,7 +105,12 @@ class EventCodec:
         if cls is None:
             raise UnknownEventType(f"no event class is registered for stored type {topic!r}")
         stored = orjson.loads(state)
-        data = cls.upcast(stored["data"], stored_version(stored))
+        version = stored_version(stored)
+        if version > cls.class_version:  # written by a newer release: reading it as this one would drop fields
+            raise ConfigurationError("COMMITLINE_APP", f"{topic} event {originator_id} v{originator_version} was stored "
+                                     f"at class version {version}, newer than this release's {cls.class_version}: "
+                                     "run the release that wrote it (or a newer one)")
+        data = cls.upcast(stored["data"], version)
         event = _adapter(cls).validate_python(
             {**data, "event_id": stored["id"], "aggregate_id": originator_id, "version": originator_version,
              "occurred_at": stored["at"]}
