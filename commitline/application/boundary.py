@@ -34,6 +34,8 @@ from commitline.application.errors import (
 INT_MIN, INT_MAX = -(2**63), 2**63 - 1
 _OUT_OF_RANGE = (f"integer out of range ({INT_MIN} to {INT_MAX})", "int_range")
 MAX_KEY_LENGTH = 255
+KEY_WHITE_SPACE = " \t"  # around an idempotency key: never part of it (HTTP's optional white space)
+_NOT_KEY = re.compile(r"[^\x20-\x7e]")  # anything but printable ASCII
 MAX_PROBLEMS = 50
 _TENANT = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
@@ -268,21 +270,36 @@ class _Walk:
 
 
 def check_idempotency_key(key: Any, command_type: str) -> str:
-    """The key, if usable: a string of 1-255 printable characters, not only spaces."""
+    """The key as it is stored and compared: surrounding spaces and tabs dropped, then 1-255 printable ASCII
+    characters (`` `` to ``~``). HTTP never counts white space around a header value as part of it, so every
+    entry point (Python, the CLI, HTTP) drops it alike; and an IETF Idempotency-Key is a structured-field
+    string, printable ASCII only, so no entry point can read the same key as different bytes."""
     if key is None:
         raise MissingIdempotencyKey(command_type)
     if not isinstance(key, str):
         reason = f"the idempotency key must be a string, not {type(key).__name__}"
-    elif not key.strip():
+    elif not (key := key.strip(KEY_WHITE_SPACE)):
         reason = "the idempotency key must not be empty or only spaces"
-    elif (wrong := text_problem(key, MAX_KEY_LENGTH)) is not None:
-        reason = f"the idempotency key {wrong}"
-    elif not key.isprintable():
-        position, char = next((i, c) for i, c in enumerate(key) if not c.isprintable())
-        reason = f"the idempotency key contains the unprintable character U+{ord(char):04X} at position {position}"
+    elif len(key) > MAX_KEY_LENGTH:
+        reason = f"the idempotency key is longer than {MAX_KEY_LENGTH} characters ({len(key)})"
+    elif (found := _NOT_KEY.search(key)) is not None:
+        char, position = found.group(), found.start()
+        if char.isprintable():
+            reason = (f"the idempotency key must be printable ASCII (an IETF Idempotency-Key is a structured-field "
+                      f"string): {char!r} (U+{ord(char):04X}) at position {position} is not")
+        else:
+            reason = f"the idempotency key contains the unprintable character U+{ord(char):04X} at position {position}"
     else:
         return key
     raise InvalidIdempotencyKey(command_type, reason)
+
+
+def idempotency_key_or_none(key: Any) -> str | None:
+    """The key as ``check_idempotency_key`` would store it, or None for one it would refuse."""
+    try:
+        return check_idempotency_key(key, "")
+    except MissingIdempotencyKey:  # InvalidIdempotencyKey included
+        return None
 
 
 def check_tenant(tenant: Any) -> str:

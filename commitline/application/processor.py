@@ -55,7 +55,13 @@ from uuid import UUID, uuid5
 import orjson
 from pydantic_core import to_jsonable_python
 
-from commitline.application.boundary import CommandLimits, check_idempotency_key, check_tenant, problem
+from commitline.application.boundary import (
+    CommandLimits,
+    check_idempotency_key,
+    check_tenant,
+    idempotency_key_or_none,
+    problem,
+)
 from commitline.application.catalog import CommandCatalog, Handler, Stream
 from commitline.application.commands import Command, VersionedCommand, parse_command
 from commitline.application.errors import (
@@ -192,12 +198,12 @@ class CommandProcessor:
         """What a command may read or write: every id it names, its target stream (derived ids included)
         and its (tenant, key). Only hashable text is used: an unusable key or tenant is refused anyway."""
         tokens: set[object] = {value for _, value in cmd if isinstance(value, UUID)}
-        tokens.add(("key", tenant if isinstance(tenant, str) else None, key if isinstance(key, str) else None))
+        tokens.add(("key", tenant if isinstance(tenant, str) else None, idempotency_key_or_none(key)))
         target = self.catalog.handler(type(cmd)).target(cmd)
         if target is not None:
             tokens.add(target)
-        elif isinstance(key, str) and isinstance(tenant, str):
-            tokens.add(uuid5(_DERIVED_ID_NAMESPACE, f"{tenant}\x00{key}"))
+        elif (usable := idempotency_key_or_none(key)) is not None and isinstance(tenant, str):
+            tokens.add(uuid5(_DERIVED_ID_NAMESPACE, f"{tenant}\x00{usable}"))
         return tokens
 
     def _observed(self, command: Any, cmd: Command | None, idempotency_key: str | None,

@@ -17,6 +17,7 @@ from commitline.application.errors import ConfigurationError, InvalidApp, Invali
 from commitline.cli import audit, demo, dispatch, followers, init, migrate, sagas, serve, services, tenants
 from commitline.cli.common import EXIT_UNAVAILABLE, print_error, use_domain
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 APP_HELP = ("the domain to run, as module:attribute (e.g. shelfwise.app:domain; default COMMITLINE_APP, else the "
             "built-in examples); the module is imported with the working directory first on the path")
 
@@ -29,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
         "With no COMMITLINE_DATABASE_URL an embedded PostgreSQL is started in COMMITLINE_DATA_DIR.",
     )
     parser.add_argument("--app", metavar="MODULE:ATTRIBUTE", help=APP_HELP)
+    parser.add_argument("--log-level", choices=LOG_LEVELS, help="log at this level on stderr (default "
+                        "COMMITLINE_LOG_LEVEL, else INFO for serve, publish, project and sagas run, and WARNING for "
+                        "the other commands, so that stderr holds only their typed error)")
     sub = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
     for module in (dispatch, followers, sagas, audit, migrate, services, tenants, serve, demo, init):
         module.register(sub)
@@ -66,7 +70,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"commitline: {e}", file=sys.stderr)
         return EXIT_UNAVAILABLE
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if args.log_level is not None:  # the option wins over the variable, here and in every process started
+        os.environ["COMMITLINE_LOG_LEVEL"] = args.log_level
+    chosen = os.environ.get("COMMITLINE_LOG_LEVEL")
+    level = chosen if chosen in LOG_LEVELS else "INFO" if getattr(args, "long_running", False) else "WARNING"
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         return int(args.run(args))
     except (InvalidApp, InvalidDomain) as e:  # e.g. a store the domain cannot read, found at bootstrap

@@ -20,12 +20,18 @@ import threading
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
-from commitline.application.boundary import MAX_KEY_LENGTH, CommandLimits, check_idempotency_key, problem, read_json
+from commitline.application.boundary import (
+    MAX_KEY_LENGTH,
+    CommandLimits,
+    check_idempotency_key,
+    idempotency_key_or_none,
+    problem,
+    read_json,
+)
 from commitline.application.errors import (
     CommitlineError,
     InvalidCommand,
     InvalidIdempotencyKey,
-    MissingIdempotencyKey,
     StoreUnavailable,
 )
 from commitline.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE, error_exit, print_json
@@ -54,8 +60,9 @@ def derived_key(command: Any, tenant: str, namespace: str | None = None) -> str:
 
 
 def check_namespace(namespace: str) -> str:
-    """``-k`` given with stdin input: usable as a key itself and short enough to prefix a derived key."""
-    check_idempotency_key(namespace, "dispatch (stdin)")
+    """``-k`` given with stdin input: usable as a key itself and short enough to prefix a derived key; returned as
+    a key is stored (without surrounding white space)."""
+    namespace = check_idempotency_key(namespace, "dispatch (stdin)")
     if len(namespace) > MAX_NAMESPACE_LENGTH:
         raise InvalidIdempotencyKey("dispatch (stdin)", f"with stdin input -k is a namespace of at most "
                                     f"{MAX_NAMESPACE_LENGTH} characters (it prefixes each line's derived key), "
@@ -135,24 +142,16 @@ def _reraise(failed: list[BaseException]) -> None:
         raise failed[0]
 
 
-def _usable(key: Any) -> bool:
-    """Whether ``key`` can be printed as the line's key (an unusable one is the line's error instead)."""
-    try:
-        check_idempotency_key(key, "")
-    except MissingIdempotencyKey:  # InvalidIdempotencyKey included
-        return False
-    return True
-
-
 def cmd_dispatch(args: argparse.Namespace) -> int:
     from commitline.cli.common import bootstrap
 
     if args.command is None and sys.stdin.isatty():
         print("dispatch: give a command as JSON, or JSON lines on stdin", file=sys.stderr)
         return EXIT_USAGE
-    if args.command is None and args.idempotency_key is not None:
+    namespace = args.idempotency_key
+    if args.command is None and namespace is not None:
         try:
-            check_namespace(args.idempotency_key)
+            namespace = check_namespace(namespace)
         except InvalidIdempotencyKey as e:
             return error_exit(e, EXIT_USAGE)
     with bootstrap(dispatch_cpu="auto") as app:
@@ -164,13 +163,14 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
             print_json(result.model_dump(mode="json"), sys.stdout)
             return EXIT_OK
         failures = 0
-        requests = _stdin_requests(args.idempotency_key, args.tenant, sys.stdin.buffer, app.processor.limits)
+        requests = _stdin_requests(namespace, args.tenant, sys.stdin.buffer, app.processor.limits)
         for chunk in _chunks(requests, CHUNK):
             outcomes = iter(app.processor.dispatch_many(
                 [(command, key, tenant) for _, command, key, tenant in chunk
                  if not isinstance(command, CommitlineError)]))
             for number, command, key, tenant in chunk:
-                where = {"line": number, "idempotency_key": key} if _usable(key) else {"line": number}
+                stored = idempotency_key_or_none(key)
+                where = {"line": number, "idempotency_key": stored} if stored is not None else {"line": number}
                 outcome = command if isinstance(command, CommitlineError) else next(outcomes)
                 if isinstance(outcome, StoreUnavailable):  # the lines after it: run them again, same keys
                     print_json({**where, **outcome.to_dict()}, sys.stderr)

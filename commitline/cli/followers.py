@@ -338,7 +338,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     publish.add_argument("--drain", action="store_true", help="exit once everything stored so far is published")
     add_metrics_options(publish)
-    publish.set_defaults(run=cmd_publish)
+    publish.set_defaults(run=cmd_publish, long_running=True)
 
     publisher = sub.add_parser("publisher", help="skip or retry the record a publisher bucket stopped at")
     pubsub = publisher.add_subparsers(dest="publisher_command", required=True, metavar="ACTION")
@@ -372,7 +372,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     project.add_argument("names", nargs="*", metavar="NAME", type=_projection_name,
                          help="projections to run (default: all)")
     add_metrics_options(project)
-    project.set_defaults(run=cmd_project)
+    project.set_defaults(run=cmd_project, long_running=True)
 
     projections = sub.add_parser("projections", help="list, rebuild, skip a poison event, or retry a projection")
     psub = projections.add_subparsers(dest="projections_command", required=True, metavar="ACTION")

@@ -128,6 +128,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                            "keeping the read models they report from up to date. One instance of each at a time "
                            "(advisory lock).")
     add_metrics_options(srun)
+    srun.set_defaults(long_running=True)
     sshow = ssub.add_parser("show", help="the steps an instance took and their outcomes")
     sshow.add_argument("instance_id", type=aggregate_id, metavar="ID", help="the instance (the examples: the order)")
     sshow.add_argument("--json", action="store_true")

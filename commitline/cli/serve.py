@@ -104,4 +104,4 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     serve.add_argument("--workers", type=_workers, metavar="N",
                        help="worker processes sharing the database (default COMMITLINE_HTTP_WORKERS, 1)")
     serve.add_argument("--no-access-log", action="store_true", help="do not log each request")
-    serve.set_defaults(run=cmd_serve)
+    serve.set_defaults(run=cmd_serve, long_running=True)

@@ -378,7 +378,8 @@ def bootstrap(settings: Settings | None = None, *, domain: Domain | str | None =
     written (``InvalidDomain``, ``InvalidApp``). ``dispatch_cpu`` applies when ``COMMITLINE_DISPATCH_CPU`` is
     unset: ``auto`` in commitline's own server and CLI processes."""
     settings = settings or load_settings()
-    logging.getLogger().setLevel(settings.log_level)
+    if settings.log_level is not None:  # else the program's own logging decides (the CLI: by command)
+        logging.getLogger().setLevel(settings.log_level)
     if isinstance(domain, Domain):
         domain = domain.check()
     elif domain is not None:

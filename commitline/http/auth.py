@@ -5,14 +5,17 @@ from __future__ import annotations
 
 from fastapi import Request
 
-from commitline.http.problems import Unauthorized
+from commitline.http.problems import DuplicateHeader, Unauthorized
 
 _SCHEME = "bearer"
 
 
 def tenant(request: Request) -> str:
     """The tenant of the request's API key (a FastAPI dependency); Unauthorized (401) otherwise."""
-    header = request.headers.get("authorization")
+    sent = request.headers.getlist("authorization")
+    if len(sent) > 1:  # two keys, perhaps of two tenants: acting as either would be a guess
+        raise DuplicateHeader("Authorization", len(sent))
+    header = sent[0] if sent else None
     if not header:
         raise Unauthorized("no API key: send Authorization: Bearer <key> (create one with commitline tenants add)")
     scheme, _, key = header.strip().partition(" ")

@@ -22,12 +22,19 @@ from starlette.responses import Response
 
 from starlette.concurrency import run_in_threadpool
 
-from commitline.application.boundary import check_idempotency_key
+from commitline.application.boundary import KEY_WHITE_SPACE, check_idempotency_key
 from commitline.application.commands import Command
 from commitline.application.errors import MissingIdempotencyKey
 from commitline.application.results import DispatchResult
 from commitline.http.auth import tenant
-from commitline.http.problems import PROBLEM_JSON, BodyTooLarge, UnsupportedMediaType, statuses
+from commitline.http.problems import (
+    PROBLEM_JSON,
+    BodyTooLarge,
+    DuplicateHeader,
+    MalformedJson,
+    UnsupportedMediaType,
+    statuses,
+)
 
 router = APIRouter()
 KEY_HEADER = "idempotency-key"
@@ -41,11 +48,17 @@ def is_json(content_type: str | None) -> bool:
 
 
 def idempotency_key(request: Request) -> str:
-    """The header's key: a plain token, or a quoted string as the Idempotency-Key draft writes it."""
-    raw = request.headers.get(KEY_HEADER)
+    """The header's key: a plain token, or a quoted string as the Idempotency-Key draft writes it; refused when
+    sent twice (which one counts would be a guess). ``check_idempotency_key`` then drops surrounding white
+    space and refuses anything but printable ASCII, exactly as for Python and the CLI."""
+    sent = request.headers.getlist(KEY_HEADER)
+    if len(sent) > 1:
+        raise DuplicateHeader("Idempotency-Key", len(sent))
+    raw = sent[0] if sent else None
     if raw is None:
-        raise MissingIdempotencyKey(_REQUEST, "send an Idempotency-Key header (1-255 printable characters, one "
-                                    "per command; a retry sends the same key)")
+        raise MissingIdempotencyKey(_REQUEST, "send an Idempotency-Key header (1-255 printable ASCII characters, "
+                                    "one per command; a retry sends the same key)")
+    raw = raw.strip(KEY_WHITE_SPACE)
     if len(raw) >= 2 and raw[0] == raw[-1] == '"':
         raw = raw[1:-1].replace('\\"', '"').replace("\\\\", "\\")
     return check_idempotency_key(raw, _REQUEST)
@@ -63,6 +76,15 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise BodyTooLarge(limit)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def utf8_only(body: bytes) -> None:
+    """A body that is not UTF-8 is not JSON at all: a malformed request (400), like any other unreadable JSON."""
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise MalformedJson([{"loc": [], "msg": f"not valid UTF-8: byte 0x{body[e.start]:02x} at position {e.start}",
+                              "type": "json_invalid_utf8"}]) from None
 
 
 def created(result: DispatchResult) -> bool:
@@ -104,6 +126,7 @@ async def post_command(request: Request, caller: str = Depends(tenant)) -> Respo
         raise UnsupportedMediaType(request.headers.get("content-type"))
     body = await read_body(request, commitline.settings.http_max_body_bytes)
     key = idempotency_key(request)
+    utf8_only(body)
     result = await run_in_threadpool(commitline.dispatch, body, idempotency_key=key, tenant=caller)
     return result_response(result)
 

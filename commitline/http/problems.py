@@ -28,6 +28,7 @@ _STANDARD = frozenset({"type", "title", "status", "detail", "instance"})
 STATUS: dict[str, int] = {
     # the request itself
     "malformed_json": 400,
+    "duplicate_header": 400,
     "missing_idempotency_key": 400,
     "invalid_idempotency_key": 400,
     "invalid_query": 400,
@@ -97,6 +98,14 @@ class MalformedJson(HttpProblem):
     @property
     def summary(self) -> str:
         return "; ".join(e["msg"] for e in self.errors)
+
+
+class DuplicateHeader(HttpProblem):
+    """A header that must be sent once came several times: which one counts would be a guess."""
+
+    code = "duplicate_header"
+    fields = ("header", "count")
+    message = "the {header} header was sent {count} times: send it once"
 
 
 class InvalidQuery(HttpProblem):

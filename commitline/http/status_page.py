@@ -98,8 +98,8 @@ def status_document(app: Commitline) -> dict[str, Any]:
 @router.get("/v1/status", tags=["operations"], summary="Followers, blocked projections, stuck sagas, last audit",
             description="The operators' view behind the status page at `/` (no API key; no payloads): the log head; "
             "each follower's position, lag, liveness, status and problems (as `commitline status --json`); "
-            "followers stopped at a poison event with the commands that unblock them; saga instances waiting for a person; "
-            "the last `commitline audit verify` run.")
+            "followers stopped at a poison event with the commands that unblock them; saga instances waiting for a "
+            "person; the last `commitline audit verify` run.")
 def status(request: Request) -> Response:
     body = orjson.dumps(status_document(request.app.state.commitline), default=str)
     return Response(body, media_type="application/json", headers=_FRESH)

@@ -68,8 +68,12 @@ class Settings(BaseSettings):
     """first back-off cap, doubled per retry (full jitter)"""
     retry_max_delay_ms: float = Field(500, ge=0, validation_alias="COMMITLINE_RETRY_MAX_DELAY_MS")
     """largest back-off"""
-    log_level: str = Field("INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$", validation_alias="COMMITLINE_LOG_LEVEL")
-    """`DEBUG`, `INFO`, `WARNING` or `ERROR`"""
+    log_level: str | None = Field(None, pattern=r"^(DEBUG|INFO|WARNING|ERROR)$", validation_alias="COMMITLINE_LOG_LEVEL",
+                                  json_schema_extra={"unset": "`INFO` in `serve`, `publish`, `project` and `sagas run`; "
+                                                     "`WARNING` in the other commands, whose output is their result "
+                                                     "(stdout) or typed error (stderr); an embedding application's "
+                                                     "own logging untouched"})
+    """`DEBUG`, `INFO`, `WARNING` or `ERROR` (the `--log-level` option of every command sets it too)"""
     kafka_bootstrap_servers: str | None = Field(None, pattern=r"^[^,\s]+:\d+(,[^,\s]+:\d+)*$",
                                                 validation_alias="KAFKA_BOOTSTRAP_SERVERS",
                                                 json_schema_extra={"unset": "no publishing with a configured "

@@ -241,8 +241,26 @@ def test_limits_come_from_the_environment() -> None:
 
 
 def test_usable_keys_and_tenants_pass_unchanged() -> None:
-    assert check_idempotency_key("order-7 payment/é", "create_payment") == "order-7 payment/é"
+    assert check_idempotency_key("order-7 payment/~!", "create_payment") == "order-7 payment/~!"
     assert check_tenant("acme.eu-1_x") == "acme.eu-1_x"
+
+
+@pytest.mark.parametrize("sent", ["k", " k", "k ", "\tk\t", "  k  "])
+def test_white_space_around_a_key_is_not_part_of_it(sent: str) -> None:
+    assert check_idempotency_key(sent, "create_payment") == "k"
+
+
+@pytest.mark.parametrize(("sent", "said"), [
+    ("order-7/é", "'é' (U+00E9) at position 8 is not"),
+    ("clÃ©", "'Ã' (U+00C3) at position 2 is not"),
+    ("💳", "(U+1F4B3) at position 0 is not"),
+    ("a\x7fb", "unprintable character U+007F at position 1"),
+    ("a\nb", "unprintable character U+000A at position 1"),
+])
+def test_a_key_is_printable_ascii_only(sent: str, said: str) -> None:
+    with pytest.raises(E.InvalidIdempotencyKey) as refused:
+        check_idempotency_key(sent, "create_payment")
+    assert said in str(refused.value)
 
 
 # -- property: whatever comes in, a Command or a typed error, never anything else -----------------------
