@@ -67,6 +67,7 @@ from commitline.projections.rebuild import abort as abort_rebuild
 from commitline.projections.storage import table_exists
 
 log = logging.getLogger(__name__)
+READY_PROBE_TIMEOUT_S = 0.8  # /readyz answers within a second, the database up or not
 
 
 A = TypeVar("A", bound=Aggregate)
@@ -137,7 +138,7 @@ class Commitline:
         """Why this process cannot serve now ([] when it can): the database does not answer, or its schema
         is not at the version this commitline needs."""
         try:
-            with self.datastore.get_connection() as conn:
+            with self.datastore.probe_connection(READY_PROBE_TIMEOUT_S) as conn:
                 missing = migrations.pending(conn, self.settings.schema_name)
         except migrations.SchemaTooNew as e:
             return [str(e)]

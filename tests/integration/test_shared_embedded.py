@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from uuid import uuid4
 
 import pytest
 
@@ -173,3 +174,42 @@ def test_two_demos_at_once_share_the_services_and_both_succeed(data_dir: Path) -
         assert "Traceback" not in stderr and "stopping it" not in stderr
         assert "audit verify --all: OK" in stdout
     assert server_of(data_dir) is None, "the last demo out leaves the server running"
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_serve_reconnects_by_itself_after_the_database_restarts(data_dir: Path, workers: str) -> None:
+    import time
+
+    import httpx
+
+    from tests.integration.http.conftest import free_port
+
+    port = free_port()
+    server = start(data_dir, "serve", "--port", str(port), "--workers", workers, "--no-access-log")
+    base = f"http://127.0.0.1:{port}"
+
+    def ready() -> int:
+        assert server.poll() is None, server.stderr.read()  # type: ignore[union-attr]
+        try:
+            return httpx.get(f"{base}/readyz", timeout=5).status_code
+        except httpx.TransportError:
+            return 0
+
+    try:
+        wait_for(lambda: ready() == 200, "serve to be ready", timeout=120)
+        down = commitline(data_dir, "down", "--force")
+        assert down.returncode == 0, down.stderr
+        began = time.monotonic()
+        assert ready() == 503 and time.monotonic() - began < 1.5, "the probe answers within a second"
+        up = commitline(data_dir, "up")
+        assert up.returncode == 0, up.stderr
+        wait_for(lambda: all(ready() == 200 for _ in range(6)), "every worker to reconnect", timeout=30)
+        key = commitline(data_dir, "tenants", "add", "acme").stdout.strip()
+        placed = httpx.post(f"{base}/v1/commands", json={"type": "receive_stock", "item_id": str(uuid4()),
+                                                           "quantity": 1},
+                            headers={"Authorization": f"Bearer {key}", "Idempotency-Key": "after-restart"}, timeout=60)
+        assert placed.status_code == 201, placed.text
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(60)
+        commitline(data_dir, "down", "--force")

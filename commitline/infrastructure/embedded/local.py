@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 
 from commitline.infrastructure.embedded.kafka import EmbeddedKafka
+from commitline.infrastructure.embedded.loopback import is_free
 from commitline.infrastructure.embedded.postgres import EmbeddedPostgres
 from commitline.infrastructure.embedded.shared import Server, SharedServer
 
@@ -26,12 +27,16 @@ _STOP_GRACE_SECONDS = 5.0
 
 
 def shared_postgres(data_dir: Path) -> SharedServer[EmbeddedPostgres]:
+    """The data folder's PostgreSQL. It starts again on the port it had whenever that port is free, so processes
+    that stay up across ``commitline down`` / ``up`` (a running ``serve``) reconnect to it by themselves."""
     folder = data_dir.resolve()
     cluster = folder / POSTGRES
+    remembered = folder / f"{POSTGRES}.port"
 
     def start() -> EmbeddedPostgres:
-        server = EmbeddedPostgres(cluster, database=DATABASE, stop_at_exit=False)
+        server = EmbeddedPostgres(cluster, port=_last_port(remembered), database=DATABASE, stop_at_exit=False)
         server.start()
+        remembered.write_text(str(server.port))
         return server
 
     return SharedServer(folder, POSTGRES, Server(
@@ -94,6 +99,15 @@ def _is_tansu(pid: int) -> bool:
         return process.status() != psutil.STATUS_ZOMBIE and "tansu" in " ".join(process.cmdline())
     except psutil.Error:
         return False
+
+
+def _last_port(remembered: Path) -> int | None:
+    """The port the server had last time, if it can have it again (None: any free port)."""
+    try:
+        port = int(remembered.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return port if 0 < port < 65536 and is_free(port) else None
 
 
 def _listens(port: int) -> bool:

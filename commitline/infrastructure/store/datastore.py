@@ -111,6 +111,11 @@ class StoreDatastore(PostgresDatastore):
         """A pooled connection as it is (no type adapters: the recorder's fast path)."""
         return self._guarded(self.pool.connection)
 
+    def probe_connection(self, timeout: float) -> AbstractContextManager[psycopg.Connection[Any]]:
+        """A pooled connection within ``timeout`` seconds, or ``StoreUnavailable``: for a readiness probe, which
+        must answer promptly while the server is down rather than wait the pool timeout."""
+        return self._guarded(lambda: self.pool.connection(timeout=timeout))
+
     def get_connection(self) -> AbstractContextManager[psycopg.Connection[Any]]:  # type: ignore[override]
         return self._guarded(super().get_connection)
 
