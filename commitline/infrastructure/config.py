@@ -31,6 +31,17 @@ TOOLING_VARIABLES: tuple[tuple[str, str, str], ...] = (
 DISPATCH_CPU_VALUES = r"^(off|auto|\d{1,5})$"  # COMMITLINE_DISPATCH_CPU (infrastructure.dispatch_cpu)
 
 
+#: libpq connection parameters whose values are a fixed set (https://www.postgresql.org/docs/current/libpq-connect.html)
+_LIBPQ_CHOICES: dict[str, tuple[str, ...]] = {
+    "sslmode": ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
+    "target_session_attrs": ("any", "read-write", "read-only", "primary", "standby", "prefer-standby"),
+    "gssencmode": ("disable", "prefer", "require"),
+    "channel_binding": ("disable", "prefer", "require"),
+    "load_balance_hosts": ("disable", "random"),
+    "sslnegotiation": ("postgres", "direct"),
+}
+
+
 class Settings(BaseSettings):
     # Code sets fields by name (``pool_size=4``), the environment by variable (``COMMITLINE_POOL_SIZE``).
     model_config = SettingsConfigDict(
@@ -188,9 +199,15 @@ class Settings(BaseSettings):
     def _parsable_url(cls, url: SecretStr | None) -> SecretStr | None:
         if url is not None:
             try:
-                conninfo_to_dict(url.get_secret_value())
+                parts = conninfo_to_dict(url.get_secret_value())
             except Exception:
                 raise ValueError("is not a valid PostgreSQL connection URL") from None
+            for name, allowed in _LIBPQ_CHOICES.items():  # else a typo surfaces as an unreachable store
+                if name in parts and parts[name] not in allowed:
+                    raise ValueError(f"has {name}={parts[name]}, which libpq does not know: use one of "
+                                     f"{', '.join(allowed)}")
+            if "connect_timeout" in parts and not str(parts["connect_timeout"]).isdigit():
+                raise ValueError(f"has connect_timeout={parts['connect_timeout']}: a whole number of seconds")
         return url
 
     @model_validator(mode="after")

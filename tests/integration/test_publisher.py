@@ -13,13 +13,14 @@ import time
 from collections import Counter, defaultdict
 from uuid import uuid4
 
+import orjson
 import psycopg
 import pytest
 
 from commitline.composition import Commitline, bootstrap
 from commitline.infrastructure.embedded.kafka import EmbeddedKafka
 from tests.integration.test_concurrency import run_at_once
-from tests.support import ConsumedRecord, FollowerThread, kafka_settings, read_topics
+from tests.support import ConsumedRecord, FollowerThread, kafka_settings, read_topics, settings_for
 
 
 def stored_events(dsn: str, schema: str) -> dict[str, tuple[str, int]]:
@@ -301,3 +302,27 @@ def test_a_late_commit_is_published(pg_dsn: str, schema: str, kafka_bootstrap: s
         assert len(expected) == 7 and len(others) == 5
         records = read_topics(kafka_bootstrap, settings.kafka_topic_prefix, 7)
         assert check_stream(records, expected) == 0
+
+
+def test_a_broker_that_refuses_the_idempotent_producer_stops_publish_naming_the_setting(
+        pg_dsn: str, schema: str, kafka_bootstrap: str) -> None:
+    with bootstrap(settings_for(pg_dsn, schema)) as app:
+        app.dispatch({"type": "receive_stock", "item_id": str(uuid4()), "quantity": 1}, idempotency_key="k")
+    env = {**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn, "COMMITLINE_SCHEMA": schema,
+           "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap, "COMMITLINE_KAFKA_TOPIC_PREFIX": f"{schema}.",
+           "COMMITLINE_KAFKA_IDEMPOTENCE": "true"}  # the embedded broker cannot run it
+    done = subprocess.run([sys.executable, "-m", "commitline.cli", "publish"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 3, done.stderr[-3000:]
+    error = orjson.loads(done.stderr.strip().splitlines()[-1])
+    assert error["code"] == "configuration_error" and error["details"]["variable"] == "COMMITLINE_KAFKA_IDEMPOTENCE"
+    assert "COMMITLINE_KAFKA_IDEMPOTENCE=false" in error["message"]
+
+
+def test_an_unknown_sslmode_is_a_configuration_error_naming_the_variable(pg_dsn: str) -> None:
+    env = {**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn + "?sslmode=bogus"}
+    done = subprocess.run([sys.executable, "-m", "commitline.cli", "status"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    error = orjson.loads(done.stderr.strip().splitlines()[-1])
+    assert done.returncode == 3 and error["code"] == "configuration_error", done.stderr
+    assert error["details"]["variable"] == "COMMITLINE_DATABASE_URL" and "sslmode=bogus" in error["message"]

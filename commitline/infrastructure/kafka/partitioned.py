@@ -51,7 +51,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, UnknownError
 from eventsourcing.persistence import Notification
 
 from commitline.application.errors import StoreUnavailable
@@ -66,8 +66,10 @@ from commitline.infrastructure.followers.wakeup import wait_or_stop
 from commitline.infrastructure.kafka.envelope import KafkaRecord, to_record, topics_of
 from commitline.infrastructure.kafka.producer import (
     RecordRefused,
+    TopicSetupFailed,
     ensure_topics,
     holds_records,
+    idempotence_refused,
     new_producer,
     record_size,
     send_in_order,
@@ -104,6 +106,11 @@ class SharedProducer:
                 producer = new_producer(self.settings, self.client_id)
                 try:
                     await producer.start()
+                except UnknownError as e:
+                    await producer.stop()
+                    if self.settings.kafka_idempotence:  # no retry will change the broker's answer
+                        raise idempotence_refused(self.settings, e) from None
+                    raise
                 except BaseException:
                     await producer.stop()
                     raise
@@ -238,6 +245,7 @@ class PartitionedPublisher:
         # collector's reach, so full collections stay short (as ``Follower.run`` does).
         gc.freeze()
         self._round = asyncio.Lock()
+        await self._start_producer()  # a broker that cannot take this producer stops it now, not at its first event
         reporter = asyncio.create_task(self._report_metrics(stop))
         waiting_because = None
         try:
@@ -269,6 +277,13 @@ class PartitionedPublisher:
             await self._leave(stop)
             await self.wakeup.close()
             await self.producers.close()
+
+    async def _start_producer(self) -> None:
+        try:
+            async with self.producers.use():
+                pass
+        except (KafkaError, TopicSetupFailed, OSError, asyncio.TimeoutError):
+            pass  # the broker is not there yet, or not quite: publishing rounds retry with back-off and report it
 
     async def _member_until(self, stop: asyncio.Event) -> None:
         """Publish (one task) and rebalance (this one) until ``stop``, or until either fails."""

@@ -98,6 +98,15 @@ def ssl_context(settings: Settings) -> ssl.SSLContext:
     return context
 
 
+def idempotence_refused(settings: Settings, error: BaseException) -> ConfigurationError:
+    """The broker answered the idempotent producer's InitProducerId with an error (Tansu, the embedded broker,
+    does): a configuration to change, not an outage to wait out."""
+    return ConfigurationError("COMMITLINE_KAFKA_IDEMPOTENCE", f"the broker at {settings.kafka_bootstrap_servers} "
+                              f"refused the idempotent producer (InitProducerId: {type(error).__name__}): set "
+                              "COMMITLINE_KAFKA_IDEMPOTENCE=false for a broker without it (such as the embedded "
+                              "one), or enable idempotence on the broker")
+
+
 def new_producer(settings: Settings, client_id: str) -> AIOKafkaProducer:
     return AIOKafkaProducer(
         **client_options(settings),
