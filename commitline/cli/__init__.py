@@ -16,6 +16,7 @@ import sys
 from commitline.application.errors import ConfigurationError, InvalidApp, InvalidDomain, StoreUnavailable
 from commitline.cli import audit, demo, dispatch, followers, init, migrate, sagas, serve, services, tenants
 from commitline.cli.common import EXIT_UNAVAILABLE, print_error, use_domain
+from commitline.infrastructure.followers.process import set_kind
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 APP_HELP = ("the domain to run, as module:attribute (e.g. shelfwise.app:domain; default COMMITLINE_APP, else the "
@@ -70,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"commitline: {e}", file=sys.stderr)
         return EXIT_UNAVAILABLE
     args = build_parser().parse_args(argv)
+    set_kind(" ".join(filter(None, (args.subcommand, getattr(args, "sagas_command", None) if args.subcommand == "sagas"
+                                    else None))))  # what status shows as the kind of this process
     if args.log_level is not None:  # the option wins over the variable, here and in every process started
         os.environ["COMMITLINE_LOG_LEVEL"] = args.log_level
     chosen = os.environ.get("COMMITLINE_LOG_LEVEL")

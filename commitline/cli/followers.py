@@ -13,6 +13,7 @@ from typing import Any
 from rich.table import Table
 
 from commitline.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, console, print_json
+from commitline.infrastructure.followers.process import describe
 from commitline.infrastructure.followers.status import FollowerStatus
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ def status_table(head: int, statuses: list[FollowerStatus],
                  reasons: Callable[[FollowerStatus], list[str]] | None = None) -> Table:
     """One row per follower; ``reasons`` (default: its recorded error) fills the problem column."""
     table = Table(title=f"commitline followers (log head {head})")
-    for column in ("follower", "status", "owner", "session", "position", "lag (events)", "lag (s)", "last moved",
+    for column in ("follower", "status", "owner process", "position", "lag (events)", "lag (s)", "last moved",
                    "problem"):
         table.add_column(column)
     for s in statuses:
@@ -80,11 +81,18 @@ def status_table(head: int, statuses: list[FollowerStatus],
             problem = "; ".join(reasons(s))
         else:
             problem = f"{s.error.get('message', '')} at {s.error.get('position', '?')}" if s.error else ""
-        session = f"pid {s.backend.pid} ({s.backend.application or '?'})" if s.backend else ""
         moved = "" if s.last_moved_seconds is None else f"{s.last_moved_seconds:.0f} s ago"
-        table.add_row(s.name, s.status, s.owner or "", session, str(s.position), str(s.lag_events),
+        table.add_row(s.name, s.status, owner_text(s), str(s.position), str(s.lag_events),
                       f"{s.lag_seconds:.1f}", moved, f"[red]{problem}[/red]" if problem else "")
     return table
+
+
+def owner_text(s: FollowerStatus) -> str:
+    """The process owning a follower (``host:pid (kind, started ...)``) while one holds it, else the owner its row
+    last named; never the PostgreSQL backend's pid, which is not a process of ours to act on."""
+    if s.alive and s.process:
+        return describe(s.process)
+    return f"{s.owner} (last)" if s.owner else ""
 
 
 def _publisher_json(report: Any) -> dict[str, Any] | None:
@@ -101,20 +109,20 @@ def publisher_tables(report: Any) -> list[Table]:
     """The publish instances with their buckets, then every bucket with its owner, position and lag."""
     group = report.publisher
     instances = Table(title=f"publish instances ({group.bucket_count} buckets, COMMITLINE_PUBLISH_BUCKETS)")
-    for column in ("instance", "session", "buckets", "lag (events)"):
+    for column in ("instance", "buckets", "lag (events)"):
         instances.add_column(column)
     for m in group.members:
         lag = sum(group.buckets[b].lag_events for b in m.buckets)
-        instances.add_row(m.owner or "?", f"pid {m.backend.pid}", group.describe(m), str(lag))
+        instances.add_row(describe(m.process) or m.owner or "?", group.describe(m), str(lag))
     if group.unowned:
         instances.add_row("[red]nobody[/red]", "", f"[red]{group.describe_buckets(group.unowned)}[/red]", "")
     buckets = Table(title="publisher buckets")
-    for column in ("bucket", "status", "owner", "session", "position", "lag (events)", "lag (s)", "problem"):
+    for column in ("bucket", "status", "owner process", "position", "lag (events)", "lag (s)", "problem"):
         buckets.add_column(column)
     for s in group.buckets:
         problem = "; ".join(report.bucket_reasons(s))
-        buckets.add_row(s.name, s.status, s.owner or "", f"pid {s.backend.pid}" if s.backend else "", str(s.position),
-                        str(s.lag_events), f"{s.lag_seconds:.1f}", f"[red]{problem}[/red]" if problem else "")
+        buckets.add_row(s.name, s.status, owner_text(s), str(s.position), str(s.lag_events), f"{s.lag_seconds:.1f}",
+                        f"[red]{problem}[/red]" if problem else "")
     return [instances, buckets]
 
 

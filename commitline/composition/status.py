@@ -7,8 +7,10 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from commitline.application.process import StuckInstance
+from commitline.infrastructure.followers.buckets import sequence_of
 from commitline.infrastructure.followers.group_status import GroupStatus
 from commitline.infrastructure.followers.health import Problem, Thresholds, bucket_reasons, follower_reasons, judge
+from commitline.infrastructure.followers.process import describe
 from commitline.infrastructure.followers.status import FollowerStatus
 from commitline.infrastructure.kafka.partitioned import UNOWNED_GRACE_SECONDS
 from commitline.infrastructure.kafka.publisher import PUBLISHER
@@ -50,11 +52,24 @@ class StatusReport:
         return list(dict.fromkeys(resolved))
 
     def problems(self, only: Collection[str] | None = None) -> list[Problem]:
-        """What is unhealthy: among all followers, or only those in ``only`` (which must then be running)."""
-        problems = judge(self.followers, self.stuck, self.thresholds, only=only)
-        if self.publisher is not None and (only is None or PUBLISHER in only):
-            problems += [Problem(s.name, reason) for s in self.publisher.buckets for reason in self.bucket_reasons(s)]
-        return problems
+        """What is unhealthy: among all followers, or only those in ``only`` (which must then be running). The
+        publisher is unhealthy also when it does not run while events wait for it; its buckets' problems are
+        told once per instance (and reason), naming its buckets, instead of once per bucket."""
+        buckets = self.bucket_problems() if only is None or PUBLISHER in only else []
+        followers = [s for s in self.followers if not (buckets and s.name == PUBLISHER)]  # its row sums them up
+        return judge(followers, self.stuck, self.thresholds, only=only, unattended={PUBLISHER}) + buckets
+
+    def bucket_problems(self) -> list[Problem]:
+        if self.publisher is None:
+            return []
+        grouped: dict[tuple[str, str], list[int]] = {}
+        for b, s in enumerate(self.publisher.buckets):
+            owner = describe(s.process) if s.alive and s.process else s.owner or ""
+            for reason in self.bucket_reasons(s):
+                grouped.setdefault((owner, reason), []).append(b)
+        return [Problem(f"{PUBLISHER} instance {owner}" if owner else f"{PUBLISHER} (no instance)",
+                        f"{reason} (bucket{'s' if len(buckets) > 1 else ''} {sequence_of(buckets)})")
+                for (owner, reason), buckets in grouped.items()]
 
     def bucket_reasons(self, bucket: FollowerStatus) -> list[str]:
         members = len(self.publisher.members) if self.publisher is not None else 0

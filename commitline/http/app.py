@@ -25,7 +25,7 @@ from commitline.application.errors import CommitlineError
 from commitline.composition import Commitline, bootstrap
 from commitline.framework.domain import Domain
 from commitline.framework.loading import load_domain
-from commitline.http import commands, operations, queries, reads, status_page
+from commitline.http import commands, docs, operations, queries, reads, status_page
 from commitline.infrastructure.config import load_settings
 from commitline.http.problems import (
     InternalError,
@@ -103,11 +103,13 @@ def create_app(commitline: Commitline | None, *, domain: Domain | None = None, l
         description=f"The domain {domain.name!r}: event-sourced commands, exactly once: POST /v1/commands with an "
         "Idempotency-Key and Authorization: Bearer <api key>. Errors are RFC 9457 problem documents.",
         lifespan=lifespan,
+        docs_url=None,  # served by docs.py from installed assets, not FastAPI's CDN-backed pages
+        redoc_url=None,
     )
     app.state.commitline = commitline
     app.state.domain = domain
     install_problem_handlers(app)
-    for module in (commands, reads, operations, status_page):
+    for module in (commands, reads, operations, status_page, docs):
         app.include_router(module.router)
     app.include_router(queries.router_for(domain))
     operations.instrument(app)  # every request counted and timed in /metrics

@@ -57,6 +57,8 @@ MIGRATIONS: tuple[Migration, ...] = (
               store_append_function_statements),
     Migration(7, "event types and class versions the store holds, checked against the domain at start",
               event_versions.create_statements),
+    Migration(8, "followers: the process owning each one (host, pid, kind, started at), for status",
+              lambda schema: Positions(schema).owner_statements()),
 )
 LATEST = MIGRATIONS[-1].version
 

@@ -291,3 +291,35 @@ def test_buckets_handed_over_in_the_middle_of_a_round_are_published_once_in_orde
         aggregate = envelope["aggregate_id"]
         assert envelope["version"] == last_version.get(aggregate, 0) + 1, f"{aggregate} out of order"
         last_version[aggregate] = envelope["version"]
+
+
+def test_status_names_the_owning_process_and_tells_a_dead_instance_once(pg_dsn: str, schema: str,
+                                                                         kafka_bootstrap: str) -> None:
+    settings = kafka_settings(pg_dsn, schema, kafka_bootstrap, publish_buckets=BUCKETS)
+    env = {**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn, "COMMITLINE_SCHEMA": schema,
+           "COMMITLINE_PUBLISH_BUCKETS": str(BUCKETS)}
+    with bootstrap(settings) as app:
+        app.dispatch({"type": "receive_stock", "item_id": str(uuid4()), "quantity": 1}, idempotency_key="k")
+        proc = publish_process(pg_dsn, schema, kafka_bootstrap)
+        try:
+            wait_for(lambda: sorted(shares(app).values()) == [BUCKETS], "the instance to own every bucket", 60)
+            report = json.loads(subprocess.run([sys.executable, "-m", "commitline.cli", "status", "--json"], env=env,
+                                               capture_output=True, text=True, timeout=60).stdout)
+            (instance,) = report["publisher"]["instances"]
+            process = instance["process"]
+            assert (process["pid"], process["kind"]) == (proc.pid, "publish") and process["host"]
+            assert process["started_at"] and instance["pid"] != proc.pid, "pid is the PostgreSQL session's"
+            buckets = {b["name"]: b for b in report["publisher"]["buckets"]}
+            assert all(b["process"]["pid"] == proc.pid for b in buckets.values())
+            table = subprocess.run([sys.executable, "-m", "commitline.cli", "status"], env=env, capture_output=True,
+                                   text=True, timeout=60).stdout
+            assert f":{proc.pid} (publish, started" in table
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+    checked = subprocess.run([sys.executable, "-m", "commitline.cli", "status", "--check", "publisher"], env=env,
+                             capture_output=True, text=True, timeout=60)
+    lines = checked.stderr.strip().splitlines()
+    assert checked.returncode == 1 and len(lines) == 1, checked.stderr
+    assert lines[0].startswith(f"unhealthy: {PUBLISHER} instance ") and ":" + str(proc.pid) in lines[0]
+    assert "dead: no live session holds its lease" in lines[0] and lines[0].endswith(f"(buckets 0-{BUCKETS - 1})")

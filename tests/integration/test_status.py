@@ -200,7 +200,20 @@ def test_a_live_follower_lagging_beyond_a_threshold_fails_the_check(app: Commitl
     finally:
         lease.release()
     assert follower(status_json(pg_dsn, schema), "task_statuses")["status"] == "stopped"
-    assert status(pg_dsn, schema, "--check", COMMITLINE_STATUS_MAX_LAG_EVENTS="2").returncode == 0
+    stopped = status(pg_dsn, schema, "--check", COMMITLINE_STATUS_MAX_LAG_EVENTS="2")
+    assert "task_statuses" not in stopped.stderr, "a stopped projection is a deployment's choice, lag or not"
+
+
+def test_a_publisher_that_does_not_run_while_events_wait_is_a_problem(app: Commitline, pg_dsn: str,
+                                                                      schema: str) -> None:
+    add_tasks(app, 3)
+    assert status(pg_dsn, schema, "--check").returncode == 0, "within the default thresholds"
+    waiting = status(pg_dsn, schema, "--check", COMMITLINE_STATUS_MAX_LAG_EVENTS="2")
+    assert waiting.returncode == 1
+    assert waiting.stderr.startswith("unhealthy: kafka-publisher: never run while 3 events wait for it (the oldest ")
+    assert waiting.stderr.count("unhealthy:") == 1, waiting.stderr
+    assert "never run while 3 events wait" in status_json(pg_dsn, schema, COMMITLINE_STATUS_MAX_LAG_EVENTS="2")[
+        "problems"][0]
 
 
 def test_check_against_an_unreachable_store_exits_3(pg_dsn: str, schema: str) -> None:

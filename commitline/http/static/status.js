@@ -44,7 +44,9 @@ function fill(tbody, rows) {
 
 function renderFollowers(doc) {
   const rows = doc.followers.map((f) => {
-    const live = f.alive ? "live" + (f.backend ? " (pid " + f.backend.pid + ")" : "") : "not live";
+    const p = f.process;
+    const live = f.alive ? "live" + (p ? ": " + p.host + ":" + p.pid + " (" + p.kind + ", started " +
+      String(p.started_at).slice(0, 19).replace("T", " ") + " UTC)" : "") : "not live";
     return el("tr", {id: "follower-" + f.name, class: f.problems.length ? "bad" : ""},
       el("td", {class: "name"}, f.name),
       el("td", {class: "status"}, f.status),

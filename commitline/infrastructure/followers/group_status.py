@@ -43,9 +43,10 @@ class Member:
     backend: Backend
     owner: str | None
     buckets: list[int]
+    process: dict[str, Any] | None = None  # the commitline process (host, pid, kind, started_at), once it owns one
 
     def as_dict(self) -> dict[str, Any]:
-        return {"owner": self.owner, **self.backend.as_dict(), "buckets": self.buckets}
+        return {"owner": self.owner, **self.backend.as_dict(), "buckets": self.buckets, "process": self.process}
 
 
 @dataclass(frozen=True)
@@ -99,17 +100,18 @@ def group_status(recorder: EventRecorder, name: str, bucket_count: int, head: in
             age = max(0.0, (now - datetime.fromisoformat(orjson.loads(bytes(states[first]))["at"])).total_seconds())
         backend = holders.get(n)
         if n in rows:
-            _, position, owner, recorded, error, updated_at, moved = rows[n]
+            _, position, owner, recorded, error, updated_at, moved, process = rows[n]
         else:
-            position, owner, recorded, error, updated_at, moved = start, None, None, None, None, None
+            position, owner, recorded, error, updated_at, moved, process = start, None, None, None, None, None, None
         status = derive_status(recorded, backend is not None) if recorded is not None or backend else NEVER_RUN
         buckets.append(FollowerStatus(n, status, owner, position, head, count, age, updated_at, error, recorded,
-                                      backend, moved))
+                                      backend, moved, process))
     group_members = []
     for pid, application, started, client in members:
         owned = [b for b, s in enumerate(buckets) if s.backend is not None and s.backend.pid == pid]
         prefix = f"commitline {name} "  # the member connection's application name, unless the URL sets one
         owner = next((buckets[b].owner for b in owned if buckets[b].owner),
                      application[len(prefix):] if application and application.startswith(prefix) else None)
-        group_members.append(Member(Backend(pid, application, started, client), owner, owned))
+        process = next((buckets[b].process for b in owned if buckets[b].process), None)
+        group_members.append(Member(Backend(pid, application, started, client), owner, owned, process))
     return GroupStatus(name, bucket_count, group_members, buckets)

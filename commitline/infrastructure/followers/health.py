@@ -40,8 +40,10 @@ class Problem:
         return f"{self.subject}: {self.reason}"
 
 
-def follower_reasons(s: FollowerStatus, limits: Thresholds, *, required: bool = False) -> list[str]:
-    """Why ``s`` is unhealthy (empty: it is not); ``required`` means it should be running."""
+def follower_reasons(s: FollowerStatus, limits: Thresholds, *, required: bool = False,
+                     unattended: bool = False) -> list[str]:
+    """Why ``s`` is unhealthy (empty: it is not); ``required`` means it should be running; ``unattended`` that it
+    should run whenever events wait for it (the publisher): not running while it lags is then a problem."""
     reasons = []
     error = s.error or {}
     if s.status == DEAD:
@@ -57,8 +59,11 @@ def follower_reasons(s: FollowerStatus, limits: Thresholds, *, required: bool = 
         reasons.append("never run")
     elif required and not s.alive:
         reasons.append(f"{s.status}: not running (last owner {s.owner or 'unknown'})")
-    if s.alive and not s.name.endswith(REBUILD_MARK) and (
-            s.lag_events > limits.max_lag_events or s.lag_seconds > limits.max_lag_seconds):
+    lagging = s.lag_events > limits.max_lag_events or s.lag_seconds > limits.max_lag_seconds
+    if unattended and not s.alive and s.status in (NEVER_RUN, "stopped") and lagging:
+        reasons.append(f"{s.status} while {s.lag_events} events wait for it (the oldest {s.lag_seconds:.0f} s; "
+                       f"limits {limits.max_lag_events} events / {limits.max_lag_seconds:g} s)")
+    if s.alive and not s.name.endswith(REBUILD_MARK) and lagging:
         reasons.append(f"lagging by {s.lag_events} events / {s.lag_seconds:.1f} s "
                        f"(limits {limits.max_lag_events} events / {limits.max_lag_seconds:g} s)")
     return reasons
@@ -76,10 +81,12 @@ def bucket_reasons(s: FollowerStatus, limits: Thresholds, members: int, grace_se
 
 
 def judge(followers: Sequence[FollowerStatus], stuck: Sequence[StuckInstance], limits: Thresholds, *,
-          only: Collection[str] | None = None) -> list[Problem]:
+          only: Collection[str] | None = None, unattended: Collection[str] = ()) -> list[Problem]:
     """Every problem among ``followers`` (only those named in ``only``, when given) and ``stuck`` saga
-    instances (each counted when ``only`` is None or names its process manager)."""
+    instances (each counted when ``only`` is None or names its process manager); followers in ``unattended``
+    are a problem when not running while events wait for them."""
     problems = [Problem(s.name, reason) for s in followers if only is None or s.name in only
-                for reason in follower_reasons(s, limits, required=only is not None)]
+                for reason in follower_reasons(s, limits, required=only is not None,
+                                               unattended=s.name in unattended)]
     problems += [Problem(s.subject, s.problem) for s in stuck if only is None or s.saga in only]
     return problems

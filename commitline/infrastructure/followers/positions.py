@@ -19,6 +19,8 @@ from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Composed, Identifier
 from psycopg.types.json import Jsonb
 
+from commitline.infrastructure.followers.process import this_process
+
 POSITIONS_TABLE = "follower_positions"
 INTERVENTIONS_TABLE = "follower_interventions"
 Connection = psycopg.Connection[Any]
@@ -79,14 +81,20 @@ class Positions:
         return (int(row[0]), str(row[1]), row[2]) if row else (0, "never run", None)
 
     def claim(self, conn: Connection, name: str, owner: str, *, start_from: str | None = None) -> None:
-        """Mark ``name`` running under ``owner``; without a row yet, it starts at 0, or at the position of the
-        follower ``start_from`` (a publisher bucket at the publisher's: republishing is safe, skipping is not)."""
+        """Mark ``name`` running under ``owner`` (this process, described as ``process.this_process`` says);
+        without a row yet, it starts at 0, or at the position of the follower ``start_from`` (a publisher bucket
+        at the publisher's: republishing is safe, skipping is not)."""
         conn.execute(self._sql(
             # A follower stopped at a poison event stays stopped until an operator decides.
-            "INSERT INTO {positions} AS t (name, owner, status, position) VALUES (%s, %s, 'running', "
-            "coalesce((SELECT position FROM {positions} WHERE name = %s), 0)) "
-            "ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, updated_at = now(), "
-            "status = CASE WHEN t.status = 'failed' THEN 'failed' ELSE 'running' END"), (name, owner, start_from))
+            "INSERT INTO {positions} AS t (name, owner, owner_process, status, position) VALUES (%s, %s, %s, "
+            "'running', coalesce((SELECT position FROM {positions} WHERE name = %s), 0)) "
+            "ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, owner_process = excluded.owner_process, "
+            "updated_at = now(), status = CASE WHEN t.status = 'failed' THEN 'failed' ELSE 'running' END"),
+            (name, owner, Jsonb(this_process()), start_from))
+
+    def owner_statements(self) -> list[Composed]:
+        """Migration 8: each row records the process that owns it (host, pid, kind, started at)."""
+        return [self._sql("ALTER TABLE {positions} ADD COLUMN IF NOT EXISTS owner_process jsonb")]
 
     def save(self, conn: Connection, name: str, position: int, *, poison: dict[str, Any] | None = None) -> None:
         """Move the position; with ``poison`` the follower stops there, waiting for an operator."""

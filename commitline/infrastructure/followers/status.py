@@ -41,7 +41,7 @@ ORDER BY k.name, l.pid
 
 _ROWS = SQL("""
 SELECT name, position, owner, status, error, updated_at,
-       extract(epoch FROM clock_timestamp() - updated_at)::float8
+       extract(epoch FROM clock_timestamp() - updated_at)::float8, owner_process
 FROM {positions}
 """)
 
@@ -77,8 +77,9 @@ class FollowerStatus:
     updated_at: datetime | None
     error: dict[str, Any] | None
     recorded_status: str | None = None  # what the row says; None when it never ran
-    backend: Backend | None = None  # the session holding its lease now, if any
+    backend: Backend | None = None  # the PostgreSQL session holding its lease now, if any
     last_moved_seconds: float | None = None  # since its row last changed (position, status or owner)
+    process: dict[str, Any] | None = None  # the commitline process that owns it (host, pid, kind, started_at)
 
     @property
     def alive(self) -> bool:
@@ -123,12 +124,12 @@ def follower_statuses(recorder: EventRecorder, known: Iterable[str] = (),
     for name in names:
         backend = holders.get(name)
         if name in rows:
-            _, position, owner, recorded, error, updated_at, moved = rows[name]
+            _, position, owner, recorded, error, updated_at, moved, process = rows[name]
         else:
-            position, owner, recorded, error, updated_at, moved = 0, None, None, None, None, None
+            position, owner, recorded, error, updated_at, moved, process = 0, None, None, None, None, None, None
         lag_events, lag_seconds = lags[position]
         statuses.append(FollowerStatus(name, derive_status(recorded, backend is not None), owner, position, head,
-                                       lag_events, lag_seconds, updated_at, error, recorded, backend, moved))
+                                       lag_events, lag_seconds, updated_at, error, recorded, backend, moved, process))
     return head, statuses
 
 
