@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 
+from commitline import __version__
 from commitline.application.errors import ConfigurationError, InvalidApp, InvalidDomain, StoreUnavailable
 from commitline.cli import audit, demo, dispatch, followers, init, migrate, sagas, serve, services, tenants
 from commitline.cli.common import EXIT_UNAVAILABLE, print_error, use_domain
@@ -30,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Configuration comes from environment variables (see the README). "
         "With no COMMITLINE_DATABASE_URL an embedded PostgreSQL is started in COMMITLINE_DATA_DIR.",
     )
+    parser.add_argument("--version", action="version", version=f"commitline {__version__}")
     parser.add_argument("--app", metavar="MODULE:ATTRIBUTE", help=APP_HELP)
     parser.add_argument("--log-level", choices=LOG_LEVELS, help="log at this level on stderr (default "
                         "COMMITLINE_LOG_LEVEL, else INFO for serve, publish, project and sagas run, and WARNING for "

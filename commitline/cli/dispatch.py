@@ -184,7 +184,6 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
         return EXIT_REFUSED if failures else EXIT_OK
 
 
-
 def cmd_expire(args: argparse.Namespace) -> int:
     from datetime import timedelta
 
@@ -196,6 +195,9 @@ def cmd_expire(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     with bootstrap() as app:
         count = expire_idempotency_records(app.datastore, timedelta(days=args.older_than_days), dry_run=args.dry_run)
+    if args.json:
+        print_json({"would_delete" if args.dry_run else "deleted": count, "older_than_days": args.older_than_days})
+        return EXIT_OK
     verb = "would delete" if args.dry_run else "deleted"
     print(f"{verb} {count} idempotency records older than {args.older_than_days} days")
     return EXIT_OK
@@ -204,6 +206,8 @@ def cmd_expire(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     dispatch = sub.add_parser(
         "dispatch",
+        usage="commitline dispatch [-t TENANT] -k KEY COMMAND_JSON\n"
+              "       commitline dispatch [-t TENANT] [-k NAMESPACE] < json-lines",
         help="validate and apply one command (JSON argument) or many (JSON lines on stdin)",
         description="Apply commands exactly once. The result is printed as JSON on stdout; a refused command "
         "prints its typed error as JSON on stderr and exits 1. On stdin, each line is an envelope "
@@ -216,7 +220,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     dispatch.add_argument("command", nargs="?", help='the command as JSON, e.g. \'{"type": "<command type>", ...}\'')
     dispatch.add_argument("--idempotency-key", "-k", metavar="KEY",
-                          help="with a JSON argument: the command's key; retrying with the same key never applies "
+                          help="required with a JSON argument: the command's key (1-255 printable ASCII "
+                          "characters); retrying with the same key never applies "
                           "it twice. With stdin: a namespace, each plain line's key becoming KEY:sha256:<hex>, "
                           f"so the same input can deliberately be applied again under a new namespace (at most "
                           f"{MAX_NAMESPACE_LENGTH} characters; envelope keys are used as given)")
@@ -230,4 +235,5 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                              "than any client's retry window: a retry after its record expired is a new command.")
     expire.add_argument("--older-than-days", type=int, required=True, metavar="DAYS")
     expire.add_argument("--dry-run", action="store_true", help="only count what would be deleted")
+    expire.add_argument("--json", action="store_true", help="machine-readable output")
     expire.set_defaults(run=cmd_expire)

@@ -59,6 +59,9 @@ def cmd_publish(args: argparse.Namespace) -> int:
         with metrics_endpoint(args, app, [publisher]):
             app.run_until_signalled(publisher, drain=args.drain)
         m = publisher.metrics
+        if args.json:
+            print_json({"events_published": m.events_published, "batches": m.batches, "position": m.position,
+                        "stopped_at_poison": publisher.waiting_for_operator})
         if publisher.waiting_for_operator:
             log.error("publisher stopped at a poison record after position %d (%d events published); "
                       "see `commitline status`, then `commitline publisher retry` or `skip`", m.position,
@@ -254,8 +257,11 @@ def cmd_projections_rebuild(args: argparse.Namespace) -> int:
                 except RebuildError as e:
                     print(str(e), file=sys.stderr)
                     return EXIT_REFUSED
-                print(f"rebuild of {name} aborted: its tables and position were discarded; the live view is "
-                      "untouched" if found else f"no rebuild of {name} to abort")
+                if args.json:
+                    print_json({"projection": name, "aborted": found})
+                else:
+                    print(f"rebuild of {name} aborted: its tables and position were discarded; the live view is "
+                          "untouched" if found else f"no rebuild of {name} to abort")
         return EXIT_OK
     skip = dict.fromkeys(args.skip, args.reason)
     with bootstrap() as app, progress_reporter(f"rebuild {what}") as progress:
@@ -269,6 +275,10 @@ def cmd_projections_rebuild(args: argparse.Namespace) -> int:
             print(f"rebuild of {what} interrupted; the live views are untouched. Run it again to resume.",
                   file=sys.stderr)
             return 130
+    if args.json:
+        print_json([{"projection": r.projection, "position": r.position, "events_applied": r.events_applied,
+                     "seconds": round(r.seconds, 3), "resumed_from": r.resumed_from} for r in results])
+        return EXIT_OK
     for result in results:
         rate = result.events_applied / result.seconds if result.seconds else 0
         resumed = f", resumed from position {result.resumed_from}" if result.resumed_from else ""
@@ -295,7 +305,11 @@ def cmd_intervene(args: argparse.Namespace) -> int:
         except InterventionRefused as e:
             print(str(e), file=sys.stderr)
             return EXIT_REFUSED
-    print(message)
+    if args.json:
+        print_json({"follower": name, "action": args.action, "position": getattr(args, "position", None),
+                    "message": message})
+    else:
+        print(message)
     return EXIT_OK
 
 
@@ -345,6 +359,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "acknowledged everything of it up to there.",
     )
     publish.add_argument("--drain", action="store_true", help="exit once everything stored so far is published")
+    publish.add_argument("--json", action="store_true", help="at exit, what was published, as JSON on stdout")
     add_metrics_options(publish)
     publish.set_defaults(run=cmd_publish, long_running=True)
 
@@ -354,9 +369,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                                 "logged); it continues after it")
     pubskip.add_argument("--position", type=int, required=True, help="the record's position, as status shows it")
     pubskip.add_argument("--reason", default="", help="why it is safe to skip it (kept in the intervention log)")
+    pubskip.add_argument("--json", action="store_true", help="machine-readable output")
     pubskip.set_defaults(run=cmd_intervene, action="skip")
     pubretry = pubsub.add_parser("retry", help="try the record the publisher stopped at again (e.g. after raising "
                                  "COMMITLINE_KAFKA_MAX_MESSAGE_BYTES to the broker's limit)")
+    pubretry.add_argument("--json", action="store_true", help="machine-readable output")
     pubretry.set_defaults(run=cmd_intervene, action="retry")
 
     status = sub.add_parser(
@@ -399,13 +416,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     prebuild.add_argument("--reason", default="", help="why skipping is safe (kept in the intervention log)")
     prebuild.add_argument("--abort", action="store_true",
                           help="discard an abandoned rebuild (its tables and position) instead of running one")
+    prebuild.add_argument("--json", action="store_true", help="each rebuild's result as JSON on stdout")
     prebuild.set_defaults(run=cmd_projections_rebuild)
     pskip = psub.add_parser("skip", help="pass over the poison event a projection stopped at (explicit, logged)")
     pskip.add_argument("name", metavar="NAME", type=_projection_name)
     pskip.add_argument("--position", type=int, required=True, help="the poison event's position, as status shows it")
     pskip.add_argument("--reason", default="", help="why it is safe to skip it (kept in the intervention log)")
+    pskip.add_argument("--json", action="store_true", help="machine-readable output")
     pskip.set_defaults(run=cmd_intervene, action="skip")
     pretry = psub.add_parser("retry", help="let a projection stopped at a poison event try it again")
     pretry.add_argument("name", metavar="NAME", type=_projection_name)
+    pretry.add_argument("--json", action="store_true", help="machine-readable output")
     pretry.set_defaults(run=cmd_intervene, action="retry")
 

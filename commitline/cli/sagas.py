@@ -54,7 +54,11 @@ def cmd_sagas(args: argparse.Namespace) -> int:
                 said = manager.retry(args.instance_id, args.tenant, f"operator-retry/{args.instance_id}/{uuid4()}")
             except CommitlineError as e:
                 return error_exit(e, EXIT_REFUSED)
-            print(f"{said}; the running process manager picks it up")
+            if args.json:
+                print_json({"saga": manager.name, "id": str(args.instance_id), "tenant": args.tenant,
+                            "message": said}, sys.stdout)
+            else:
+                print(f"{said}; the running process manager picks it up")
             return EXIT_OK
         try:
             history = app.auditor().history(manager.history_of(args.instance_id), tenant=args.tenant)
@@ -140,6 +144,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     sretry = ssub.add_parser("retry", help="after fixing the cause: resume a PARKED instance where it stopped, or "
                              "retry the compensations of a STUCK one")
     sretry.add_argument("instance_id", type=aggregate_id, metavar="ID", help="the instance (the examples: the order)")
+    sretry.add_argument("--json", action="store_true", help="machine-readable output")
     for parser_, default in ((sshow, "default"), (sretry, "default"), (slist, None)):
         parser_.add_argument("--tenant", "-t", default=default,
                              help="the instance's tenant (default: default)" if default else "only this tenant's")

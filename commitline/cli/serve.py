@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -76,6 +77,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         with bootstrap(settings, domain=chosen, dispatch_cpu="auto" if workers == 1 else "off") as app:
             if workers == 1:
                 app.dispatch_cpu.enter()  # the event loop too, and the threads it starts: the whole worker
+                # uvicorn raises the signal it stopped on again once it has shut down, with the handler it found:
+                # SIGTERM's default would end the process with 143, where a clean stop is 0 (as with --workers N).
+                signal.signal(signal.SIGTERM, lambda signum, frame: None)
                 uvicorn.run(create_app(app), **options)
             else:
                 uvicorn.run("commitline.http.app:app_from_environment", factory=True, workers=workers, **options)

@@ -61,14 +61,20 @@ def cmd_down(args: argparse.Namespace) -> int:
     services = _services(load_settings())
     if not services:
         print("COMMITLINE_DATABASE_URL is set: there is no local service to stop", file=sys.stderr)
+        if args.json:
+            print_json({}, sys.stdout)
         return EXIT_OK
-    refused = []
+    refused, states = [], {}
     for name, shared in services.items():
         shared.unpin()
         running, stopped = shared.stop_if_unused(force=args.force)
         if running and not stopped:
             refused.append(name)
-        print(f"{name}: {'stopped' if stopped else 'in use' if running else 'was not running'}")
+        states[name] = "stopped" if stopped else "in use" if running else "was not running"
+        if not args.json:
+            print(f"{name}: {states[name]}")
+    if args.json:
+        print_json(states, sys.stdout)
     if refused:
         print(f"{', '.join(refused)} in use by other commitline processes: stop them first (the last of them stops "
               "it), or use --force", file=sys.stderr)
@@ -87,4 +93,5 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     down = sub.add_parser("down", help="stop the local services of COMMITLINE_DATA_DIR (PostgreSQL's data is kept)")
     down.add_argument("--force", action="store_true",
                       help="stop them even while other commitline processes use them (they lose their connections)")
+    down.add_argument("--json", action="store_true", help="machine-readable output")
     down.set_defaults(run=cmd_down)
