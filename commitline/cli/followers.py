@@ -28,7 +28,9 @@ def _metrics_port(text: str) -> int:
 def add_metrics_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-port", type=_metrics_port, metavar="PORT",
                         help="serve Prometheus metrics at http://HOST:PORT/metrics: every follower's position and "
-                        "lag (read from PostgreSQL at each scrape) and this process's own counters; no API key")
+                        "lag (read from PostgreSQL at each scrape) and this process's own counters; and "
+                        "/healthz: 200 while this process's followers run (its liveness, for a container health "
+                        "check), 503 when they hang or stopped; no API key")
     parser.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
                         help="the address --metrics-port listens on (default 127.0.0.1)")
 
@@ -41,7 +43,7 @@ def metrics_endpoint(args: argparse.Namespace, app: Any, followers: Sequence[Any
         return
     from commitline.infrastructure.metrics import MetricsServer
 
-    with MetricsServer(args.metrics_host, args.metrics_port, app.status, followers):
+    with MetricsServer(args.metrics_host, args.metrics_port, app.status, followers, app.liveness.problem):
         yield
 
 

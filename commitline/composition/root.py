@@ -38,6 +38,7 @@ from commitline.infrastructure.embedded.kafka import EmbeddedKafka
 from commitline.infrastructure.embedded.errors import EmbeddedServiceError
 from commitline.infrastructure.embedded.local import RunningBroker, shared_kafka, shared_postgres
 from commitline.infrastructure.embedded.postgres import EmbeddedPostgres
+from commitline.infrastructure.liveness import LoopLiveness
 from commitline.infrastructure.embedded.shared import SharedServer
 from commitline.infrastructure.followers.engine import Follower
 from commitline.infrastructure.followers.buckets import parse_bucket_name
@@ -105,6 +106,7 @@ class Commitline:
     shared_kafka: SharedServer[RunningBroker] | None = field(default=None, repr=False)
     dispatch_cpu: DispatchCpu = field(default_factory=lambda: DispatchCpu(None))
     domain: Domain = field(default=None, repr=False)  # type: ignore[assignment]  # set by bootstrap
+    liveness: LoopLiveness = field(default_factory=LoopLiveness, repr=False)  # probed by /healthz of --metrics-port
     _closed: bool = field(default=False, repr=False)
 
     @property
@@ -318,6 +320,7 @@ class Commitline:
         async def run() -> None:
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
+            self.liveness.attach(loop)
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)
             if drain:
@@ -330,7 +333,10 @@ class Commitline:
 
                 for follower in followers:  # one stopped at a poison event cannot catch up: it is done too
                     follower.on_caught_up = follower.on_poisoned = lambda f=follower: caught_up(f)
-            await asyncio.gather(*(f.run(stop) for f in followers))
+            try:
+                await asyncio.gather(*(f.run(stop) for f in followers))
+            finally:
+                self.liveness.detach()
 
         asyncio.run(run())
 

@@ -7,6 +7,9 @@
   each follower's position, lag, liveness and status, STUCK sagas, and whether that read worked.
 - Read at scrape time from the followers this process runs (``FollowerCollector``): their own counters.
 
+A follower process's metrics port (``MetricsServer``) also answers ``/healthz``: the process's liveness,
+for a container health check (``infrastructure/liveness.py``).
+
 Several ``commitline serve`` workers write their recorded metrics to ``PROMETHEUS_MULTIPROC_DIR``
 (``serve`` sets it before any worker starts); ``scrape_registry`` then sums every worker's files, and the
 PostgreSQL collector runs only in the worker answering the scrape. Labels never carry caller-supplied
@@ -17,10 +20,15 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest, start_http_server
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
@@ -194,17 +202,47 @@ def render(status: Callable[[], Any] | None = None) -> bytes:
     return generate_latest(scrape_registry(status))
 
 
-class MetricsServer:
-    """``/metrics`` of a follower process, on its own port (a daemon thread); ``close()`` stops it."""
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
 
-    def __init__(self, host: str, port: int, status: Callable[[], Any], followers: Sequence[Any]):
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # scrapes and health checks are not news
+        pass
+
+
+def _with_health(metrics_app: Any, problem: Callable[[], str | None]) -> Any:
+    """``/healthz``: 200 while ``problem()`` is None, else 503 with its text; every other path: the metrics."""
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") != "/healthz":
+            return metrics_app(environ, start_response)
+        reason = problem()
+        body = f"{reason or 'ok'}\n".encode()
+        start_response("200 OK" if reason is None else "503 Service Unavailable",
+                       [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body)))])
+        return [b"" if environ.get("REQUEST_METHOD") == "HEAD" else body]
+
+    return app
+
+
+class MetricsServer:
+    """``/metrics`` of a follower process, and ``/healthz`` (is this process's follower loop alive:
+    ``liveness``), on its own port (a daemon thread); ``close()`` stops it."""
+
+    def __init__(self, host: str, port: int, status: Callable[[], Any], followers: Sequence[Any],
+                 liveness: Callable[[], str | None] = lambda: None):
+        server_class = type("MetricsHTTPServer", (_ThreadingServer,), {
+            "address_family": socket.AF_INET6 if ":" in host else socket.AF_INET})
+        app = _with_health(make_wsgi_app(scrape_registry(status, followers)), liveness)
         try:
-            self.server, self.thread = start_http_server(port, addr=host,
-                                                         registry=scrape_registry(status, followers))
+            self.server = make_server(host, port, app, server_class, handler_class=_QuietHandler)
         except OSError as e:
             raise ConfigurationError("--metrics-port", f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+        self.thread = threading.Thread(target=self.server.serve_forever, name="commitline-metrics", daemon=True)
+        self.thread.start()
         self.host, self.port = host, self.server.server_port
-        log.info("Prometheus metrics at http://%s:%d/metrics", host, self.port)
+        log.info("Prometheus metrics at http://%s:%d/metrics, liveness at /healthz", host, self.port)
 
     def close(self) -> None:
         self.server.shutdown()

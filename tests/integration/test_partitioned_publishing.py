@@ -91,7 +91,9 @@ def consume_everything(bootstrap_servers: str, prefix: str,
                 if m.error():
                     assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
                     continue
-                records.append((m.topic(), m.partition(), m.offset(), orjson.loads(m.value())))
+                envelope = orjson.loads(m.value())
+                envelope["_publisher"] = dict(m.headers() or []).get("publisher", b"?").decode()
+                records.append((m.topic(), m.partition(), m.offset(), envelope))
                 assert m.key().decode() == records[-1][3]["aggregate_id"], "key = aggregate id"
                 if m.offset() + 1 >= ends[(m.topic(), m.partition())]:
                     remaining.discard((m.topic(), m.partition()))
@@ -185,7 +187,8 @@ def test_three_instances_killed_at_random_lose_and_reorder_nothing(
             continue
         seen.add(envelope["event_id"])
         assert version == last_version.get(aggregate, 0) + 1, \
-            f"aggregate {aggregate}: version {version} first read after {last_version.get(aggregate, 0)}"
+            f"aggregate {aggregate}: version {version} first read after {last_version.get(aggregate, 0)}\n" \
+            + history(aggregate, records, expected)
         last_version[aggregate] = version
     missing = set(expected) - seen
     with capsys.disabled():
@@ -195,6 +198,17 @@ def test_three_instances_killed_at_random_lose_and_reorder_nothing(
     assert all(len(p) == 1 for p in partitions_of.values()), "an aggregate's records share one partition"
     assert len({bucket_of(uuid.UUID(a), BUCKETS) for a in last_version}) == BUCKETS, "the workload spans every bucket"
     assert kills >= 10
+
+
+def history(aggregate: str, records: Sequence[tuple[str, int, int, dict]],
+            expected: Mapping[str, tuple[str, int]]) -> str:
+    """What a failed ordering check needs to tell a broker's fault from a publisher's: every record of the
+    aggregate where it was read, who sent it, and which of its stored versions Kafka lacks."""
+    lines = [f"  {topic}[{partition}]@{offset}: v{e['version']} (notification {e['notification_id']}, "
+             f"sent by {e['_publisher']})" for topic, partition, offset, e in records if e["aggregate_id"] == aggregate]
+    stored = sorted(v for a, v in expected.values() if a == aggregate)
+    read = {e["version"] for *_, e in records if e["aggregate_id"] == aggregate}
+    return "\n".join([*lines, f"  stored versions {stored}; not in Kafka: {sorted(set(stored) - read)}"])
 
 
 def test_buckets_are_shared_fairly_and_rebalanced_when_instances_leave_and_join(

@@ -1,5 +1,6 @@
 """``commitline status`` as a health check, against real processes: liveness comes from the advisory
-locks PostgreSQL holds for live sessions, never from a row a killed process left behind."""
+locks PostgreSQL holds for live sessions, never from a row a killed process left behind. And the other
+check, a follower process's own ``/healthz`` (its container's health): about the process only."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
+import httpx
 import orjson
 import pytest
 
@@ -23,6 +25,7 @@ from tests.support import RUNNER
 from tests.support import PROJECTIONS
 from tests.integration.test_order_saga import Shop
 from tests.integration.test_projections import inject_orphan_payment_event
+from tests.integration.http.conftest import free_port
 from tests.support import FollowerThread, wait_for
 
 CLI = [sys.executable, "-m", "commitline.cli"]
@@ -224,3 +227,58 @@ def test_check_against_an_unreachable_store_exits_3(pg_dsn: str, schema: str) ->
                  COMMITLINE_DATABASE_URL=f"postgresql://someone:s3cret@127.0.0.1:{port}/nowhere")
     assert out.returncode == 3
     assert "store_unavailable" in out.stderr and "s3cret" not in out.stderr + out.stdout
+
+
+def test_a_follower_process_is_healthy_while_it_runs_whatever_its_business_problems(
+        app: Commitline, pg_dsn: str, schema: str, tmp_path: Path) -> None:
+    """A container restarted for a STUCK saga or a poison event would be just as stuck after the restart:
+    those fail ``status --check``, never the process's ``/healthz``, which fails when the process hangs."""
+    order = Shop(app)
+    stuck = order.place("acct|capture-declines|void-fails")
+    order.run_until_done()
+    poison_at = inject_orphan_payment_event(app)
+    ports = {"project": free_port(), "sagas": free_port()}
+    commands = {"project": ["project", "payment_states"], "sagas": ["sagas", "run"]}
+    processes = {}
+    for name, argv in commands.items():
+        log = (tmp_path / f"{name}.log").open("wb")
+        processes[name] = subprocess.Popen([*CLI, *argv, "--metrics-port", str(ports[name])],
+                                           env=environment(pg_dsn, schema), stdout=log, stderr=subprocess.STDOUT)
+
+    def health(name: str, timeout: float = 30) -> httpx.Response | None:
+        assert processes[name].poll() is None, (tmp_path / f"{name}.log").read_text()
+        try:
+            return httpx.get(f"http://127.0.0.1:{ports[name]}/healthz", timeout=timeout)
+        except httpx.TransportError:
+            return None
+
+    try:
+        def poisoned() -> subprocess.CompletedProcess[str] | None:
+            out = status(pg_dsn, schema, "--check", "payment_states,sagas")
+            return out if f"stopped at poison event {poison_at}" in out.stderr else None
+
+        check = wait_for(poisoned, "the projector to stop at the poison event")
+        assert check.returncode == 1 and f"order {stuck}: fulfilment STUCK" in check.stderr
+        for name in processes:
+            response = wait_for(lambda name=name: health(name), f"{name}'s /healthz to answer")
+            assert (response.status_code, response.text) == (200, "ok\n"), name
+
+        frozen = processes["project"]  # a hung process: nothing in it answers, and the check says so
+        frozen.send_signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(httpx.TimeoutException):
+                httpx.get(f"http://127.0.0.1:{ports['project']}/healthz", timeout=2)
+        finally:
+            frozen.send_signal(signal.SIGCONT)
+        response = wait_for(lambda: health("project"), "the resumed process's /healthz to answer")
+        assert response.status_code == 200
+    finally:
+        for process in processes.values():
+            process.send_signal(signal.SIGTERM)
+        for name, process in processes.items():
+            try:
+                assert process.wait(60) == 0, (tmp_path / f"{name}.log").read_text()
+            finally:
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()

@@ -27,12 +27,19 @@ SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
 # What each commitline service must run: its argv after the image's `commitline` entrypoint.
 COMMITLINE_COMMANDS = {
     "migrate": ("migrate",),
+    "serve": ("serve",),
     "publisher": ("publish",),
     "projector": ("project",),
     "sagas": ("sagas", "run"),
 }
-LONG_RUNNING = ("publisher", "projector", "sagas")
+FOLLOWERS = ("publisher", "projector", "sagas")
+LONG_RUNNING = ("serve", *FOLLOWERS)
 STORES = ("postgres", "kafka")
+# The stores each long-running process uses: only the publisher talks to Kafka.
+USES = {"serve": {"postgres"}, "publisher": {"postgres", "kafka"}, "projector": {"postgres"}, "sagas": {"postgres"}}
+# The python one-liner a health check fetches a URL with (the slim image has no curl): exit 1 unless 2xx.
+URL_PROBE = re.compile(r"import urllib\.request; urllib\.request\.urlopen\('(http://127\.0\.0\.1:(\d+)(/\w+))', "
+                       r"timeout=(\d+)\)")
 
 # Variables the official postgres image reads (its documentation, "Environment Variables").
 POSTGRES_IMAGE_VARIABLES = {
@@ -102,12 +109,16 @@ def readme_configuration_variables() -> set[str]:
     return names
 
 
-def cli_route(argv: list[str]) -> tuple[str, ...]:
-    """The subcommand path the real ``commitline`` parser resolves ``argv`` to; fails on anything it refuses."""
+def parsed(argv: list[str]) -> Any:
     try:
-        args = build_parser().parse_args(argv)
+        return build_parser().parse_args(argv)
     except SystemExit:
         pytest.fail(f"`commitline {shlex.join(argv)}` is not a valid commitline command (see its --help)")
+
+
+def cli_route(argv: list[str]) -> tuple[str, ...]:
+    """The subcommand path the real ``commitline`` parser resolves ``argv`` to; fails on anything it refuses."""
+    args = parsed(argv)
     route = (args.subcommand,)
     nested = getattr(args, f"{args.subcommand}_command", None)
     return route + ((nested,) if nested else ())
@@ -175,12 +186,13 @@ def test_commitline_services_are_the_four_commands_and_restart_unless_stopped() 
         assert SERVICES[name]["restart"] == "unless-stopped", name
 
 
-def test_commitline_services_start_after_healthy_stores_and_a_successful_migration() -> None:
+def test_commitline_services_start_after_the_stores_they_use_and_a_successful_migration() -> None:
     assert SERVICES["migrate"]["depends_on"] == {"postgres": {"condition": "service_healthy"}}
     for name in LONG_RUNNING:
         depends_on = SERVICES[name]["depends_on"]
-        assert {store: depends_on.get(store, {}).get("condition") for store in STORES} == dict.fromkeys(
-            STORES, "service_healthy"), f"{name}: {depends_on}"
+        stores = {store for store in STORES if store in depends_on}
+        assert stores == USES[name], f"{name} waits for {sorted(stores)} but uses {sorted(USES[name])}"
+        assert all(depends_on[store]["condition"] == "service_healthy" for store in stores), f"{name}: {depends_on}"
         assert depends_on["migrate"]["condition"] == "service_completed_successfully", name
 
 
@@ -190,20 +202,54 @@ def test_each_commitline_service_runs_its_real_cli_subcommand(service: str) -> N
     assert cli_route(argv) == COMMITLINE_COMMANDS[service]
 
 
-def test_each_commitline_service_checks_the_health_of_the_followers_it_runs() -> None:
-    from commitline.composition import FOLLOWER_ALIASES
-    from tests.support import PROJECTIONS
+def health_probe(service: str) -> tuple[int, str, int]:
+    """(port, path, timeout) of the URL the service's health check fetches."""
+    check = SERVICES[service]["healthcheck"]
+    assert {k: v for k, v in check.items() if k != "test"} == COMPOSE["x-commitline-healthcheck"], service
+    kind, executable, flag, code = as_argv(check["test"])
+    assert (kind, executable, flag) == ("CMD", "python", "-c"), f"{service}: {check['test']}"
+    match = URL_PROBE.fullmatch(code)
+    assert match, f"{service}: the health check does not fetch one local URL: {code}"
+    _, port, path, timeout = match.groups()
+    assert int(timeout) < int(check["timeout"].removesuffix("s")), f"{service}: the probe outlives the check"
+    return int(port), path, int(timeout)
 
-    runs = {"publisher": {"publisher"}, "projector": set(PROJECTIONS), "sagas": {"sagas"}}
-    for name in LONG_RUNNING:
-        check = SERVICES[name]["healthcheck"]
-        assert {k: v for k, v in check.items() if k != "test"} == COMPOSE["x-commitline-healthcheck"]
-        kind, executable, *argv = as_argv(check["test"])
-        assert (kind, executable) == ("CMD", "commitline")
-        assert cli_route(argv) == ("status",) and argv[1] == "--check", f"{name}: {argv}"
-        named = set(argv[2].split(","))
-        assert named == runs[name], f"{name} checks {named}, runs {runs[name]}"
-        assert named <= set(PROJECTIONS) | set(FOLLOWER_ALIASES), f"{name}: unknown follower in {named}"
+
+def test_serve_is_deployed_on_loopback_and_healthy_while_ready() -> None:
+    args = parsed(as_argv(SERVICES["serve"]["command"]))
+    assert args.host == "0.0.0.0", "inside its container serve must listen beyond the container's loopback"
+    assert f"127.0.0.1:{args.port}:{args.port}" in SERVICES["serve"]["ports"], SERVICES["serve"]["ports"]
+    assert health_probe("serve")[:2] == (args.port, "/readyz")
+
+
+def test_a_follower_container_is_healthy_while_its_process_answers_not_by_business_state() -> None:
+    """A STUCK saga or a poison event fails ``status --check``; an orchestrator restarting the container for it
+    would fix nothing. The container's check is the process's /healthz on its --metrics-port."""
+    for name in FOLLOWERS:
+        args = parsed(as_argv(SERVICES[name]["command"]))
+        assert args.metrics_port is not None, f"{name} has no --metrics-port to answer /healthz on"
+        assert args.metrics_host in ("0.0.0.0", "127.0.0.1"), f"{name}: the probe uses 127.0.0.1"
+        assert health_probe(name)[:2] == (args.metrics_port, "/healthz"), name
+    for name in commitline_services():
+        check = " ".join(as_argv(SERVICES[name].get("healthcheck", {}).get("test", [])))
+        assert "status" not in check, f"{name}: container health must not judge followers' business state"
+
+
+def test_host_ports_are_on_loopback_and_not_a_local_postgresqls() -> None:
+    for name, service in SERVICES.items():
+        for mapping in service.get("ports", []):
+            host, host_port, _ = mapping.split(":")
+            assert host == "127.0.0.1", f"{name}: {mapping} would be reachable from other machines"
+            assert host_port != "5432", f"{name}: 127.0.0.1:5432 clashes with a PostgreSQL on the host"
+
+
+def test_the_readme_says_how_to_get_the_first_tenant_key_from_the_deployment() -> None:
+    readme = (ROOT / "README.md").read_text()
+    deployment = readme[readme.index("## Deployment"):]
+    match = re.search(r"docker compose exec (?:-T )?(\w+) commitline (tenants add \w+)", deployment)
+    assert match, "the Deployment section does not show `docker compose exec SERVICE commitline tenants add NAME`"
+    assert match.group(1) in commitline_services()
+    assert cli_route(shlex.split(match.group(2))) == ("tenants", "add")
 
 
 def test_commitline_variables_are_the_readmes_and_store_variables_the_images() -> None:
