@@ -100,16 +100,6 @@ def owner_text(s: FollowerStatus) -> str:
     return f"{s.owner} (last)" if s.owner else ""
 
 
-def _publisher_json(report: Any) -> dict[str, Any] | None:
-    group = report.publisher
-    if group is None:
-        return None
-    out = group.as_dict()
-    for row, bucket in zip(out["buckets"], group.buckets):
-        row["problems"] = report.bucket_reasons(bucket)
-    return out
-
-
 def publisher_tables(report: Any) -> list[Table]:
     """The publish instances with their buckets, then every bucket with its owner, position and lag."""
     group = report.publisher
@@ -153,15 +143,14 @@ def cmd_status(args: argparse.Namespace) -> int:
                     "thresholds": {"max_lag_events": report.thresholds.max_lag_events,
                                    "max_lag_seconds": report.thresholds.max_lag_seconds},
                     "followers": [{**s.as_dict(), "problems": report.reasons(s)} for s in report.followers],
-                    "publisher": _publisher_json(report),
+                    "publisher": report.publisher_dict(),
                     "stuck_sagas": [{"saga": s.saga, "id": str(s.id), "tenant": s.tenant, "state": s.state,
                                      "reason": s.reason} for s in report.stuck],
                     "stuck_fulfilments": [str(s.id) for s in report.stuck]}, sys.stdout)
     elif args.check is None:
         out = console()
         out.print(status_table(report.head, report.followers, report.reasons))
-        if report.publisher is not None and (report.publisher.members or any(
-                s.recorded_status is not None for s in report.publisher.buckets)):
+        if report.publisher_ran:
             for table in publisher_tables(report):
                 out.print(table)
         if report.stuck:
@@ -225,13 +214,14 @@ def cmd_projections_list(args: argparse.Namespace) -> int:
         print_json({"head": head, "projections": rows}, sys.stdout)
         return EXIT_OK
     table = Table(title=f"projections (log head {head})")
-    for column in ("projection", "status", "position", "lag (events)", "rebuild at", "error", "tables"):
+    for column in ("projection", "status", "position", "lag (events)", "lag (s)", "rebuild at", "error", "tables"):
         table.add_column(column)
     for r in rows:
         error = f"{r['error']['message']} at {r['error']['position']}" if r["error"] else ""
         if r["needs_rebuild"]:
             error = f"tables differ ({'; '.join(r['needs_rebuild'])}): run `{r['rebuild_command']}`"
         table.add_row(r["name"], r["status"], str(r["position"]), str(r["lag_events"]),
+                      "" if r["lag_seconds"] is None else f"{r['lag_seconds']:.1f}",
                       "" if r["rebuild_position"] is None else str(r["rebuild_position"]), error, ", ".join(r["tables"]))
     console().print(table)
     return EXIT_OK

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from commitline.application.process import StuckInstance
 from commitline.infrastructure.followers.buckets import sequence_of
@@ -77,3 +78,18 @@ class StatusReport:
 
     def reasons(self, follower: FollowerStatus) -> list[str]:
         return follower_reasons(follower, self.thresholds)
+
+    def publisher_dict(self) -> dict[str, Any] | None:
+        """The publish instances and every bucket with its lag (events and seconds) and problems, as JSON."""
+        if self.publisher is None:
+            return None
+        out = self.publisher.as_dict()
+        for row, bucket in zip(out["buckets"], self.publisher.buckets):
+            row["problems"] = self.bucket_reasons(bucket)
+        return out
+
+    @property
+    def publisher_ran(self) -> bool:
+        """Whether the publisher ever ran with buckets (an instance now, or a bucket's row)."""
+        group = self.publisher
+        return group is not None and bool(group.members or any(s.recorded_status is not None for s in group.buckets))

@@ -87,6 +87,7 @@ def status_document(app: Commitline) -> dict[str, Any]:
         "thresholds": {"max_lag_events": report.thresholds.max_lag_events,
                        "max_lag_seconds": report.thresholds.max_lag_seconds},
         "followers": [{**s.as_dict(), "problems": report.reasons(s)} for s in report.followers],
+        "publisher": report.publisher_dict() if report.publisher_ran else None,
         "blocked": blocked,
         "stuck_sagas": stuck,
         "stuck_fulfilments": [{**s, "order_id": s["id"]} for s in stuck],  # the name status pages first used
@@ -97,7 +98,8 @@ def status_document(app: Commitline) -> dict[str, Any]:
 
 @router.get("/v1/status", tags=["operations"], summary="Followers, blocked projections, stuck sagas, last audit",
             description="The operators' view behind the status page at `/` (no API key; no payloads): the log head; "
-            "each follower's position, lag, liveness, status and problems (as `commitline status --json`); "
+            "each follower's position, lag (events and seconds), liveness, status and problems, and each publisher "
+            "bucket's (as `commitline status --json`); "
             "followers stopped at a poison event with the commands that unblock them; saga instances waiting for a "
             "person; the last `commitline audit verify` run.")
 def status(request: Request) -> Response:

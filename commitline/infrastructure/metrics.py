@@ -127,6 +127,7 @@ class StoreCollector(Collector):
             status.add_metric([f.name, f.status], 1)
         yield from gauges.values()
         yield status
+        yield from _bucket_gauges(report.publisher)
         stuck = GaugeMetricFamily("commitline_sagas_stuck", "Saga instances waiting for an operator (STUCK or "
                                   "PARKED), per process manager", labels=["saga"])
         for saga in report.sagas:
@@ -135,6 +136,30 @@ class StoreCollector(Collector):
         # the same, summed, under the name earlier versions exported (alerts written against it keep working)
         yield GaugeMetricFamily("commitline_fulfilments_stuck", "Saga instances waiting for an operator, every process "
                                 "manager together (the earlier name of commitline_sagas_stuck)", value=len(report.stuck))
+
+
+def _bucket_gauges(group: Any) -> Iterator[Metric]:
+    """Each publisher bucket's position, lag (events and seconds) and liveness, labelled by bucket number."""
+    if group is None:
+        return
+    families = {
+        "position": GaugeMetricFamily("commitline_publisher_bucket_position", "Last log position the publisher "
+                                      "bucket published (every event of the bucket up to it is in Kafka)",
+                                      labels=["bucket"]),
+        "lag_events": GaugeMetricFamily("commitline_publisher_bucket_lag_events", "Events of the bucket not "
+                                        "published yet", labels=["bucket"]),
+        "lag_seconds": GaugeMetricFamily("commitline_publisher_bucket_lag_seconds", "Age of the bucket's oldest "
+                                         "event not published yet (0 when caught up)", labels=["bucket"]),
+        "alive": GaugeMetricFamily("commitline_publisher_bucket_alive", "1 while a live publish instance owns "
+                                   "the bucket, else 0", labels=["bucket"]),
+    }
+    for b, bucket in enumerate(group.buckets):
+        label = [str(b)]
+        families["position"].add_metric(label, bucket.position)
+        families["lag_events"].add_metric(label, bucket.lag_events)
+        families["lag_seconds"].add_metric(label, bucket.lag_seconds)
+        families["alive"].add_metric(label, 1 if bucket.alive else 0)
+    yield from families.values()
 
 
 # A follower's own counters: (metric suffix, help, attribute of its ``metrics``), where it has that attribute.

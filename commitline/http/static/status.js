@@ -42,11 +42,15 @@ function fill(tbody, rows) {
   tbody.replaceChildren(...rows);
 }
 
+function processText(p) {  // the owning commitline process: host:pid (kind, started ...)
+  return p ? p.host + ":" + p.pid + " (" + p.kind + ", started " + String(p.started_at).slice(0, 19).replace("T", " ") +
+    " UTC)" : "";
+}
+
 function renderFollowers(doc) {
   const rows = doc.followers.map((f) => {
     const p = f.process;
-    const live = f.alive ? "live" + (p ? ": " + p.host + ":" + p.pid + " (" + p.kind + ", started " +
-      String(p.started_at).slice(0, 19).replace("T", " ") + " UTC)" : "") : "not live";
+    const live = f.alive ? "live" + (p ? ": " + processText(p) : "") : "not live";
     return el("tr", {id: "follower-" + f.name, class: f.problems.length ? "bad" : ""},
       el("td", {class: "name"}, f.name),
       el("td", {class: "status"}, f.status),
@@ -58,6 +62,25 @@ function renderFollowers(doc) {
       el("td", {class: "problem"}, f.problems.join("; ")));
   });
   fill(document.querySelector("#followers tbody"), rows);
+}
+
+function renderPublisher(doc) {
+  const group = doc.publisher;
+  document.getElementById("publisher-section").hidden = !group;
+  if (!group) {
+    return;
+  }
+  document.getElementById("publisher-summary").textContent = "(" + group.instances.length + " instance(s), " +
+    group.bucket_count + " buckets)";
+  const rows = group.buckets.map((b) => el("tr", {id: "bucket-" + b.bucket, class: b.problems.length ? "bad" : ""},
+    el("td", {class: "name"}, b.name),
+    el("td", {class: "status"}, b.status),
+    el("td", {class: "live " + (b.alive ? "good" : "muted")}, b.alive ? processText(b.process) || b.owner : "not live"),
+    el("td", {class: "num position"}, b.position),
+    el("td", {class: "num lag-events"}, b.lag_events),
+    el("td", {class: "num lag-seconds"}, seconds(b.lag_seconds)),
+    el("td", {class: "problem"}, b.problems.join("; "))));
+  fill(document.querySelector("#publisher-buckets tbody"), rows);
 }
 
 function renderBlocked(doc) {
@@ -122,6 +145,7 @@ function render(doc) {
   set("stuck-count", String(doc.stuck_sagas.length), doc.stuck_sagas.length ? "bad" : "good");
   fill(document.getElementById("problems"), doc.problems.map((p) => el("li", {}, p)));
   renderFollowers(doc);
+  renderPublisher(doc);
   renderBlocked(doc);
   renderStuck(doc);
   renderAudit(doc);

@@ -211,6 +211,8 @@ def test_the_status_page_shows_positions_blocked_projections_stuck_sagas_and_the
     assert dom.text("head") == str(head)
     assert dom.text("follower-task_statuses", "position") == str(projected)
     assert dom.text("follower-task_statuses", "lag-events") == "2"
+    lag = followers["task_statuses"]["lag_seconds"]  # the age of its oldest unhandled event, shown as time
+    assert re.fullmatch(r"\d+\.\d s|\d+ min", dom.text("follower-task_statuses", "lag-seconds")), lag
     assert dom.text("follower-task_statuses", "status") == "stopped"
     assert dom.text("follower-payment_states", "position") == str(poison_at - 1)
     assert dom.text("follower-payment_states", "status") == "failed"
