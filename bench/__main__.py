@@ -32,12 +32,13 @@ from bench import (
     http_api,
     projection_rebuild,
     publisher_throughput,
+    tracing_overhead,
 )
 from bench.harness import BenchContext, open_database
 
 #: Benchmark modules, in running order.
 MODULES: list[ModuleType] = [command_throughput, http_api, eventsourcing_module, publisher_throughput,
-                             projection_rebuild, audit_verify]
+                             projection_rebuild, audit_verify, tracing_overhead]
 
 Benchmark = tuple[str, str, Callable[[BenchContext], Iterator[str]]]  # (name, module, callable)
 

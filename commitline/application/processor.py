@@ -49,7 +49,8 @@ import hashlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 from uuid import UUID, uuid5
 
 import orjson
@@ -122,6 +123,13 @@ class DispatchObserver:
         pass
 
 
+class DispatchTracing(Protocol):
+    """Traces of dispatches (``infrastructure/tracing.py``): a span current while the command runs, and the
+    observer (wrapping ``observer``) that writes the outcome on it. None on the processor: no tracing at all."""
+
+    def dispatch(self, tenant: object, observer: DispatchObserver) -> AbstractContextManager[DispatchObserver]: ...
+
+
 def _reported_type(catalog: CommandCatalog, command: object, error: BaseException | None = None) -> str:
     """The command's type if it is one of ``catalog``'s, else ``unknown``."""
     name = command.type if isinstance(command, Command) else getattr(error, "command_type", None)
@@ -133,13 +141,14 @@ def _reported_type(catalog: CommandCatalog, command: object, error: BaseExceptio
 class CommandProcessor:
     def __init__(self, store: EventStore, catalog: CommandCatalog, retry: RetryPolicy | None = None,
                  limits: CommandLimits | None = None, observer: DispatchObserver | None = None,
-                 enter_thread: Callable[[], None] | None = None):
+                 enter_thread: Callable[[], None] | None = None, tracing: DispatchTracing | None = None):
         self.store = store
         self.catalog = catalog
         self.retry = retry or RetryPolicy()
         self.limits = limits or CommandLimits()
         self.observer = observer or DispatchObserver()
         self.enter_thread = enter_thread or _nothing  # run by the dispatching thread first (e.g. its CPU)
+        self.tracing = tracing
 
     def dispatch(
         self,
@@ -209,26 +218,34 @@ class CommandProcessor:
     def _observed(self, command: Any, cmd: Command | None, idempotency_key: str | None,
                   tenant: str) -> DispatchResult:
         self.enter_thread()
+        if self.tracing is None:
+            return self._reported(self.observer, command, cmd, idempotency_key, tenant)
+        with self.tracing.dispatch(tenant, self.observer) as observer:
+            return self._reported(observer, command, cmd, idempotency_key, tenant)
+
+    def _reported(self, observer: DispatchObserver, command: Any, cmd: Command | None, idempotency_key: str | None,
+                  tenant: str) -> DispatchResult:
         started, command_type = time.perf_counter(), None
         try:
             if cmd is None:
                 cmd = parse_command(command, self.catalog, limits=self.limits)
             command_type = cmd.type
-            result = self._dispatch(cmd, idempotency_key, tenant)
+            result = self._dispatch(cmd, idempotency_key, tenant, observer)
         except CommitlineError as e:
             failed = isinstance(e, (StoreUnavailable, ConfigurationError))
-            self.observer.on_outcome(command_type or _reported_type(self.catalog, command, e), FAILED if failed else REFUSED,
+            observer.on_outcome(command_type or _reported_type(self.catalog, command, e), FAILED if failed else REFUSED,
                                      e.code, time.perf_counter() - started)
             raise
         except Exception:
-            self.observer.on_outcome(command_type or _reported_type(self.catalog, command), FAILED, "internal_error",
+            observer.on_outcome(command_type or _reported_type(self.catalog, command), FAILED, "internal_error",
                                      time.perf_counter() - started)
             raise
-        self.observer.on_outcome(command_type, REPLAYED if result.replayed else APPLIED, None,
+        observer.on_outcome(command_type, REPLAYED if result.replayed else APPLIED, None,
                                  time.perf_counter() - started)
         return result
 
-    def _dispatch(self, cmd: Command, idempotency_key: str | None, tenant: str) -> DispatchResult:
+    def _dispatch(self, cmd: Command, idempotency_key: str | None, tenant: str,
+                  observer: DispatchObserver) -> DispatchResult:
         key = check_idempotency_key(idempotency_key, cmd.type)
         tenant = check_tenant(tenant)
         digest = fingerprint(cmd)
@@ -276,7 +293,7 @@ class CommandProcessor:
             except StreamMoved:
                 if not loaded.verified:
                     self.store.distrust(aggregate_id)  # another writer: from now on, read before deciding
-                    self.observer.on_retry(cmd.type)
+                    observer.on_retry(cmd.type)
                     raise _Unverified from None
                 if expected is not None:
                     # Lost to a twin with this key (a retry racing its own first try)? Its outcome answers.
@@ -303,7 +320,7 @@ class CommandProcessor:
                 if n == policy.max_attempts:  # it moved under every attempt
                     raise ConcurrencyConflict(aggregate_id, None, self.store.stream_version(aggregate_id),
                                               n) from None
-                self.observer.on_retry(cmd.type)
+                observer.on_retry(cmd.type)
                 time.sleep(policy.pause(n))
                 trust_cache, n = False, n + 1
 

@@ -39,6 +39,7 @@ from commitline.infrastructure.embedded.errors import EmbeddedServiceError
 from commitline.infrastructure.embedded.local import RunningBroker, shared_kafka, shared_postgres
 from commitline.infrastructure.embedded.postgres import EmbeddedPostgres
 from commitline.infrastructure.liveness import LoopLiveness
+from commitline.infrastructure.tracing import Tracing, tracing_for
 from commitline.infrastructure.embedded.shared import SharedServer
 from commitline.infrastructure.followers.engine import Follower
 from commitline.infrastructure.followers.buckets import parse_bucket_name
@@ -106,6 +107,7 @@ class Commitline:
     shared_kafka: SharedServer[RunningBroker] | None = field(default=None, repr=False)
     dispatch_cpu: DispatchCpu = field(default_factory=lambda: DispatchCpu(None))
     domain: Domain = field(default=None, repr=False)  # type: ignore[assignment]  # set by bootstrap
+    tracing: Tracing | None = field(default=None, repr=False)  # OTEL_*: None unless traces are asked for
     liveness: LoopLiveness = field(default_factory=LoopLiveness, repr=False)  # probed by /healthz of --metrics-port
     _closed: bool = field(default=False, repr=False)
 
@@ -214,6 +216,7 @@ class Commitline:
             settings = self.start_embedded_kafka_if_unset()
             options.setdefault("broker_in_memory", self.settings.kafka_bootstrap_servers is None)
         client_options(settings)  # a TLS file that cannot be loaded is refused now, not once publishing starts
+        options.setdefault("tracing", self.tracing)
         return PartitionedPublisher(self.recorder, self.conninfo, settings, self.domain.registry, **options)
 
     def projector(self, name: str, **options: Any) -> Projector:
@@ -346,6 +349,8 @@ class Commitline:
         if self._closed:
             return
         self._closed = True
+        if self.tracing is not None:  # the spans of a one-shot command leave before it exits
+            self.tracing.flush()
         self.datastore.close()
         self.dispatch_cpu.close()
         if self.embedded_kafka is not None:
@@ -394,6 +399,7 @@ def bootstrap(settings: Settings | None = None, *, domain: Domain | str | None =
     else:
         domain = load_domain(settings.app)
     settings = settings.for_domain(domain.schema)
+    tracing = tracing_for(settings)  # a protocol it cannot export fails before any I/O
     cpu = DispatchCpu.from_setting(settings.dispatch_cpu or dispatch_cpu)  # a bad value fails before any I/O
     try:
         parts, shared = connection_parts(settings)
@@ -434,10 +440,12 @@ def bootstrap(settings: Settings | None = None, *, domain: Domain | str | None =
     store = PostgresEventStore(recorder, EventCodec(domain.registry), settings.snapshot_interval,
                                max_event_bytes=settings.max_event_bytes, cache_size=settings.aggregate_cache_size,
                                group_commit=settings.group_commit_max,
-                               versions=EventVersions(datastore.get_connection, settings.schema_name, stored))
+                               versions=EventVersions(datastore.get_connection, settings.schema_name, stored),
+                               tracing=tracing)
     retry = RetryPolicy(
         settings.retry_max_attempts, settings.retry_base_delay_ms / 1000, settings.retry_max_delay_ms / 1000
     )
-    processor = CommandProcessor(store, domain.catalog, retry, settings.command_limits(), CommandMetrics(), cpu.enter)
+    processor = CommandProcessor(store, domain.catalog, retry, settings.command_limits(), CommandMetrics(), cpu.enter,
+                                 tracing)
     return Commitline(settings, datastore, recorder, store, processor, parts, shared.instance if shared else None,
-                      shared_postgres=shared, dispatch_cpu=cpu, domain=domain)
+                      shared_postgres=shared, dispatch_cpu=cpu, domain=domain, tracing=tracing)

@@ -25,8 +25,9 @@ from commitline.application.errors import CommitlineError
 from commitline.composition import Commitline, bootstrap
 from commitline.framework.domain import Domain
 from commitline.framework.loading import load_domain
-from commitline.http import commands, docs, operations, queries, reads, status_page
+from commitline.http import commands, docs, operations, queries, reads, status_page, tracing
 from commitline.infrastructure.config import load_settings
+from commitline.infrastructure.tracing import tracing_for
 from commitline.http.problems import (
     InternalError,
     InvalidQuery,
@@ -113,6 +114,7 @@ def create_app(commitline: Commitline | None, *, domain: Domain | None = None, l
         app.include_router(module.router)
     app.include_router(queries.router_for(domain))
     operations.instrument(app)  # every request counted and timed in /metrics
+    tracing.instrument(app, commitline.tracing if commitline is not None else tracing_for(load_settings()))
     app.openapi = lambda: _openapi(app, domain)  # type: ignore[method-assign]
     return app
 

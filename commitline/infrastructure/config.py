@@ -180,6 +180,26 @@ class Settings(BaseSettings):
     http_max_body_bytes: int = Field(CommandLimits.max_bytes, ge=1024, le=2**30,
                                      validation_alias="COMMITLINE_HTTP_MAX_BODY_BYTES")
     """largest request body the HTTP API reads; a larger one is answered 413 unread"""
+    otel_traces_exporter: str | None = Field(None, pattern=r"^(otlp|console|none)$",
+                                             validation_alias="OTEL_TRACES_EXPORTER",
+                                             json_schema_extra={"unset": "`otlp` when an OTLP endpoint is set, "
+                                                                "else no tracing"})
+    """OpenTelemetry traces (HTTP request, dispatch, append, group-commit batch, publish): `otlp` (OTLP over HTTP), `console` (stdout) or `none`"""
+    otel_exporter_otlp_endpoint: str | None = Field(None, pattern=r"^https?://\S+$",
+                                                    validation_alias="OTEL_EXPORTER_OTLP_ENDPOINT",
+                                                    json_schema_extra={"unset": "`http://localhost:4318` once "
+                                                                       "tracing is on"})
+    """base URL of the OTLP/HTTP collector (spans go to `<url>/v1/traces`); setting it turns tracing on. Its headers (`OTEL_EXPORTER_OTLP_HEADERS`), timeout and TLS variables are read by the exporter itself, never logged"""
+    otel_exporter_otlp_traces_endpoint: str | None = Field(None, pattern=r"^https?://\S+$",
+                                                           validation_alias="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    """full URL spans are posted to, instead of `<OTEL_EXPORTER_OTLP_ENDPOINT>/v1/traces`"""
+    otel_exporter_otlp_protocol: str | None = Field(None, validation_alias="OTEL_EXPORTER_OTLP_PROTOCOL",
+                                                    json_schema_extra={"unset": "`http/protobuf`"})
+    """only `http/protobuf` is installed; another value stops a traced process at start"""
+    otel_service_name: str = Field("commitline", min_length=1, max_length=200, validation_alias="OTEL_SERVICE_NAME")
+    """the `service.name` of commitline's spans"""
+    otel_sdk_disabled: bool = Field(False, validation_alias="OTEL_SDK_DISABLED")
+    """`true`: no tracing whatever the other `OTEL_*` variables say"""
 
     @classmethod
     def settings_customise_sources(

@@ -28,6 +28,7 @@ class KafkaRecord:
     timestamp_ms: int
     notification_id: int
     event_id: str
+    traceparent: str | None = None  # of the append that stored the event (tracing on): the publish span's parent
 
 
 def topic_for(prefix: str, aggregate_type: str) -> str:
@@ -78,4 +79,5 @@ def to_record(notification: Notification, topic_prefix: str, publisher: str, reg
         int(datetime.fromisoformat(recorded_at).timestamp() * 1000),
         notification.id,
         event_id,
+        stored.get("tp"),
     )

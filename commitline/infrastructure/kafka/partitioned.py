@@ -176,7 +176,8 @@ class PartitionedPublisher:
 
     def __init__(self, recorder: EventRecorder, conninfo: dict[str, Any], settings: Settings,
                  registry: EventRegistry, *, owner: str | None = None,
-                 on_published: Callable[[Sequence[KafkaRecord]], None] | None = None, broker_in_memory: bool = False):
+                 on_published: Callable[[Sequence[KafkaRecord]], None] | None = None, broker_in_memory: bool = False,
+                 tracing: Any = None):
         self.recorder = recorder
         self.registry = registry
         self.conninfo = conninfo
@@ -184,6 +185,7 @@ class PartitionedPublisher:
         self.owner = owner or instance_id()
         self.on_published = on_published
         self.broker_in_memory = broker_in_memory
+        self.tracing = tracing  # ``infrastructure/tracing.Tracing``: a publish span per record stored with a trace
         self.buckets = settings.publish_buckets
         self.batch_size = settings.publish_batch_size
         self.poll_interval = settings.publish_poll_interval_ms / 1000
@@ -449,11 +451,14 @@ class PartitionedPublisher:
                 await self._save()  # the moves held back, once due
             return bool(moved) and read.full
         self._used = None
+        spans = self.tracing.publish_spans(read.records) if self.tracing is not None else None
         try:
             async with self.producers.use() as producer:
                 self._used = producer
                 acked = await self._send(producer, read, active)
         except KafkaError as error:
+            if spans:
+                self.tracing.end_publish(spans.values(), error)
             first = min(events[0].id for events in read.events.values())
             delay = self.outage.failed(error, f" at position {first}")
             self._counts.retries += 1
@@ -465,6 +470,8 @@ class PartitionedPublisher:
             await self.producers.discard(self._used)
             return delay
         self.outage.recovered()
+        if spans:
+            self.tracing.end_publish(spans.values(), sent={r.notification_id for r in acked})
         poisons = read.poisons
         self._counts.events_published += len(acked)  # acknowledged (counted before the positions show them)
         self._counts.batches += 1

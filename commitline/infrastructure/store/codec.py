@@ -77,10 +77,14 @@ class UnknownEventType(LookupError):
     pass
 
 
-def encode_event(event: Event, tenant: str) -> StoredEvent:
+def encode_event(event: Event, tenant: str, traceparent: str | None = None) -> StoredEvent:
+    """``traceparent``: the W3C trace context of the append that writes it (tracing on), kept so that its
+    publication continues the command's trace."""
     state: dict[str, Any] = {"id": event.event_id, "at": event.occurred_at, "tenant": tenant, "data": event.payload()}
     if event.class_version != 1:
         state["v"] = event.class_version
+    if traceparent:
+        state["tp"] = traceparent
     return StoredEvent(
         originator_id=event.aggregate_id,
         originator_version=event.version,

@@ -23,7 +23,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 from uuid import UUID
 
 import orjson
@@ -46,16 +46,17 @@ log = logging.getLogger(__name__)
 class PostgresEventStore:
     def __init__(self, recorder: EventRecorder, codec: EventCodec, snapshot_interval: int = 100,
                  remembered_heads: int = 100_000, *, max_event_bytes: int = 900_000, cache_size: int = 10_000,
-                 group_commit: int = 48, versions: EventVersions | None = None):
+                 group_commit: int = 48, versions: EventVersions | None = None, tracing: Any = None):
         """``codec``: the domain's event classes; ``cache_size``: aggregates kept decoded (0: none);
         ``group_commit``: the most commands per shared transaction (0: every append in its own, as
         ``recorder.append`` does it); ``versions``: where each new (event type, class version) is recorded
-        before its first event is stored."""
+        before its first event is stored; ``tracing``: ``infrastructure/tracing.Tracing`` (None: off)."""
         self.recorder = recorder
+        self.tracing = tracing
         self.codec = codec
         self.versions = versions
         self.cache = AggregateCache(cache_size)
-        self.committer = GroupCommitter(recorder, max_batch=group_commit) if group_commit else None
+        self.committer = GroupCommitter(recorder, max_batch=group_commit, tracing=tracing) if group_commit else None
         self.snapshot_interval = snapshot_interval
         self.max_event_bytes = max_event_bytes
         self._heads: OrderedDict[UUID, tuple[int, bytes]] = OrderedDict()
@@ -142,7 +143,16 @@ class PostgresEventStore:
     ) -> None:
         """Store the events and the key's record atomically (coalesced with concurrent commands' appends
         when group commit is on); then ``aggregate``, now the stream's head, is kept in the cache."""
-        stored = [encode_event(e, tenant) for e in events]
+        if self.tracing is None:
+            self._append(aggregate, events, tenant, idempotency, None)
+            return
+        with self.tracing.append(len(events)) as trace:
+            self._append(aggregate, events, tenant, idempotency, trace)
+
+    def _append(self, aggregate: Aggregate, events: Sequence[Event], tenant: str,
+                idempotency: IdempotencyRecord | None, trace: Any) -> None:
+        traceparent = trace.traceparent if trace is not None else None
+        stored = [encode_event(e, tenant, traceparent) for e in events]
         for s in stored:
             if len(s.state) > self.max_event_bytes:
                 raise EventTooLarge(idempotency.command_type if idempotency else "the command", s.topic, len(s.state),
@@ -152,7 +162,7 @@ class PostgresEventStore:
         before = stored[0].originator_version - 1
         links = chain(self._head_hash(aggregate.id, before), stored)
         if self.committer is not None:
-            outcome = self.committer.append_many([PendingAppend(stored, idempotency, links)])[0]
+            outcome = self.committer.append_many([PendingAppend(stored, idempotency, links, trace)])[0]
             if isinstance(outcome, BaseException):
                 raise outcome
         else:

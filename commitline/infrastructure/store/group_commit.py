@@ -18,6 +18,7 @@ import itertools
 import threading
 from collections import deque
 from collections.abc import Sequence
+from typing import Any
 
 from commitline.infrastructure.store.recorder import EventRecorder, PendingAppend
 
@@ -64,10 +65,11 @@ class GroupCommitter:
     """Coalesces ``append`` calls from concurrent threads into ``append_batch`` transactions, with at most
     ``flushers`` batches in flight at once."""
 
-    def __init__(self, recorder: EventRecorder, *, max_batch: int = MAX_BATCH, flushers: int = 2):
+    def __init__(self, recorder: EventRecorder, *, max_batch: int = MAX_BATCH, flushers: int = 2, tracing: Any = None):
         if not 1 <= max_batch <= 60:
             raise ValueError("max_batch must be between 1 and 60")
         self.recorder = recorder
+        self.tracing = tracing  # ``infrastructure/tracing.Tracing``: a span per batch, linked with its appends
         self.max_batch = max_batch
         self._free = flushers
         self._queue: deque[_Waiter] = deque()
@@ -122,7 +124,12 @@ class GroupCommitter:
 
     def _flush(self, batch: list[_Waiter], leader: _Call) -> None:
         try:
-            outcomes: Sequence[list[int] | BaseException] = self.recorder.append_batch([w.pending for w in batch])
+            if self.tracing is None:
+                outcomes: Sequence[list[int] | BaseException] = self.recorder.append_batch([w.pending for w in batch])
+            else:
+                traced = [w.pending.trace for w in batch if w.pending.trace is not None]
+                with self.tracing.batch(traced, len(batch)):
+                    outcomes = self.recorder.append_batch([w.pending for w in batch])
         except BaseException as e:  # the whole transaction failed: nobody's command is acknowledged
             outcomes = [e] * len(batch)
         with self._lock:

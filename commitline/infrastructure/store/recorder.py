@@ -99,6 +99,7 @@ class PendingAppend:
     events: Sequence[StoredEvent]
     idempotency: IdempotencyRecord | None
     links: Sequence[tuple[bytes, bytes]]
+    trace: Any = None  # the append's span when tracing is on (``infrastructure/tracing.AppendTrace``)
 
     @property
     def size(self) -> int:
