@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench unit clean browser
+.PHONY: demo test bench unit fuzz clean browser
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ unit: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
+
+# A longer fuzzing of a real `commitline serve` from its /openapi.json than `make test`'s, with a fresh seed.
+fuzz: $(STAMP)
+	COMMITLINE_FUZZ_EXAMPLES=$${COMMITLINE_FUZZ_EXAMPLES:-1000} COMMITLINE_FUZZ_SEED=random \
+		$(BIN)/python -m pytest -q tests/integration/http/test_fuzzing.py
 
 clean:
 	rm -rf $(VENV) .commitline .pytest_cache .hypothesis

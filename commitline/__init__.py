@@ -34,6 +34,7 @@ _EXPORTS: dict[str, str] = {
     "Id": "commitline.application.commands",
     "Quantity": "commitline.application.commands",
     "Text": "commitline.application.commands",
+    "NonBlankText": "commitline.application.commands",
     "Version": "commitline.application.commands",
     "Stream": "commitline.application.catalog",
     "Loader": "commitline.application.catalog",
@@ -82,7 +83,16 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # what editors and type checkers see; at run time the names above load on first use
     from commitline.application.catalog import Loader, Stream
-    from commitline.application.commands import Amount, Command, Id, Quantity, Text, Version, VersionedCommand
+    from commitline.application.commands import (
+        Amount,
+        Command,
+        Id,
+        NonBlankText,
+        Quantity,
+        Text,
+        Version,
+        VersionedCommand,
+    )
     from commitline.application.errors import (
         AggregateAlreadyExists,
         AggregateNotFound,

@@ -186,8 +186,11 @@ class Auditor:
         cls, stored = self._events(aggregate_id, tenant)
         return self._state(cls, aggregate_id, stored)
 
-    def state_at_version(self, aggregate_id: UUID, version: int, *, tenant: str = "default") -> StateAt:
+    def state_at_version(self, aggregate_id: UUID, version: int | None, *, tenant: str = "default") -> StateAt:
+        """The state replayed up to ``version`` (None: the last one)."""
         cls, stored = self._events(aggregate_id, tenant)
+        if version is None:
+            version = len(stored)
         if version < 1 or version > len(stored):
             raise VersionBeyondHead(f"{aggregate_id} has versions 1 to {len(stored)}; there is no version {version}",
                                     aggregate_id=aggregate_id, version=version, head=len(stored))

@@ -103,11 +103,22 @@ def _integer(literal: str) -> int | _BigInt:
     return _BigInt(literal) if len(literal) > 20 else int(literal)
 
 
+_EXACT_INTEGERS = 2**53  # floats below this hold every integer exactly
+
+
+def _number(literal: str) -> float | int:
+    """A JSON number with a point or an exponent: an integer when its value is one (``14.0``, ``1e3``), as JSON
+    Schema counts it, if a float holds it exactly; a float otherwise (refused where a decimal is expected)."""
+    value = float(literal)
+    return int(value) if value.is_integer() and abs(value) < _EXACT_INTEGERS else value
+
+
 def read_json(text: str | bytes | bytearray, limits: CommandLimits = DEFAULT_LIMITS) -> Any:
     """Parse JSON text within ``limits`` and check the value (``check_json``); raise InvalidCommand.
 
     Bytes must be UTF-8: invalid sequences become lone surrogates (surrogateescape), reported at the
-    string that holds them. Duplicate keys, ``NaN`` and ``Infinity`` are refused.
+    string that holds them. Duplicate keys, ``NaN`` and ``Infinity`` are refused. A number whose value is
+    a whole number is an integer (``14.0`` is 14), as JSON Schema says.
     """
     size = len(text.encode("utf-8", "surrogatepass")) if isinstance(text, str) and len(text) <= limits.max_bytes \
         else len(text)
@@ -115,7 +126,8 @@ def read_json(text: str | bytes | bytearray, limits: CommandLimits = DEFAULT_LIM
         raise InvalidCommand(None, [too_large([], limits)])
     source = text if isinstance(text, str) else bytes(text).decode("utf-8", "surrogateescape")
     try:
-        data = json.loads(source, object_pairs_hook=_object, parse_int=_integer, parse_constant=_NonNumber)
+        data = json.loads(source, object_pairs_hook=_object, parse_int=_integer, parse_float=_number,
+                          parse_constant=_NonNumber)
     except json.JSONDecodeError as e:
         raise InvalidCommand(None, [problem([], f"not valid JSON: {e.msg} at line {e.lineno} column {e.colno}",
                                             "json_invalid")]) from None

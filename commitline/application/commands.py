@@ -21,27 +21,52 @@ from typing import Annotated, Any, Literal, Protocol, get_args
 from uuid import UUID
 
 import orjson
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, WithJsonSchema
 
 from commitline.application.boundary import DEFAULT_LIMITS, CommandLimits, check_json, problem, read_json, too_large
 from commitline.application.errors import InvalidCommand, UnknownCommandType
 
 
-def _no_float(value: Any) -> Any:
+DECIMAL_TEXT = r"^-?(0|[1-9][0-9]*)(\.[0-9]+)?$"
+"""How an amount is written as a JSON string: digits, an optional point and decimals (``12.50``, ``-3``, ``0.5``);
+no exponent, no leading zeros, no white space. The OpenAPI description says exactly this."""
+_DECIMAL_TEXT = re.compile(DECIMAL_TEXT)
+
+
+def _decimal_only(value: Any) -> Any:
     if isinstance(value, float):
         raise ValueError("amounts must be given as a decimal string or an integer, never a binary float")
+    if isinstance(value, bool):
+        raise ValueError("an amount is a decimal string or an integer, not a boolean")
+    if isinstance(value, str) and not _DECIMAL_TEXT.match(value):
+        raise ValueError('an amount is written as digits with an optional point and decimals, e.g. "12.50"')
     return value
 
 
-Amount = Annotated[Decimal, BeforeValidator(_no_float), Field(strict=False, allow_inf_nan=False)]
-"""a decimal given as a string or an integer, never a binary float; finite"""
-Id = Annotated[UUID, Field(strict=False)]
-"""an aggregate id: a UUID, given as its string in JSON"""
+Amount = Annotated[Decimal, BeforeValidator(_decimal_only), Field(strict=False, allow_inf_nan=False),
+                   WithJsonSchema({"anyOf": [{"type": "integer"}, {"type": "string", "pattern": DECIMAL_TEXT}],
+                                   "description": 'a decimal: a string such as "12.50", or an integer'})]
+"""a decimal given as a string (``12.50``) or an integer, never a binary float"""
+UUID_TEXT = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+_UUID_TEXT = re.compile(UUID_TEXT)
+
+
+def _uuid_text(value: Any) -> Any:
+    if isinstance(value, str) and not _UUID_TEXT.match(value):
+        raise ValueError("an id is a UUID in its 8-4-4-4-12 hexadecimal form")
+    return value
+
+
+Id = Annotated[UUID, BeforeValidator(_uuid_text), Field(strict=False),
+               WithJsonSchema({"type": "string", "format": "uuid", "pattern": UUID_TEXT})]
+"""an aggregate id: a UUID, given as its 8-4-4-4-12 string in JSON"""
 Version = Annotated[int, Field(ge=0)]
 Quantity = Annotated[int, Field(gt=0, le=10**12)]
 """a positive whole number of units, at most 10^12"""
 Text = Annotated[str, Field(min_length=1, max_length=200)]
 """1 to 200 characters"""
+NonBlankText = Annotated[str, Field(min_length=1, max_length=200, pattern=r"\S")]
+"""1 to 200 characters, not all of them white space (a name, a title, an account)"""
 
 _WORD_START = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 

@@ -191,8 +191,9 @@ class AuditQueryError(CommitlineError):
         self._details = details
         super().__init__(message)
 
-    def details(self) -> dict[str, Any]:
-        return {k: str(v) for k, v in self._details.items()}
+    def details(self) -> dict[str, Any]:  # numbers stay numbers (a version, the head); times and ids as text
+        return {k: v if v is None or isinstance(v, float) or (isinstance(v, int) and abs(v) < 2**63) else str(v)
+                for k, v in self._details.items()}
 
 
 class VersionBeyondHead(AuditQueryError):

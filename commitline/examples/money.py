@@ -8,7 +8,7 @@ from decimal import Decimal
 from typing import Annotated, Any
 
 from iso4217 import Currency
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
 from commitline import Amount, Command, InvalidValue
 
@@ -53,8 +53,43 @@ def as_field_error(check: Callable[..., Any], *args: Any) -> Any:
         raise ValueError(e.reason) from None
 
 
+def allowed_decimals(currency: Currency) -> int:
+    return MAX_DECIMALS_WITHOUT_MINOR_UNIT if currency.exponent is None else currency.exponent
+
+
+def positive_amount_text(decimals: int) -> str:
+    """The regular expression of an amount written as a string that ``check_amount`` accepts with at most
+    ``decimals`` decimal places: above zero, below 10^15, no leading zero (as ``Amount`` is written)."""
+    whole = r"[1-9][0-9]{0,14}"
+    if decimals == 0:
+        return f"^{whole}$"
+    below_one = "|".join(rf"0\.{'0' * k}[1-9][0-9]{{0,{decimals - k - 1}}}" for k in range(decimals))
+    return rf"^({whole}(\.[0-9]{{1,{decimals}}})?|{below_one})$"
+
+
+def _priced_schema(schema: dict[str, Any]) -> None:
+    """The JSON schema says what ``check_amount`` checks: the currency is an ISO 4217 code, and the amount is
+    positive, below 10^15, with no more decimals than its currency allows (one branch per number of decimals),
+    so a client generated from the OpenAPI description never sends an amount this domain refuses."""
+    by_decimals: dict[int, list[str]] = {}
+    for currency in Currency:
+        by_decimals.setdefault(allowed_decimals(currency), []).append(currency.code)
+    integer = {"type": "integer", "minimum": 1, "maximum": int(MAX_AMOUNT) - 1}
+    properties = schema["properties"]
+    properties["currency"] = {"type": "string", "enum": sorted(c.code for c in Currency),
+                              "description": "an ISO 4217 currency code"}
+    properties["amount"] = {"anyOf": [integer, {"type": "string", "pattern": positive_amount_text(
+        max(by_decimals))}], "description": 'above zero and below 10^15, e.g. "12.50", with no more decimal '
+        "places than the currency's minor unit"}
+    schema["oneOf"] = [{"properties": {"currency": {"enum": sorted(codes)}, "amount": {"anyOf": [
+        integer, {"type": "string", "pattern": positive_amount_text(decimals)}]}}}
+        for decimals, codes in sorted(by_decimals.items())]
+
+
 class PricedCommand(Command):
     """A command carrying money: an ISO 4217 currency and an amount that fits its minor unit."""
+
+    model_config = ConfigDict(json_schema_extra=_priced_schema)
 
     currency: Annotated[str, Field(min_length=3, max_length=3)]
     amount: Amount

@@ -10,8 +10,8 @@ from decimal import Decimal
 from enum import Enum
 from uuid import UUID
 
-from commitline import (Aggregate, Changes, Domain, Event, Id, InvalidValue, Projection, RecordedEvent, Stream, Table,
-                        Text, VersionedCommand, on, transitions)
+from commitline import (Aggregate, Changes, Domain, Event, Id, InvalidValue, NonBlankText, Projection, RecordedEvent,
+                        Stream, Table, Text, VersionedCommand, on, transitions)
 from commitline.examples.money import PricedCommand, check_amount, check_currency
 from commitline.examples.reads import ExampleReads, PaymentTotalsOut
 
@@ -94,7 +94,7 @@ class PaymentTransaction(Aggregate):
 
 class CreatePayment(PricedCommand):
     payment_id: Id | None = None
-    account: Text
+    account: NonBlankText
 
 
 class SubmitPayment(VersionedCommand):

@@ -26,7 +26,7 @@ from uuid import UUID, uuid5
 from pydantic import Field
 
 from commitline import (Aggregate, AggregateNotFound, Changes, Command, Domain, DomainError, Event, Id, InvalidValue,
-                        Loader, Projection, RecordedEvent, Stream, Table, Text, VersionedCommand, on, table)
+                        Loader, NonBlankText, Projection, RecordedEvent, Stream, Table, VersionedCommand, on, table)
 from commitline.examples.reads import ExampleReads, TaskStatusesOut
 
 domain = Domain("surveys")
@@ -223,7 +223,7 @@ UserId = Annotated[str, Field(min_length=1, max_length=128)]
 
 class CreateSurveyTask(Command):
     task_id: Id | None = None
-    title: Text
+    title: NonBlankText
 
 
 class IssueSurveyTask(VersionedCommand):

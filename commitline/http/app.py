@@ -10,14 +10,12 @@ environment when the worker starts, and closes on shutdown.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.openapi.utils import get_openapi
-from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
@@ -25,7 +23,7 @@ from commitline.application.errors import CommitlineError
 from commitline.composition import Commitline, bootstrap
 from commitline.framework.domain import Domain
 from commitline.framework.loading import load_domain
-from commitline.http import commands, docs, operations, queries, reads, status_page, tracing
+from commitline.http import commands, docs, openapi, operations, queries, reads, status_page, tracing
 from commitline.infrastructure.config import load_settings
 from commitline.infrastructure.tracing import tracing_for
 from commitline.http.problems import (
@@ -37,18 +35,6 @@ from commitline.http.problems import (
 )
 
 log = logging.getLogger(__name__)
-
-PROBLEM_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "description": "RFC 9457 problem document; `code` and `details` are the typed error's, as the CLI prints them",
-    "properties": {
-        "type": {"type": "string"}, "title": {"type": "string"}, "status": {"type": "integer"},
-        "detail": {"type": "string"}, "instance": {"type": "string"}, "code": {"type": "string"},
-        "error": {"type": "string"}, "details": {"type": "object"},
-    },
-    "required": ["type", "title", "status", "detail", "code", "details"],
-}
-
 
 def _instance(request: Request) -> str:
     return request.url.path
@@ -68,7 +54,8 @@ def install_problem_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, error: Exception) -> Response:
         assert isinstance(error, StarletteHTTPException)
         if error.status_code == 405:
-            return problem_response(MethodNotAllowed(request.method, request.url.path), _instance(request))
+            return problem_response(MethodNotAllowed(request.method, request.url.path), _instance(request),
+                                    allowed(error.headers))
         return problem_response(RouteNotFound(request.url.path), _instance(request))
 
     async def unexpected(request: Request, error: Exception) -> Response:
@@ -83,16 +70,34 @@ def install_problem_handlers(app: FastAPI) -> None:
 
 def _openapi(app: FastAPI, domain: Domain) -> dict[str, Any]:
     if app.openapi_schema is None:
-        schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-        public = list(domain.catalog.public.values())
-        _, definitions = models_json_schema([(cls, "validation") for cls in public],
-                                            ref_template="#/components/schemas/{model}")
-        components = schema.setdefault("components", {}).setdefault("schemas", {})
-        components.update(definitions.get("$defs", {}))
-        components["Problem"] = PROBLEM_SCHEMA
-        commands.describe(schema, public, domain.error_statuses)
-        app.openapi_schema = schema
+        served = app.state.commitline
+        settings = served.settings if served is not None else load_settings()
+        app.openapi_schema = openapi.describe(app, domain, settings.command_limits())
     return app.openapi_schema
+
+
+class HeadAsGet:
+    """ASGI middleware: HEAD is answered as GET wherever GET is (RFC 9110), the server sending no body; and a
+    405 names HEAD beside GET in its ``Allow`` header."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "HEAD":
+            scope = {**scope, "method": "GET"}
+        await self.app(scope, receive, send)
+
+
+def allowed(headers: Mapping[str, str] | None) -> dict[str, str]:
+    """A 405's headers with HEAD listed wherever GET is."""
+    out = dict(headers or {})
+    methods = [m.strip() for m in out.get("Allow", "").split(",") if m.strip()]
+    if "GET" in methods and "HEAD" not in methods:
+        methods.append("HEAD")
+    if methods:
+        out["Allow"] = ", ".join(sorted(methods))
+    return out
 
 
 def create_app(commitline: Commitline | None, *, domain: Domain | None = None, lifespan: Any = None) -> FastAPI:
@@ -106,6 +111,7 @@ def create_app(commitline: Commitline | None, *, domain: Domain | None = None, l
         lifespan=lifespan,
         docs_url=None,  # served by docs.py from installed assets, not FastAPI's CDN-backed pages
         redoc_url=None,
+        redirect_slashes=False,  # "/v1/commands/" is not found, not redirected (before authentication) elsewhere
     )
     app.state.commitline = commitline
     app.state.domain = domain
@@ -115,6 +121,7 @@ def create_app(commitline: Commitline | None, *, domain: Domain | None = None, l
     app.include_router(queries.router_for(domain))
     operations.instrument(app)  # every request counted and timed in /metrics
     tracing.instrument(app, commitline.tracing if commitline is not None else tracing_for(load_settings()))
+    app.add_middleware(HeadAsGet)
     app.openapi = lambda: _openapi(app, domain)  # type: ignore[method-assign]
     return app
 

@@ -14,16 +14,12 @@ command after a success is refused with ``idempotency_key_reused`` (422).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
-
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from starlette.concurrency import run_in_threadpool
 
 from commitline.application.boundary import KEY_WHITE_SPACE, check_idempotency_key
-from commitline.application.commands import Command
 from commitline.application.errors import MissingIdempotencyKey
 from commitline.application.results import DispatchResult
 from commitline.http.auth import tenant
@@ -33,7 +29,6 @@ from commitline.http.problems import (
     DuplicateHeader,
     MalformedJson,
     UnsupportedMediaType,
-    statuses,
 )
 
 router = APIRouter()
@@ -129,18 +124,3 @@ async def post_command(request: Request, caller: str = Depends(tenant)) -> Respo
     utf8_only(body)
     result = await run_in_threadpool(commitline.dispatch, body, idempotency_key=key, tenant=caller)
     return result_response(result)
-
-
-def describe(schema: dict[str, Any], public: Sequence[type[Command]], domain_statuses: Mapping[str, int]) -> None:
-    """Complete ``POST /v1/commands`` in the OpenAPI ``schema`` with the domain: the body is one of its commands
-    (each by its JSON schema), and each error status lists the codes that answer with it."""
-    operation = schema["paths"]["/v1/commands"]["post"]
-    body = operation["requestBody"]["content"]["application/json"]
-    body["schema"] = {"oneOf": [{"$ref": f"#/components/schemas/{cls.__name__}"} for cls in public]}
-    by_status: dict[str, list[str]] = {}
-    for code, status in statuses(domain_statuses).items():
-        by_status.setdefault(str(status), []).append(code)
-    for status, response in operation["responses"].items():
-        codes = by_status.get(status)
-        if codes and status != "200" and status != "201":
-            response["description"] += f" (codes: {', '.join(codes)})"

@@ -36,7 +36,9 @@ class NotReady(HttpProblem):
         return "; ".join(self.reasons)
 
 
-@router.get("/healthz", summary="Liveness: the process runs (no database access)")
+@router.get("/healthz", summary="Liveness: the process runs (no database access)", responses={200: {"content": {
+    "application/json": {"schema": {"type": "object", "properties": {"status": {"type": "string", "enum": ["alive"]}},
+                                    "required": ["status"]}}}}})
 async def healthz() -> dict[str, str]:
     return {"status": "alive"}
 
@@ -44,7 +46,10 @@ async def healthz() -> dict[str, str]:
 @router.get(
     "/readyz",
     summary="Readiness: the database answers and its schema is at this commitline's migration",
-    responses={503: {"description": "not ready; `reasons` says why",
+    responses={200: {"content": {"application/json": {"schema": {
+                  "type": "object", "properties": {"status": {"type": "string", "enum": ["ready"]}},
+                  "required": ["status"]}}}},
+               503: {"description": "not ready; `reasons` says why (codes: not_ready, store_unavailable)",
                      "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}}},
 )
 def readyz(request: Request) -> Response:

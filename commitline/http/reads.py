@@ -79,6 +79,7 @@ def parse_moment(text: str) -> datetime:
 
 
 AggregateId = Annotated[UUID, Path(description="the aggregate's id (a UUID)")]
+MAX_VERSION = 2**63 - 1  # a stream version is a PostgreSQL bigint
 
 
 @router.get("/v1/aggregates/{aggregate_id}", summary="An aggregate's current state and version",
@@ -100,22 +101,27 @@ def get_history(request: Request, aggregate_id: AggregateId,
 
 @router.get(
     "/v1/aggregates/{aggregate_id}/state", summary="The state at a version or as of a time (replayed)",
-    description="Exactly one of `at_version` and `as_of`. A time needs a UTC offset; encode its `+` as `%2B` "
-                "(a bare `+` arrives as a space, which is read as `+` before an offset at the end).",
+    description="At most one of `at_version` and `as_of` (both: 400 `invalid_query`); neither: the state at the "
+                "last version. A time needs a UTC offset; encode its `+` as `%2B` (a bare `+` arrives as a space, "
+                "which is read as `+` before an offset at the end).",
     responses=_responses(shapes.StateOut, "as `commitline audit state ID --json` prints it", 400, 404)
     | {404: {"description": "no such aggregate for this tenant (`aggregate_not_found`), a version beyond its last "
                             "(`version_beyond_head`), or a time before it was created (`before_creation`)",
              **_PROBLEM}},
 )
 def get_state(request: Request, aggregate_id: AggregateId,
-              at_version: int | None = Query(None, ge=1, description="a version, 1 being the first event"),
-              as_of: str | None = Query(None, max_length=64, description=f"ISO 8601 with offset, e.g. {_TIME_EXAMPLE}"),
+              at_version: int | None = Query(None, ge=1, le=MAX_VERSION,
+                                             description="a version, 1 being the first event"),
+              as_of: str | None = Query(None, max_length=64, description=f"ISO 8601 with offset, e.g. {_TIME_EXAMPLE}",
+                                        json_schema_extra={"format": "date-time"}),
               caller: str = Depends(tenant)) -> Response:
-    if (at_version is None) == (as_of is None):
-        given = "both were given" if at_version is not None else "neither was given"
-        raise _query_problem(["query"], f"give exactly one of at_version=N and as_of=TIME; {given}", "exactly_one")
+    if at_version is not None and as_of is not None:
+        raise _query_problem(["query"], "give at most one of at_version=N and as_of=TIME; both were given",
+                             "at_most_one")
     auditor = _app(request).auditor()
-    if at_version is not None:
+    if at_version is None and as_of is None:
+        state = auditor.state_at_version(aggregate_id, None, tenant=caller)
+    elif at_version is not None:
         state = auditor.state_at_version(aggregate_id, at_version, tenant=caller)
     else:
         state = auditor.state_as_of(aggregate_id, parse_moment(as_of), tenant=caller)  # type: ignore[arg-type]
@@ -124,14 +130,16 @@ def get_state(request: Request, aggregate_id: AggregateId,
 
 @router.get(
     "/v1/aggregates/{aggregate_id}/diff", summary="What changed between two versions, and the events in between",
+    description="`from` must not be after `to` (400 `invalid_query`).",
     responses=_responses(shapes.DiffOut, "as `commitline audit diff ID --from N --to M` prints it", 400, 404)
     | {404: {"description": "no such aggregate for this tenant (`aggregate_not_found`) or `to` beyond its last "
                             "version (`version_beyond_head`)", **_PROBLEM}},
 )
 def get_diff(request: Request, aggregate_id: AggregateId,
-             from_version: int = Query(alias="from", ge=0, description="the earlier version (0: before the first "
+             from_version: int = Query(alias="from", ge=0, le=MAX_VERSION,
+                                       description="the earlier version (0: before the first "
                                        "event)"),
-             to_version: int = Query(alias="to", ge=0, description="the later version"),
+             to_version: int = Query(alias="to", ge=0, le=MAX_VERSION, description="the later version"),
              caller: str = Depends(tenant)) -> Response:
     if from_version > to_version:
         raise _query_problem(["query", "from"], f"from={from_version} is after to={to_version}", "from_after_to")

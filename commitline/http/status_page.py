@@ -96,7 +96,33 @@ def status_document(app: Commitline) -> dict[str, Any]:
     }
 
 
+_FOLLOWER = {"type": "object", "required": ["name", "status", "position", "lag_events", "lag_seconds", "alive"],
+             "properties": {"name": {"type": "string"}, "status": {"type": "string"}, "position": {"type": "integer"},
+                            "lag_events": {"type": "integer"}, "lag_seconds": {"type": "number"},
+                            "alive": {"type": "boolean"}, "problems": {"type": "array", "items": {"type": "string"}}}}
+STATUS_SCHEMA = {
+    "type": "object",
+    "required": ["generated_at", "schema", "head", "healthy", "problems", "thresholds", "followers", "publisher",
+                 "blocked", "stuck_sagas", "audit"],
+    "properties": {
+        "generated_at": {"type": "string", "format": "date-time"}, "schema": {"type": "string"},
+        "head": {"type": "integer"}, "healthy": {"type": "boolean"},
+        "problems": {"type": "array", "items": {"type": "string"}},
+        "thresholds": {"type": "object", "properties": {"max_lag_events": {"type": "integer"},
+                                                        "max_lag_seconds": {"type": "number"}}},
+        "followers": {"type": "array", "items": _FOLLOWER},
+        "publisher": {"anyOf": [{"type": "null"}, {"type": "object", "required": ["bucket_count", "instances",
+                                                                                  "unowned", "buckets"],
+                                                   "properties": {"buckets": {"type": "array", "items": _FOLLOWER}}}]},
+        "blocked": {"type": "array", "items": {"type": "object"}},
+        "stuck_sagas": {"type": "array", "items": {"type": "object"}},
+        "audit": {"type": "object", "required": ["last", "last_all"]},
+    },
+}
+
+
 @router.get("/v1/status", tags=["operations"], summary="Followers, blocked projections, stuck sagas, last audit",
+            responses={200: {"content": {"application/json": {"schema": STATUS_SCHEMA}}}},
             description="The operators' view behind the status page at `/` (no API key; no payloads): the log head; "
             "each follower's position, lag (events and seconds), liveness, status and problems, and each publisher "
             "bucket's (as `commitline status --json`); "
