@@ -22,7 +22,7 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from socketserver import ThreadingMixIn
@@ -107,27 +107,15 @@ class StoreCollector(Collector):
         yield up
         yield GaugeMetricFamily("commitline_log_head", "Position of the last event in the notification log",
                                 value=report.head)
-        gauges = {
-            "position": GaugeMetricFamily("commitline_follower_position", "Last log position the follower handled",
-                                          labels=["follower"]),
-            "lag_events": GaugeMetricFamily("commitline_follower_lag_events", "Events in the log after the "
-                                            "follower's position", labels=["follower"]),
-            "lag_seconds": GaugeMetricFamily("commitline_follower_lag_seconds", "Age of the oldest event the "
-                                             "follower has not handled (0 when caught up)", labels=["follower"]),
-            "alive": GaugeMetricFamily("commitline_follower_alive", "1 while a live PostgreSQL session holds the "
-                                       "follower's lease, else 0", labels=["follower"]),
-        }
         status = GaugeMetricFamily("commitline_follower_status", "1 for the follower's current status (running, "
                                    "retrying, failed, stopped, yielded, dead, never run)", labels=["follower", "status"])
         for f in report.followers:
-            gauges["position"].add_metric([f.name], f.position)
-            gauges["lag_events"].add_metric([f.name], f.lag_events)
-            gauges["lag_seconds"].add_metric([f.name], f.lag_seconds)
-            gauges["alive"].add_metric([f.name], 1 if f.alive else 0)
             status.add_metric([f.name, f.status], 1)
-        yield from gauges.values()
+        yield from _progress("commitline_follower", "follower", _FOLLOWER_HELP, ((f.name, f) for f in report.followers))
         yield status
-        yield from _bucket_gauges(report.publisher)
+        if report.publisher is not None:
+            yield from _progress("commitline_publisher_bucket", "bucket", _BUCKET_HELP,
+                                 ((str(b), bucket) for b, bucket in enumerate(report.publisher.buckets)))
         stuck = GaugeMetricFamily("commitline_sagas_stuck", "Saga instances waiting for an operator (STUCK or "
                                   "PARKED), per process manager", labels=["saga"])
         for saga in report.sagas:
@@ -138,28 +126,29 @@ class StoreCollector(Collector):
                                 "manager together (the earlier name of commitline_sagas_stuck)", value=len(report.stuck))
 
 
-def _bucket_gauges(group: Any) -> Iterator[Metric]:
-    """Each publisher bucket's position, lag (events and seconds) and liveness, labelled by bucket number."""
-    if group is None:
-        return
-    families = {
-        "position": GaugeMetricFamily("commitline_publisher_bucket_position", "Last log position the publisher "
-                                      "bucket published (every event of the bucket up to it is in Kafka)",
-                                      labels=["bucket"]),
-        "lag_events": GaugeMetricFamily("commitline_publisher_bucket_lag_events", "Events of the bucket not "
-                                        "published yet", labels=["bucket"]),
-        "lag_seconds": GaugeMetricFamily("commitline_publisher_bucket_lag_seconds", "Age of the bucket's oldest "
-                                         "event not published yet (0 when caught up)", labels=["bucket"]),
-        "alive": GaugeMetricFamily("commitline_publisher_bucket_alive", "1 while a live publish instance owns "
-                                   "the bucket, else 0", labels=["bucket"]),
-    }
-    for b, bucket in enumerate(group.buckets):
-        label = [str(b)]
-        families["position"].add_metric(label, bucket.position)
-        families["lag_events"].add_metric(label, bucket.lag_events)
-        families["lag_seconds"].add_metric(label, bucket.lag_seconds)
-        families["alive"].add_metric(label, 1 if bucket.alive else 0)
-    yield from families.values()
+_FOLLOWER_HELP = {
+    "position": "Last log position the follower handled",
+    "lag_events": "Events in the log after the follower's position",
+    "lag_seconds": "Age of the oldest event the follower has not handled (0 when caught up)",
+    "alive": "1 while a live PostgreSQL session holds the follower's lease, else 0",
+}
+_BUCKET_HELP = {
+    "position": "Last log position the publisher bucket published (every event of the bucket up to it is in Kafka)",
+    "lag_events": "Events of the bucket not published yet",
+    "lag_seconds": "Age of the bucket's oldest event not published yet (0 when caught up)",
+    "alive": "1 while a live publish instance owns the bucket, else 0",
+}
+
+
+def _progress(prefix: str, label: str, help_texts: Mapping[str, str], rows: Iterable[tuple[str, Any]]) -> list[Metric]:
+    """``<prefix>_position``, ``_lag_events``, ``_lag_seconds`` and ``_alive`` of each (label value, status) row."""
+    families = {name: GaugeMetricFamily(f"{prefix}_{name}", text, labels=[label]) for name, text in help_texts.items()}
+    for value, s in rows:
+        families["position"].add_metric([value], s.position)
+        families["lag_events"].add_metric([value], s.lag_events)
+        families["lag_seconds"].add_metric([value], s.lag_seconds)
+        families["alive"].add_metric([value], 1 if s.alive else 0)
+    return list(families.values())
 
 
 # A follower's own counters: (metric suffix, help, attribute of its ``metrics``), where it has that attribute.
