@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench unit fuzz clean browser
+.PHONY: demo test bench unit fuzz clean browser docs docs-serve screenshot
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,5 +34,16 @@ fuzz: $(STAMP)
 	COMMITLINE_FUZZ_EXAMPLES=$${COMMITLINE_FUZZ_EXAMPLES:-1000} COMMITLINE_FUZZ_SEED=random \
 		$(BIN)/python -m pytest -q tests/integration/http/test_fuzzing.py
 
+# The documentation site in site/ (open site/index.html): --strict, so a broken link or a missing page fails.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict
+
+# The status page's screenshot in the docs, taken from a real `commitline serve` in headless Chromium.
+screenshot: $(STAMP) browser
+	$(BIN)/python -m tools.status_screenshot docs/assets/status-page.png
+
 clean:
-	rm -rf $(VENV) .commitline .pytest_cache .hypothesis
+	rm -rf $(VENV) .commitline .pytest_cache .hypothesis site

@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="commitline",
         description="Event-sourced command processor: validated, exactly-once state changes on PostgreSQL.",
-        epilog="Configuration comes from environment variables (see the README). "
+        epilog="Configuration comes from environment variables (docs/reference/configuration.md). "
         "With no COMMITLINE_DATABASE_URL an embedded PostgreSQL is started in COMMITLINE_DATA_DIR.",
     )
     parser.add_argument("--version", action="version", version=f"commitline {__version__}")

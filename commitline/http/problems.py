@@ -4,7 +4,7 @@ A problem document carries the standard members (``type``, ``title``, ``status``
 ``instance``) and the typed error's ``code``, ``error`` (its class) and ``details``, exactly as the CLI
 prints them; each detail is also a member of the problem itself (``actual_version``, ``errors``, ...)
 unless it would shadow a standard member. ``STATUS`` is commitline's own table; a domain's errors declare
-their status themselves (``DomainError.status``); ``status_markdown(domain)`` is the table the README
+their status themselves (``DomainError.status``); ``status_markdown(domain)`` is the table the errors reference
 reproduces, both together.
 """
 
@@ -184,7 +184,7 @@ def problem_response(error: CommitlineError, instance: str, headers: dict[str, s
 
 
 def status_markdown(domain_statuses: Mapping[str, int] | None = None) -> str:
-    """The README's table of error codes by HTTP status: commitline's (``STATUS``) and a domain's."""
+    """The errors reference's table of error codes by HTTP status: commitline's (``STATUS``) and a domain's."""
     by_status: dict[int, list[str]] = {}
     for code, status in statuses(domain_statuses).items():
         by_status.setdefault(status, []).append(code)

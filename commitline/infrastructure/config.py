@@ -2,7 +2,7 @@
 
 Each ``Settings`` field declares its variable (``validation_alias``), default and meaning (the
 docstring under it, pydantic's ``description``) once; ``python -m commitline.infrastructure.config``
-prints the README's table from them. ``Settings(...)`` takes field names and reads nothing else; only
+prints the configuration reference's table from them (docs/reference/configuration.md). ``Settings(...)`` takes field names and reads nothing else; only
 ``load_settings`` reads the environment. A bad value raises ConfigurationError naming the
 variable and what is wrong; secrets are never echoed in errors, logs or ``repr``.
 """
@@ -317,7 +317,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
 
 
 def variables_markdown() -> str:
-    """The README's configuration table, generated from ``Settings``."""
+    """The configuration table of the documentation's reference, generated from ``Settings``."""
     rows = ["| variable | default | meaning |", "|---|---|---|"]
     for f in Settings.model_fields.values():
         extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}

@@ -95,7 +95,7 @@ class StoreCollector(Collector):
         return []  # registering must not query PostgreSQL
 
     def collect(self) -> Iterator[Metric]:
-        up = GaugeMetricFamily("commitline_store_up", "1 if PostgreSQL answered this scrape's status read, else 0")
+        up = _gauge("commitline_store_up")
         try:
             report = self.status()
         except Exception as e:  # the store's failure is what this metric reports; the scrape still answers
@@ -105,10 +105,8 @@ class StoreCollector(Collector):
             return
         up.add_metric([], 1)
         yield up
-        yield GaugeMetricFamily("commitline_log_head", "Position of the last event in the notification log",
-                                value=report.head)
-        status = GaugeMetricFamily("commitline_follower_status", "1 for the follower's current status (running, "
-                                   "retrying, failed, stopped, yielded, dead, never run)", labels=["follower", "status"])
+        yield _gauge("commitline_log_head", report.head)
+        status = _gauge("commitline_follower_status")
         for f in report.followers:
             status.add_metric([f.name, f.status], 1)
         yield from _progress("commitline_follower", "follower", _FOLLOWER_HELP, ((f.name, f) for f in report.followers))
@@ -116,14 +114,32 @@ class StoreCollector(Collector):
         if report.publisher is not None:
             yield from _progress("commitline_publisher_bucket", "bucket", _BUCKET_HELP,
                                  ((str(b), bucket) for b, bucket in enumerate(report.publisher.buckets)))
-        stuck = GaugeMetricFamily("commitline_sagas_stuck", "Saga instances waiting for an operator (STUCK or "
-                                  "PARKED), per process manager", labels=["saga"])
+        stuck = _gauge("commitline_sagas_stuck")
         for saga in report.sagas:
             stuck.add_metric([saga], sum(1 for s in report.stuck if s.saga == saga))
         yield stuck
         # the same, summed, under the name earlier versions exported (alerts written against it keep working)
-        yield GaugeMetricFamily("commitline_fulfilments_stuck", "Saga instances waiting for an operator, every process "
-                                "manager together (the earlier name of commitline_sagas_stuck)", value=len(report.stuck))
+        yield _gauge("commitline_fulfilments_stuck", len(report.stuck))
+
+
+# The gauges read from PostgreSQL at each scrape: name -> (help, labels).
+_STORE_GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "commitline_store_up": ("1 if PostgreSQL answered this scrape's status read, else 0", ()),
+    "commitline_log_head": ("Position of the last event in the notification log", ()),
+    "commitline_follower_status": ("1 for the follower's current status (running, retrying, failed, stopped, "
+                                   "yielded, dead, never run)", ("follower", "status")),
+    "commitline_sagas_stuck": ("Saga instances waiting for an operator (STUCK or PARKED), per process manager",
+                               ("saga",)),
+    "commitline_fulfilments_stuck": ("Saga instances waiting for an operator, every process manager together (the "
+                                     "earlier name of commitline_sagas_stuck)", ()),
+}
+
+
+def _gauge(name: str, value: float | None = None) -> GaugeMetricFamily:
+    text, labels = _STORE_GAUGES[name]
+    if value is not None:
+        return GaugeMetricFamily(name, text, value=value)
+    return GaugeMetricFamily(name, text, labels=list(labels)) if labels else GaugeMetricFamily(name, text)
 
 
 _FOLLOWER_HELP = {
@@ -267,3 +283,16 @@ class MetricsServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def catalogue() -> list[tuple[str, str, tuple[str, ...], str]]:
+    """Every metric commitline can export, as (name, type, labels, help): what the reference documents."""
+    rows = [(m._name, m._type, tuple(m._labelnames), m._documentation)
+            for m in (COMMANDS, DISPATCH_SECONDS, RETRIES, CONFLICTS, HTTP_REQUESTS, HTTP_SECONDS)]
+    rows += [(name, "gauge", labels, text) for name, (text, labels) in _STORE_GAUGES.items()]
+    rows += [(f"{prefix}_{name}", "gauge", (label,), text)
+             for prefix, label, texts in (("commitline_follower", "follower", _FOLLOWER_HELP),
+                                          ("commitline_publisher_bucket", "bucket", _BUCKET_HELP))
+             for name, text in texts.items()]
+    rows += [(f"commitline_follower_{suffix}", "counter", ("follower",), text) for suffix, text, _ in _FOLLOWER_COUNTERS]
+    return sorted(rows)

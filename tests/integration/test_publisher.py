@@ -16,9 +16,11 @@ from uuid import uuid4
 import orjson
 import psycopg
 import pytest
+from jsonschema_rs import Draft202012Validator
 
 from commitline.composition import Commitline, bootstrap
 from commitline.infrastructure.embedded.kafka import EmbeddedKafka
+from commitline.infrastructure.kafka.envelope import ENVELOPE_SCHEMA
 from tests.integration.test_concurrency import run_at_once
 from tests.support import ConsumedRecord, FollowerThread, kafka_settings, read_topics, settings_for
 
@@ -87,6 +89,10 @@ def test_every_event_exactly_once_in_order_under_concurrent_writers(pg_dsn: str,
         envelope = records[0].envelope
         assert set(envelope) == {"event_id", "type", "schema_version", "aggregate_type", "aggregate_id", "version",
                                  "notification_id", "recorded_at", "tenant", "payload"}
+        documented = Draft202012Validator(ENVELOPE_SCHEMA, validate_formats=True)
+        for record in records:
+            errors = [e.message for e in documented.iter_errors(record.envelope)]
+            assert not errors, f"a published envelope is not what the reference documents: {errors}"
         assert envelope["schema_version"] == 1
         assert envelope["payload"] == {"quantity": envelope["payload"]["quantity"]}
 

@@ -75,13 +75,13 @@ def test_direct_construction_ignores_the_environment(monkeypatch: pytest.MonkeyP
         Settings(not_a_setting=1)
 
 
-def test_readme_configuration_table_is_generated_from_the_settings() -> None:
+def test_the_configuration_reference_is_generated_from_the_settings() -> None:
     from pathlib import Path
 
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    start = readme.index("| variable | default | meaning |")
-    table = readme[start:readme.find("\n\n", start)]
-    assert table == variables_markdown(), "run: python -m commitline.infrastructure.config, paste into README.md"
+    page = (Path(__file__).parents[2] / "docs" / "reference" / "configuration.md").read_text()
+    assert "<!-- generated: configuration -->" in page, "the reference page must take its table from the code"
+    table = variables_markdown()
+    assert table.startswith("| variable | default | meaning |") and "`COMMITLINE_DATABASE_URL`" in table
 
 
 def test_retry_policy_is_bounded_and_jittered() -> None:

@@ -2,7 +2,7 @@
 
 There is no Docker engine on the project's machines or in CI, so these files are checked structurally:
 data volumes at the paths the images really write to, healthchecks, start order, commands that the
-``commitline`` parser accepts, and environment variables that commitline (the README's table) or the
+``commitline`` parser accepts, and environment variables that commitline (the configuration reference) or the
 images actually read.
 """
 
@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from commitline.cli import build_parser
+from commitline.infrastructure.config import variables_markdown
 
 ROOT = Path(__file__).parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -100,12 +101,10 @@ def commitline_services() -> set[str]:
     return {name for name, s in SERVICES.items() if "build" in s}
 
 
-def readme_configuration_variables() -> set[str]:
-    readme = (ROOT / "README.md").read_text()
-    start = readme.index("| variable | default | meaning |")
-    table = readme[start:readme.find("\n\n", start)]
-    names = set(re.findall(r"^\| `([A-Z][A-Z0-9_]*)` \|", table, flags=re.MULTILINE))
-    assert "COMMITLINE_DATABASE_URL" in names, "could not read the README's configuration table"
+def documented_configuration_variables() -> set[str]:
+    """The variables of the configuration reference (generated from the settings when the docs are built)."""
+    names = set(re.findall(r"^\| `([A-Z][A-Z0-9_]*)` \|", variables_markdown(), flags=re.MULTILINE))
+    assert "COMMITLINE_DATABASE_URL" in names, "could not read the configuration reference's table"
     return names
 
 
@@ -243,20 +242,19 @@ def test_host_ports_are_on_loopback_and_not_a_local_postgresqls() -> None:
             assert host_port != "5432", f"{name}: 127.0.0.1:5432 clashes with a PostgreSQL on the host"
 
 
-def test_the_readme_says_how_to_get_the_first_tenant_key_from_the_deployment() -> None:
-    readme = (ROOT / "README.md").read_text()
-    deployment = readme[readme.index("## Deployment"):]
+def test_the_deployment_guide_says_how_to_get_the_first_tenant_key() -> None:
+    deployment = (ROOT / "docs" / "guides" / "deploy-compose.md").read_text()
     match = re.search(r"docker compose exec (?:-T )?(\w+) commitline (tenants add \w+)", deployment)
-    assert match, "the Deployment section does not show `docker compose exec SERVICE commitline tenants add NAME`"
+    assert match, "the deployment guide does not show `docker compose exec SERVICE commitline tenants add NAME`"
     assert match.group(1) in commitline_services()
     assert cli_route(shlex.split(match.group(2))) == ("tenants", "add")
 
 
-def test_commitline_variables_are_the_readmes_and_store_variables_the_images() -> None:
-    documented = readme_configuration_variables()
+def test_commitline_variables_are_documented_and_store_variables_the_images() -> None:
+    documented = documented_configuration_variables()
     for name in sorted(commitline_services()):
         undocumented = set(environment(name)) - documented
-        assert not undocumented, f"{name}: {sorted(undocumented)} not in the README's configuration table"
+        assert not undocumented, f"{name}: {sorted(undocumented)} not in the configuration reference"
     assert set(environment("postgres")) <= POSTGRES_IMAGE_VARIABLES, set(environment("postgres"))
     for variable in environment("kafka"):
         assert variable == "CLUSTER_ID" or kafka_property(variable) in KAFKA_BROKER_PROPERTIES, (

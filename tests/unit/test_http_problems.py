@@ -37,11 +37,11 @@ def test_a_domain_error_answers_with_the_status_it_declares() -> None:
                                              "order_already_confirmed"}
 
 
-def test_readme_status_table_is_generated_from_the_table() -> None:
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    start = readme.index("| HTTP status | error `code` |")
-    assert readme[start:readme.find("\n\n", start)] == status_markdown(EXAMPLES.error_statuses), \
-        "run: python -m commitline.http.problems, paste into README.md"
+def test_the_errors_reference_is_generated_from_the_table() -> None:
+    page = (Path(__file__).parents[2] / "docs" / "reference" / "errors.md").read_text()
+    assert "<!-- generated: errors -->" in page, "the reference page must take its table from the code"
+    table = status_markdown(EXAMPLES.error_statuses)
+    assert "| 409 Conflict |" in table and "`insufficient_stock`" in table
 
 
 def test_a_problem_document_carries_the_code_and_details() -> None:

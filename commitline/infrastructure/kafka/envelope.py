@@ -31,6 +31,35 @@ class KafkaRecord:
     traceparent: str | None = None  # of the append that stored the event (tracing on): the publish span's parent
 
 
+# The JSON Schema of a record's value, as consumers may rely on it (the documentation's reference renders it).
+ENVELOPE_SCHEMA: dict = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "commitline event envelope",
+    "description": "The value of every Kafka record commitline publishes: one stored event. The record's key is "
+    "the aggregate id (UTF-8); its headers are event_id, event_type, publisher and, when tracing is on, "
+    "traceparent (W3C).",
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["event_id", "type", "schema_version", "aggregate_type", "aggregate_id", "version",
+                 "notification_id", "recorded_at", "tenant", "payload"],
+    "properties": {
+        "event_id": {"type": "string", "format": "uuid",
+                     "description": "unique per event; consumers deduplicate on it"},
+        "type": {"type": "string", "description": "the event's stored type name"},
+        "schema_version": {"type": "integer", "minimum": 1,
+                           "description": "the event class's version the payload has (older ones upcast)"},
+        "aggregate_type": {"type": "string", "description": "also the topic's suffix"},
+        "aggregate_id": {"type": "string", "format": "uuid"},
+        "version": {"type": "integer", "minimum": 1, "description": "the event's version in its aggregate"},
+        "notification_id": {"type": "integer", "minimum": 1,
+                            "description": "the event's position in the store's log (commit order)"},
+        "recorded_at": {"type": "string", "format": "date-time"},
+        "tenant": {"type": "string", "description": "the tenant whose stream it is"},
+        "payload": {"type": "object", "description": "the event's own fields, as the domain declares them"},
+    },
+}
+
+
 def topic_for(prefix: str, aggregate_type: str) -> str:
     return f"{prefix}{aggregate_type}"
 

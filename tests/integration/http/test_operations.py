@@ -23,6 +23,7 @@ import psycopg
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
+from commitline.infrastructure.metrics import catalogue
 from tests.integration.http.conftest import Server, free_port, start_server
 from tests.support import count_rows, wait_for
 
@@ -165,6 +166,24 @@ def test_metrics_count_commands_by_type_outcome_and_code(served: Server, acme: h
         assert value(after, "commitline_follower_status", follower=name, status="never run") == 1
     assert value(after, "commitline_fulfilments_stuck") == 0
     assert served.key("acme") not in response.text
+
+
+def test_every_exported_metric_is_in_the_documented_catalogue(served: Server, acme: httpx.Client) -> None:
+    """The reference's metrics page is rendered from ``catalogue()``: a metric a scrape shows must be there, with
+    its type and labels."""
+    assert acme.post("/v1/commands", json=PAYMENT, headers={"Idempotency-Key": key()}).status_code == 201
+    response, _ = scrape(served.base_url)
+    documented = {name: (kind, set(labels)) for name, kind, labels, _ in catalogue()}
+    exported = {f.name: f for f in text_string_to_metric_families(response.text) if f.name.startswith("commitline_")}
+    assert {"commitline_commands", "commitline_log_head", "commitline_follower_position"} <= set(exported)
+    for name, family in exported.items():
+        if name.endswith("_created") and name.removesuffix("_created") in documented:
+            continue  # prometheus_client's creation time of a counter or histogram, beside it
+        assert name in documented, f"{name} is exported but not in the metrics reference"
+        kind, labels = documented[name]
+        assert family.type == kind, (name, family.type, kind)
+        seen = {label for s in family.samples for label in s.labels} - {"le"}
+        assert seen <= labels, (name, seen, labels)
 
 
 def test_metrics_count_retries_of_commands_whose_stream_moved(served: Server, acme: httpx.Client, pg_dsn: str,

@@ -1,0 +1,168 @@
+"""The documentation's reference, generated from the code when the site is built, so it cannot drift.
+
+An MkDocs hook (``hooks:`` in ``mkdocs.yml``). A page asks for a generated part with a comment on a line of
+its own, ``<!-- generated: NAME -->``, which is replaced by:
+
+- ``configuration``: every environment variable (the settings' definition, ``infrastructure/config.py``);
+- ``errors``: every error code by HTTP status (``http/problems.py``), and every error class with its code;
+- ``cli``: the help of every ``commitline`` command and subcommand (the argument parsers themselves);
+- ``http-operations``: every route of the HTTP API with its statuses (the server's own ``/openapi.json``);
+- ``metrics``: every Prometheus metric (``infrastructure/metrics.py``'s catalogue);
+- ``envelope``: the Kafka record's value (``infrastructure/kafka/envelope.py``'s JSON Schema).
+
+It also adds ``reference/openapi.json`` and an interactive viewer of it (``reference/api/index.html``) whose
+Swagger UI scripts come from an installed package, never a CDN. The built-in example domain is what is shown;
+a team's own domain's server describes its own commands at ``/openapi.json`` and ``/docs``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import io
+import os
+import re
+from contextlib import redirect_stdout
+from http import HTTPStatus
+from importlib import resources
+from typing import Any
+
+import orjson
+from mkdocs.structure.files import File, Files
+
+MARKER = re.compile(r"^<!-- generated: ([a-z-]+) -->$", re.MULTILINE)
+SWAGGER_ASSETS = ("swagger-ui-bundle.js", "swagger-ui.css", "favicon.png")
+
+
+def configuration() -> str:
+    from commitline.infrastructure.config import variables_markdown
+
+    return variables_markdown()
+
+
+def _error_classes() -> list[type]:
+    from commitline.domain.errors import CommitlineError
+
+    for module in ("commitline.application.errors", "commitline.http.problems"):  # their classes exist once imported
+        importlib.import_module(module)
+    from commitline.framework.loading import load_domain
+
+    load_domain(None)  # the built-in examples' own errors
+    seen: list[type] = []
+    stack = [CommitlineError]
+    while stack:
+        cls = stack.pop()
+        seen.append(cls)
+        stack.extend(cls.__subclasses__())
+    return sorted({c for c in seen if not c.__name__.startswith("_")}, key=lambda c: (c.code, c.__name__))
+
+
+def errors() -> str:
+    from commitline.framework.loading import load_domain
+    from commitline.http.problems import status_markdown
+
+    rows = ["| `code` | class | where it comes from | meaning |", "|---|---|---|---|"]
+    for cls in _error_classes():
+        doc = " ".join((inspect.getdoc(cls) or "").split("\n\n")[0].split())
+        rows.append(f"| `{cls.code}` | `{cls.__name__}` | `{cls.__module__}` | {doc.replace('|', '/')} |")
+    return (f"### By HTTP status\n\n{status_markdown(load_domain(None).error_statuses)}\n\n"
+            f"### Every error class\n\n{chr(10).join(rows)}")
+
+
+def _subcommands(parser: argparse.ArgumentParser, prefix: str) -> list[tuple[str, argparse.ArgumentParser]]:
+    found = [(prefix, parser)]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found += _subcommands(sub, f"{prefix} {name}")
+    return found
+
+
+def cli() -> str:
+    from commitline.cli import build_parser
+
+    os.environ["COLUMNS"] = "100"  # argparse wraps at the terminal's width: the same page on every machine
+    parts = []
+    for name, parser in _subcommands(build_parser(), "commitline"):
+        level = "###" if name.count(" ") <= 1 else "####"
+        parts.append(f"{level} `{name}`\n\n```text\n{parser.format_help().rstrip()}\n```")
+    return "\n\n".join(parts)
+
+
+def openapi_document() -> dict[str, Any]:
+    from commitline.framework.loading import load_domain
+    from commitline.http.app import create_app
+
+    return create_app(None, domain=load_domain(None)).openapi()
+
+
+def http_operations() -> str:
+    document = openapi_document()
+    rows = ["| method | path | what it does | answers |", "|---|---|---|---|"]
+    for path, item in document["paths"].items():
+        for method, operation in item.items():
+            if method not in {"get", "post", "put", "delete", "patch"}:
+                continue
+            answers = ", ".join(f"{code}" + (f" {HTTPStatus(int(code)).phrase}" if code.isdigit() else "")
+                                for code in operation.get("responses", {}))
+            summary = operation.get("summary") or operation.get("operationId", "")
+            rows.append(f"| {method.upper()} | `{path}` | {summary} | {answers} |")
+    return "\n".join(rows)
+
+
+def metrics() -> str:
+    from commitline.infrastructure.metrics import catalogue
+
+    rows = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
+    for name, kind, labels, text in catalogue():
+        shown = {"counter": f"{name}_total", "histogram": f"{name}_bucket`, `_sum`, `_count"}.get(kind, name)
+        rows.append(f"| `{shown}` | {kind} | {', '.join(f'`{label}`' for label in labels)} | {text} |")
+    return "\n".join(rows)
+
+
+def envelope() -> str:
+    from commitline.infrastructure.kafka.envelope import ENVELOPE_SCHEMA
+
+    rows = ["| field | type | meaning |", "|---|---|---|"]
+    for field, spec in ENVELOPE_SCHEMA["properties"].items():
+        kind = spec["type"] + (f" ({spec['format']})" if "format" in spec else "")
+        rows.append(f"| `{field}` | {kind} | {spec.get('description', '')} |")
+    schema = orjson.dumps(ENVELOPE_SCHEMA, option=orjson.OPT_INDENT_2).decode()
+    return f"{ENVELOPE_SCHEMA['description']}\n\n{chr(10).join(rows)}\n\nAs JSON Schema:\n\n```json\n{schema}\n```"
+
+
+GENERATORS = {"configuration": configuration, "errors": errors, "cli": cli, "http-operations": http_operations,
+              "metrics": metrics, "envelope": envelope}
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    def generated(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in GENERATORS:
+            raise ValueError(f"{page.file.src_uri}: no generated part is called {name!r} ({', '.join(GENERATORS)})")
+        with redirect_stdout(io.StringIO()):
+            return GENERATORS[name]()
+
+    return MARKER.sub(generated, markdown)
+
+
+def on_files(files: Files, config: Any) -> Files:
+    document = openapi_document()
+    files.append(File.generated(config, "reference/openapi.json",
+                                content=orjson.dumps(document, option=orjson.OPT_INDENT_2)))
+    assets = resources.files("fastapi_offline") / "static"
+    for name in SWAGGER_ASSETS:
+        files.append(File.generated(config, f"reference/api/{name}", content=(assets / name).read_bytes()))
+    files.append(File.generated(config, "reference/api/index.html", content=_viewer(document["info"]["title"])))
+    return files
+
+
+def _viewer(title: str) -> str:
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}: HTTP API</title>
+<link rel="icon" href="favicon.png"><link rel="stylesheet" href="swagger-ui.css"></head>
+<body><div id="swagger-ui"></div><script src="swagger-ui-bundle.js"></script>
+<script>SwaggerUIBundle({{url: "../openapi.json", dom_id: "#swagger-ui", supportedSubmitMethods: []}});</script>
+</body></html>
+"""
