@@ -14,6 +14,7 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/commitline demo
+	@echo "commitline is $(BIN)/commitline: 'source $(BIN)/activate' puts it on your PATH"
 
 test: $(STAMP) browser
 	$(BIN)/python -m pytest -q
