@@ -234,14 +234,14 @@ class CommandProcessor:
         except CommitlineError as e:
             failed = isinstance(e, (StoreUnavailable, ConfigurationError))
             observer.on_outcome(command_type or _reported_type(self.catalog, command, e), FAILED if failed else REFUSED,
-                                     e.code, time.perf_counter() - started)
+                                e.code, time.perf_counter() - started)
             raise
         except Exception:
             observer.on_outcome(command_type or _reported_type(self.catalog, command), FAILED, "internal_error",
-                                     time.perf_counter() - started)
+                                time.perf_counter() - started)
             raise
         observer.on_outcome(command_type, REPLAYED if result.replayed else APPLIED, None,
-                                 time.perf_counter() - started)
+                            time.perf_counter() - started)
         return result
 
     def _dispatch(self, cmd: Command, idempotency_key: str | None, tenant: str,

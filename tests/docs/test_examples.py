@@ -29,6 +29,7 @@ ROOT = Path(__file__).parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 LINKED = ("Makefile", "pyproject.toml", "commitline", "tools", "docs", "bench", "mkdocs.yml")
 SHELL_LOOKING = ("$ ", "commitline ", "curl ", "make ", "python ")
+PAGE_SECONDS = 300  # a page's examples take under a minute; a wait in them that never ends fails here
 SERVED_AT = 8080  # where the pages' `commitline serve` listens
 # A page whose requests answer with errors on purpose says so; on other pages any 4xx answer fails its example.
 ERRORS_SHOWN = "<!-- example: shows error answers -->"
@@ -86,6 +87,7 @@ def _stop_everything(process: subprocess.Popen[bytes], folder: Path, env: dict[s
             break
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
+            process.poll()  # reap the page's shell: as a zombie it would keep its process group in existence
             try:
                 os.killpg(process.pid, 0)
             except ProcessLookupError:
@@ -111,13 +113,15 @@ def test_every_example_of_the_page_runs(page: Path, tmp_path: Path) -> None:
     with log.open("wb") as out:  # a file, not a pipe: a server a page leaves running would hold a pipe open
         process = subprocess.Popen(["bash", str(tmp_path / "examples.sh")], cwd=tmp_path, env=env, stdout=out,
                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        timed_out = False
         try:
-            process.wait(timeout=300)
+            process.wait(timeout=PAGE_SECONDS)
         except subprocess.TimeoutExpired:
-            pass
+            timed_out = True
         finally:
             _stop_everything(process, tmp_path, env)
     text = log.read_text(errors="replace")
+    assert not timed_out, f"{_name(page)}: its examples did not finish in {PAGE_SECONDS} s:\n{text[-6000:]}"
     assert process.returncode is not None and process.returncode == 0, (
         f"{_name(page)}: an example failed (exit {process.returncode}):\n{text[-6000:]}")
     assert ">>> every example ran" in text
