@@ -15,7 +15,7 @@ product's own producer configuration (``kafka_producer.new_producer``: acks="all
     transaction (version v of every aggregate), built with ``codec.encode_event`` from real
     domain events (with valid per-stream hash-chain links precomputed when the recorder's
     ``append`` takes ``links``; otherwise it would look up each event's predecessor). Then 1, 2
-    and 4 publish instances (``PartitionedPublisher``, ``COMMITLINE_PUBLISH_BUCKETS`` buckets, each
+    and 4 publish instances (``Publisher``, ``COMMITLINE_PUBLISH_BUCKETS`` buckets, each
     on its own thread and event loop in this process: one GIL for all) publish everything from
     position 0 with the default batch size (``COMMITLINE_PUBLISH_BATCH_SIZE``, 2,000). Timed: from
     the moment every instance joined, the buckets are shared fairly and every producer started
@@ -80,7 +80,7 @@ from commitline.infrastructure.config import Settings, load_settings
 from commitline.infrastructure.kafka.envelope import KafkaRecord, to_record, topic_for
 from commitline.infrastructure.followers.thread import FollowerThread
 from commitline.infrastructure.kafka.producer import ensure_topics, new_producer
-from commitline.infrastructure.kafka.partitioned import PartitionedPublisher
+from commitline.infrastructure.kafka.publisher import Publisher
 from commitline.infrastructure.kafka.publisher import PUBLISHER
 from commitline.infrastructure.followers.buckets import BucketLog, BucketPage
 from commitline.infrastructure.store.recorder import EventRecorder
@@ -231,7 +231,7 @@ def measure_publishers(app: Commitline, settings: Settings, instances: int) -> t
     go = threading.Event()
     buckets = settings.publish_buckets
 
-    def make() -> PartitionedPublisher:
+    def make() -> Publisher:
         publisher = app.publisher(settings, owner=f"{OWNER}-{uuid.uuid4().hex[:4]}")
         publisher.log = GatedLog(app.recorder, buckets, go)
         return publisher
@@ -244,7 +244,7 @@ def measure_publishers(app: Commitline, settings: Settings, instances: int) -> t
             assert time.monotonic() < deadline, "the instances did not share the buckets"
             time.sleep(0.01)
 
-        async def warm(publisher: PartitionedPublisher) -> None:
+        async def warm(publisher: Publisher) -> None:
             async with publisher.producers.use():
                 pass
 
@@ -357,7 +357,7 @@ def publish_throughput(ctx: BenchContext) -> Iterator[str]:
         yield (f"publish throughput instances={n}: commitline={rate:.0f} events/s raw_aiokafka={raw:.0f} records/s "
                f"ratio={rate / raw:.2f}")
     yield (f"publish throughput details: {events} events over {AGGREGATE_COUNT} aggregates, "
-           f"{settings.publish_buckets} buckets; instances are PartitionedPublishers on threads of this process "
+           f"{settings.publish_buckets} buckets; instances are Publishers on threads of this process "
            f"(one event loop each, one GIL); runs {'; '.join(f'{n}: ' + ', '.join(f'{s:.2f}' for s in ours[n]) for n in INSTANCES)} s; "
            f"raw send_batch runs {', '.join(f'{s:.2f}' for s in raw_times)} s; "
            f"avg value {sum(len(r[2]) for r in rows) // len(rows)} B; prefill {fill_s:.1f} s; "

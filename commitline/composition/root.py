@@ -48,8 +48,7 @@ from commitline.infrastructure.followers.health import Thresholds
 from commitline.infrastructure.followers.status import follower_statuses
 from commitline.infrastructure.followers.thread import FollowerThread
 from commitline.infrastructure.kafka.producer import client_options
-from commitline.infrastructure.kafka.partitioned import PartitionedPublisher
-from commitline.infrastructure.kafka.publisher import PUBLISHER
+from commitline.infrastructure.kafka.publisher import PUBLISHER, Publisher
 from commitline.infrastructure.kafka.reader import ConsumedRecord, read_topics
 from commitline.infrastructure.metrics import CommandMetrics
 from commitline.infrastructure.sagas.runner import ProcessRunner
@@ -199,7 +198,7 @@ class Commitline:
         # Tansu rejects InitProducerId, so the embedded broker runs without producer idempotence.
         return self.settings.model_copy(update={"kafka_bootstrap_servers": bootstrap_servers, "kafka_idempotence": False})
 
-    def publisher(self, settings: Settings | None = None, **options: Any) -> PartitionedPublisher:
+    def publisher(self, settings: Settings | None = None, **options: Any) -> Publisher:
         """The Kafka publisher, to ``settings``' broker or by default the configured Kafka: one instance of the
         publish group, owning its fair share of the ``COMMITLINE_PUBLISH_BUCKETS`` buckets. Without a
         configured Kafka it publishes to an embedded broker only when the database is embedded too (the
@@ -217,7 +216,7 @@ class Commitline:
             options.setdefault("broker_in_memory", self.settings.kafka_bootstrap_servers is None)
         client_options(settings)  # a TLS file that cannot be loaded is refused now, not once publishing starts
         options.setdefault("tracing", self.tracing)
-        return PartitionedPublisher(self.recorder, self.conninfo, settings, self.domain.registry, **options)
+        return Publisher(self.recorder, self.conninfo, settings, self.domain.registry, **options)
 
     def projector(self, name: str, **options: Any) -> Projector:
         options.setdefault("batch_size", self.settings.project_batch_size)

@@ -13,7 +13,7 @@ from commitline.infrastructure.followers.group_status import GroupStatus
 from commitline.infrastructure.followers.health import Problem, Thresholds, bucket_reasons, follower_reasons, judge
 from commitline.infrastructure.followers.process import describe
 from commitline.infrastructure.followers.status import FollowerStatus
-from commitline.infrastructure.kafka.partitioned import UNOWNED_GRACE_SECONDS
+from commitline.infrastructure.followers.group import UNOWNED_GRACE_SECONDS
 from commitline.infrastructure.kafka.publisher import PUBLISHER
 
 

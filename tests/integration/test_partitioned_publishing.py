@@ -26,7 +26,7 @@ from tests.support import AGGREGATES
 from commitline.infrastructure.followers.buckets import BucketLog, BucketPage, bucket_of
 from commitline.infrastructure.followers.group_status import GroupStatus, group_status
 from commitline.infrastructure.kafka.envelope import topic_for
-from commitline.infrastructure.kafka.partitioned import PartitionedPublisher
+from commitline.infrastructure.kafka.publisher import Publisher
 from commitline.infrastructure.kafka.publisher import PUBLISHER
 from commitline.infrastructure.store.recorder import EventRecorder
 from tests.support import FollowerThread, kafka_settings, wait_for
@@ -273,7 +273,7 @@ def test_buckets_handed_over_in_the_middle_of_a_round_are_published_once_in_orde
             app.dispatch({"type": "receive_stock", "item_id": items[n % 40], "quantity": 1}, idempotency_key=f"a{n}")
         first_log = HeldLog(app.recorder, BUCKETS, hold_at=4)
 
-        def first_instance() -> PartitionedPublisher:
+        def first_instance() -> Publisher:
             publisher = app.publisher(settings, owner="first")
             publisher.log = first_log
             return publisher

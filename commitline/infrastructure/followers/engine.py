@@ -1,23 +1,32 @@
-"""The one follower loop: own the lease, read a batch, handle it, save the position, wait.
+"""The one follower engine: own the work, read, handle, save the positions, wait; for every follower.
 
-Every follower of the notification log (the Kafka publisher, each projector, each process
-manager's runner, a rebuild) is a ``Follower`` that says only two things:
+A follower owns one or more *slots*, a saved position each. A plain follower (a projector, a process
+manager's runner, a rebuild) owns one, through its lease (``lease.py``); a publish instance owns its share
+of the buckets, through its group membership (``group.py``), a slot per bucket. A follower subclass says
+only what is its own:
 
-- ``handle(batch, position)``: what one batch does, returning where it got to (``Handled``);
-  a handler that writes its position in its own transaction says so (``saved=True``), and
-  one that met a poison event returns it (``poison=...``) and the loop then waits for an
-  operator's ``retry`` or ``skip``;
-- its failure policy: ``retry_on`` lists the errors after which the same batch is tried
-  again with bounded, jittered exponential back-off (``outage.py``), status ``retrying`` while
-  it lasts, logged once when it starts and once when it ends; anything else propagates.
+- ``handle(batch, position)`` for one slot, or ``handle_page(page, positions)`` for many: what a batch
+  does, returning where each slot got to (``Handled``); a handler that writes its position in its own
+  transaction says so (``saved=True``), and one that met a poison event returns it (``poison=...``): that
+  slot then stops and waits for an operator's ``retry`` or ``skip``, the others go on;
+- ``prepare(page, positions)``: work done on a page in the reading thread (the publisher builds its
+  records there, so the next page is built while this one is sent, with ``read_ahead``);
+- its failure policy: ``retry_on`` lists the errors after which the page is read and tried again with
+  bounded, jittered exponential back-off (``outage.py``), its slots ``retrying`` while it lasts, logged once
+  when it starts and once when it ends; ``on_failure`` runs before each back-off; anything else ends ``run``;
+- ``rebalance()``: the hook a group follower uses to take and hand back slots (``take``, ``hand_back``),
+  called between rounds at every supervision tick.
 
-The loop does the rest: waits for the lease (polling, so a standby never blocks the owner),
-reads the gap-safe log after the saved position, saves the position only after ``handle``
-returned (on the lease connection, so a lost lease cannot move it), yields the lease when a
-rebuild waits for it (``yields_to_waiters``), sleeps on LISTEN/NOTIFY or the poll interval,
-re-acquires after a lost lease, and releases everything on the way out. While PostgreSQL
-cannot be used (``StoreUnavailable``) it lets the lease go and tries again with bounded,
-jittered exponential back-off, logging the outage once when it starts and once when it ends.
+The engine does the rest, the same way for all: joins (the lease or the group, polling, so a standby
+never blocks the owner), reads the gap-safe log after each slot's position (the whole log for one slot;
+the bucket log for buckets, in one read, with a second read for buckets far behind the others), handles,
+saves every moved position in one statement on the fenced connection (so a lost session cannot move
+them; a move past other slots' events only is a watermark saved at most once a second), wakes on
+LISTEN/NOTIFY or the poll interval, yields the lease to a waiting rebuild (``yields_to_waiters``), resumes
+a slot an operator decided on, reports drain (``on_caught_up``/``on_poisoned``), backs off while
+PostgreSQL cannot be used (logged once as the outage starts and once as it ends), re-joins after a lost
+session, and hands everything back on the way out. Slots change hands only between rounds, so a slot
+leaves an instance with every event it handled saved: its next owner starts after that position.
 """
 
 from __future__ import annotations
@@ -25,22 +34,30 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-from collections.abc import Callable, Sequence
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from eventsourcing.persistence import Notification
 
 from commitline.application.errors import StoreUnavailable
-from commitline.infrastructure.followers.lease import Lease, LeaseLost, instance_id
+from commitline.infrastructure.followers.buckets import BucketLog  # MERGE: store.log
+from commitline.infrastructure.followers.fenced import LeaseLost, instance_id
+from commitline.infrastructure.followers.group import GroupLease
+from commitline.infrastructure.followers.lease import Lease
 from commitline.infrastructure.followers.outage import Outage
-from commitline.infrastructure.followers.wakeup import LogWakeup, wait_or_stop
+from commitline.infrastructure.followers.reading import Page, PageReader
+from commitline.infrastructure.followers.shared import SharedWakeup
+from commitline.infrastructure.followers.slots import OwnedSlots
+from commitline.infrastructure.followers.wakeup import wait_or_stop
 from commitline.infrastructure.store.recorder import EventRecorder
 
 log = logging.getLogger(__name__)
-LEASE_POLL_SECONDS = 0.5
-OPERATOR_POLL_SECONDS = 1.0
+OPERATOR_POLL_SECONDS = 1.0  # how often a follower looks at what an operator or a waiting rebuild asks
 GAP_POLL_SECONDS = 0.05
+IDLE_SAVE_SECONDS = 1.0  # positions moved past other slots' events only are saved at most this often
 
 
 @dataclass(frozen=True)
@@ -50,155 +67,253 @@ class Handled:
     poison: dict[str, Any] | None = None  # stopped before this event; waits for an operator
 
 
-class Follower:
-    """A follower of the notification log; subclasses supply ``handle`` and their failure policy."""
+class Follower(OwnedSlots):
+    """A follower of the notification log; subclasses supply the handling and their failure policy."""
 
     retry_on: tuple[type[BaseException], ...] = ()
-    outage_subject = ""  # what is failing, for the two outage log lines (default: the lease name)
+    outage_subject = ""  # what is failing, for the two outage log lines (default: the follower's name)
     yields_to_waiters = False
-    metrics: Any  # has .position
+    read_ahead = False  # read (and prepare) the next page while this one is handled
+    supervise_seconds = OPERATOR_POLL_SECONDS
+    metrics: Any  # has .position (a one-slot follower's; see ``moved``)
 
     def __init__(self, recorder: EventRecorder, conninfo: dict[str, Any], name: str, *, batch_size: int,
-                 poll_interval: float, owner: str | None = None, max_backoff: float = 10.0):
+                 poll_interval: float, owner: str | None = None, max_backoff: float = 10.0,
+                 buckets: int | None = None, logger: logging.Logger | None = None):
         self.recorder = recorder
         self.conninfo = conninfo
+        self.name = name
         self.batch_size = batch_size
         self.poll_interval = poll_interval
         self.owner = owner or instance_id()
-        self.lease = Lease(conninfo, recorder.datastore.schema, name, self.owner)
-        self.wakeup = LogWakeup(conninfo, recorder.channel_name)
-        self.on_caught_up: Callable[[], None] | None = None  # e.g. ``publish --drain`` stops here
+        schema = recorder.datastore.schema
+        self.lease: Lease | GroupLease
+        if buckets is None:
+            self.lease = Lease(conninfo, schema, name, self.owner)
+        else:
+            self.lease = GroupLease(conninfo, schema, name, buckets, self.owner)
+        self.reader = PageReader(recorder, None if buckets is None else BucketLog(recorder, buckets), batch_size,
+                                 self.prepare, self.read_ahead)
+        self.wakeup = SharedWakeup(conninfo, recorder.channel_name)
+        self.on_caught_up: Callable[[], None] | None = None  # e.g. ``--drain`` stops here
         self.on_poisoned: Callable[[], None] | None = None  # stopped at a poison event (``--drain`` stops too)
-        self.waiting_for_operator = False
-        follower_log = logging.getLogger(type(self).__module__)  # outages are logged under the follower's name
-        self.outage = Outage(follower_log, self.outage_subject or name, max_backoff)
-        self.store_outage = Outage(follower_log, f"{name}: PostgreSQL", max_backoff)
+        self.logger = logger or logging.getLogger(type(self).__module__)  # outages are logged under its name
+        self.outage = Outage(self.logger, self.outage_subject or name, max_backoff)
+        self.store_outage = Outage(self.logger, f"{name}: PostgreSQL", max_backoff)
+        OwnedSlots.__init__(self)
+
+    @property
+    def log(self) -> BucketLog | None:
+        """The bucket log of a group follower (None: one slot, reading the whole log)."""
+        return self.reader.log
+
+    @log.setter
+    def log(self, log: BucketLog | None) -> None:
+        self.reader.log = log
 
     # -- what a follower supplies ------------------------------------------------------
 
     async def handle(self, batch: Sequence[Notification], position: int) -> Handled:
         raise NotImplementedError
 
+    async def handle_page(self, page: Page, positions: Mapping[int, int]) -> dict[int, Handled]:
+        """Handle every slot's events of the page; a one-slot follower's ``handle`` by default."""
+        return {slot: await self.handle(batch, positions[slot]) for slot, batch in page.events.items()}
+
+    def prepare(self, page: Page, positions: Mapping[int, int]) -> Any:
+        """Work on a page in the reading thread, before ``handle_page`` (its result is ``page.prepared``)."""
+        return None
+
+    async def rebalance(self) -> None:
+        """Take or hand back slots (a group follower's hook); between rounds, at each supervision tick."""
+
+    async def on_start(self) -> None:
+        """Once, before the first join (e.g. start a Kafka producer)."""
+
     async def on_owner(self) -> None:
-        """Prepare to work, once the lease is taken (e.g. create a projection's tables)."""
+        """Prepare to work, once joined (e.g. create a projection's tables)."""
 
     async def on_failure(self, error: BaseException, attempt: int) -> None:
         """Called before each back-off after a ``retry_on`` error (e.g. drop a broken producer)."""
 
-    async def on_saved(self, batch: Sequence[Notification], handled: Handled) -> None:
-        """Called after the position of a handled batch was saved (counting, callbacks)."""
-
     async def on_stop(self) -> None:
-        """Release what the follower holds besides its lease (e.g. a Kafka producer)."""
+        """Release what the follower holds besides its ownership (e.g. a Kafka producer)."""
+
+    def moved(self) -> None:
+        """Positions moved: a one-slot follower's ``metrics.position`` follows its slot."""
+        if 0 in self.slots:
+            self.metrics.position = self.slots[0].position
 
     # -- the loop ----------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Follow the log while owning the lease, until ``stop`` is set."""
+        """Follow the log while owning work, until ``stop`` is set; then finish the round in hand, hand
+        everything back and return."""
         # A follower allocates many short-lived objects per batch; moving everything that exists at
         # start-up out of the collector's reach keeps full collections short (measured: ~20% of the
         # publisher's time went to GC without this).
         gc.freeze()
+        await self.on_start()
+        waiting_because = None
         try:
             while not stop.is_set():
                 try:
-                    if not await asyncio.to_thread(self.lease.try_acquire):
-                        self.store_outage.recovered()
-                        await wait_or_stop(stop, LEASE_POLL_SECONDS)
+                    because = await asyncio.to_thread(self.lease.join)
+                    self.store_outage.recovered()
+                    if because is not None:
+                        if because and because != waiting_because:
+                            self.logger.error("%s: %s; waiting", self.name, because)
+                        waiting_because = because
+                        await wait_or_stop(stop, self.lease.join_poll_seconds)
                         continue
-                    await self._work_while_owner(stop)
+                    waiting_because = None
+                    await self._own_until(stop)
                 except LeaseLost as e:
-                    log.error("%s; waiting to own %s again", e, self.lease.name)
-                except StoreUnavailable as e:  # let the lease go: another instance may reach the store
+                    self.logger.error("%s; waiting to own %s again", e, self.name)
+                    await self._leave("stopped", "running")
+                except StoreUnavailable as e:  # let go: another instance may reach the store
                     delay = self.store_outage.failed(e)
-                    await asyncio.to_thread(self.lease.release, "retrying")
+                    await self._leave("retrying", "running")
                     await wait_or_stop(stop, delay)
         finally:
+            await self._leave("stopped", "stopped")
             await self.on_stop()
             await self.wakeup.close()
-            await asyncio.to_thread(self.lease.release)
 
-    async def _work_while_owner(self, stop: asyncio.Event) -> None:
+    async def _own_until(self, stop: asyncio.Event) -> None:
+        """Work (rounds in one task, supervision in this one) until ``stop``, a yield, or an error; then hand
+        everything back."""
         await self.on_owner()
-        position, status = await asyncio.to_thread(self.lease.own_row)
-        self.metrics.position = position
-        log.info("%s: %s active from position %d", self.lease.name, self.owner, position)
-        while not stop.is_set():
-            if self.yields_to_waiters and await asyncio.to_thread(self.lease.has_waiters):
-                log.info("%s: yielding the lease to a rebuild", self.lease.name)
-                await asyncio.to_thread(self.lease.release, "yielded")
-                await wait_or_stop(stop, OPERATOR_POLL_SECONDS)
-                return
-            self.waiting_for_operator = status == "failed"
-            if status == "failed":  # stopped at a poison event: wait for an operator's retry or skip
-                if self.on_poisoned is not None:
-                    self.on_poisoned()
-                await wait_or_stop(stop, OPERATOR_POLL_SECONDS)
-                position, status = await asyncio.to_thread(self.lease.own_row)
-                continue
-            handled = await self.step(self.lease, position, stop)
-            self.store_outage.recovered()
-            if handled is None:
-                if self.on_caught_up is not None and await self._caught_up(position):
-                    self.on_caught_up()
-                    if stop.is_set():
-                        continue
-                await self.wakeup.wait(self.poll_interval)
-                continue
-            position = handled.position
-            if handled.poison is not None:
-                status = "failed"
-                log.critical("%s stopped at poison event %s: %s", self.lease.name, handled.poison["position"],
-                             handled.poison["message"])
+        rows = await asyncio.to_thread(self.lease.rows, self.lease.initial_slots())
+        await self._took(rows, announce=True)
+        halt = asyncio.Event()
+        rounds = asyncio.get_running_loop().create_task(self._rounds(halt), name=f"{self.name} {self.owner}")
+        yielded = False
+        try:
+            yielded = await self._supervise(stop, rounds)
+        finally:
+            halt.set()
+            self.wakeup.poke()
+            try:
+                await rounds
+            except (LeaseLost, StoreUnavailable):
+                pass  # the supervision's own error (or the stop) ends this ownership already
+            await self._leave("yielded" if yielded else "stopped", "stopped" if stop.is_set() else "running")
+        if yielded:
+            await wait_or_stop(stop, OPERATOR_POLL_SECONDS)
 
-    async def step(self, lease: Lease, position: int, stop: asyncio.Event | None = None) -> Handled | None:
-        """Read, handle and save one batch after ``position``; None when there was nothing to read."""
-        batch = await asyncio.to_thread(self.recorder.select_notifications, position + 1, self.batch_size)
-        if not batch:
-            return None
-        handled = await self._handle_retrying(batch, position, lease, stop or asyncio.Event())
-        if handled is None:  # asked to stop during an outage
-            return Handled(position, saved=True)
-        if not handled.saved:
-            await asyncio.to_thread(lease.save_position, handled.position, handled.poison)
-        self.metrics.position = handled.position
-        await self.on_saved(batch, handled)
-        return handled
+    async def _supervise(self, stop: asyncio.Event, rounds: asyncio.Task[None]) -> bool:
+        """Every ``supervise_seconds`` (jittered): yield to a waiting rebuild, rebalance, resume what an operator
+        decided, keep the group's row, report drain. True when it yielded."""
+        while not stop.is_set():
+            if rounds.done():
+                rounds.result()  # its error, if it died of one
+                return False
+            if self.yields_to_waiters and await asyncio.to_thread(self.lease.has_waiters):
+                self.logger.info("%s: yielding the lease to a rebuild", self.name)
+                return True
+            await self.rebalance()
+            await self._resume_decided()
+            self._others = await asyncio.to_thread(self.lease.tick, list(self.slots))
+            if self.on_caught_up is not None or self.on_poisoned is not None:
+                if self._drain_head is None:
+                    self._drain_head = await asyncio.to_thread(self.recorder.max_notification_id) or 0
+                self._check_drained()
+            stopping = asyncio.ensure_future(stop.wait())
+            try:
+                await asyncio.wait({stopping, rounds}, timeout=self.supervise_seconds * random.uniform(0.5, 1.5),
+                                   return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopping.cancel()
+        return False
+
+    # -- rounds --------------------------------------------------------------------------
+
+    async def _rounds(self, halt: asyncio.Event) -> None:
+        """Rounds until ``halt``: at once while there is more, else after a NOTIFY or the poll interval;
+        after the back-off while ``retry_on`` errors or PostgreSQL fail."""
+        wakeup = self.wakeup.view()
+        while not halt.is_set():
+            try:
+                async with self._round:
+                    if halt.is_set():
+                        break
+                    outcome = await self._one_round()
+                self.store_outage.recovered()
+            except StoreUnavailable as e:
+                await wait_or_stop(halt, self.store_outage.failed(e))
+                continue
+            if outcome is True:
+                continue
+            if outcome is False:
+                self._check_drained()
+                await wakeup.wait(self.poll_interval)
+            else:
+                await wait_or_stop(halt, outcome)
+
+    async def _one_round(self) -> bool | float:
+        """Read, handle, save: True if there may be more right away, False if idle, or seconds to back off."""
+        active = {s: slot.position for s, slot in self.slots.items() if slot.status != "failed"}
+        if not active:
+            return False
+        page = await self.reader.read(active)
+        if not page.events:
+            moved = [s for s, through in page.through.items() if through > self.slots[s].position]
+            for s in moved:
+                self.slots[s].position = page.through[s]
+            if moved:
+                self.moved()
+            if time.monotonic() - self._saved_at >= IDLE_SAVE_SECONDS:
+                await self._save([(s, slot.position, None) for s, slot in self.slots.items()
+                                  if slot.status != "failed" and (slot.position != slot.saved or slot.status != "running")])
+            return bool(moved) and page.full
+        try:
+            handled = await self.handle_page(page, active)
+        except self.retry_on as error:
+            first = min(events[0].id for events in page.events.values())
+            delay = self.outage.failed(error, f" at position {first}")
+            message = f"{type(error).__name__}: {error}"
+            await asyncio.to_thread(self.lease.mark, "retrying", {
+                s: {"message": message, "position": events[0].id} for s, events in page.events.items()})
+            for s in page.events:
+                self.slots[s].status = "retrying"
+            await self.on_failure(error, self.outage.failures)
+            return delay
+        self.outage.recovered()
+        outcome = {s: handled.get(s) or Handled(max(position, page.through.get(s, position)))
+                   for s, position in active.items()}
+        for s, h in outcome.items():
+            if h.saved:
+                slot = self.slots[s]
+                slot.position = slot.saved = h.position
+                slot.status = "running" if h.poison is None else "failed"
+        await self._save([(s, h.position, h.poison) for s, h in outcome.items() if not h.saved and (
+            h.poison is not None or h.position != self.slots[s].saved or self.slots[s].status != "running")])
+        for s, h in outcome.items():
+            self.slots[s].position = h.position
+            if h.poison is not None:
+                self._stopped.add(s)
+                self.logger.critical("%s stopped at poison event %s: %s", self.lease.names[s], h.poison["position"],
+                                     h.poison["message"])
+        self.moved()
+        return True
+
+    # -- one slot, on a lease given (a rebuild's catch-up) -------------------------------
 
     async def catch_up(self, lease: Lease, position: int,
                        progress: Callable[[int, int], None] | None = None) -> int:
-        """Handle batches until the log head is reached; returns the position then."""
+        """Handle batches until the log head is reached, saving on ``lease``; returns the position then."""
         while True:
-            handled = await self.step(lease, position)
+            batch = await asyncio.to_thread(self.recorder.select_notifications, position + 1, self.batch_size)
             head = await asyncio.to_thread(self.recorder.max_notification_id) or 0
-            if handled is None:
+            if not batch:
                 if head <= position:
                     return position
                 await asyncio.sleep(GAP_POLL_SECONDS)  # a gap still being proven at the head
                 continue
-            position = handled.position
+            handled = await self.handle(batch, position)
+            if not handled.saved:
+                await asyncio.to_thread(lease.save_position, handled.position, handled.poison)
+            position = self.metrics.position = handled.position
             if progress is not None:
                 progress(position, head)
-
-    async def _caught_up(self, position: int) -> bool:
-        # An empty read can also mean a gap still being proven; only the head tells them apart.
-        head = await asyncio.to_thread(self.recorder.max_notification_id)
-        return (head or 0) <= position
-
-    async def _handle_retrying(self, batch: Sequence[Notification], position: int, lease: Lease,
-                               stop: asyncio.Event) -> Handled | None:
-        """``handle`` the batch, trying it again after each ``retry_on`` error; None if stopped meanwhile."""
-        while True:
-            try:
-                handled = await self.handle(batch, position)
-            except self.retry_on as error:
-                delay = self.outage.failed(error, f" at position {batch[0].id}")
-                await asyncio.to_thread(lease.set_status, "retrying",
-                                        {"message": f"{type(error).__name__}: {error}", "position": batch[0].id})
-                await self.on_failure(error, self.outage.failures)
-                await wait_or_stop(stop, delay)
-                if stop.is_set():
-                    return None
-                continue
-            self.outage.recovered()
-            return handled

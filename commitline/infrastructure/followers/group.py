@@ -13,7 +13,8 @@ as PostgreSQL advisory locks held on one connection per instance.
   so a member that lost its session cannot move a bucket it no longer owns.
 - **Fair share.** With M live members (sorted by backend pid) and B buckets, the first B mod M own
   ceil(B/M) buckets and the others floor(B/M): every member computes the same targets from
-  ``pg_locks`` alone. Rebalancing is the caller's loop (``kafka/partitioned.py``).
+  ``pg_locks`` alone (``plan_rebalance``). The follower engine (``engine.py``) takes and hands back the
+  buckets between two rounds, as the publisher's rebalance hook (``kafka/publisher.py``) asks.
 - **Summary row.** The group's own row (e.g. ``kafka-publisher``) is kept by the owner of bucket 0:
   its position is the lowest bucket position (every event at or below it has been handled by its
   bucket), its status ``failed``/``retrying`` with that bucket's error while any bucket is. A bucket
@@ -22,25 +23,24 @@ as PostgreSQL advisory locks held on one connection per instance.
 
 from __future__ import annotations
 
-import json
 import logging
-import threading
-from collections.abc import Callable, Iterable, Sequence
+import random
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
 from psycopg.rows import tuple_row
-from psycopg.sql import SQL, Identifier
+from psycopg.sql import SQL
 
 from commitline.infrastructure.followers.buckets import bucket_name
-from commitline.infrastructure.followers.lease import LeaseLost
-from commitline.infrastructure.followers.positions import POSITIONS_TABLE, Positions
+from commitline.infrastructure.followers.fenced import FencedConnection, LeaseLost
+from commitline.infrastructure.followers.positions import Positions
 from commitline.infrastructure.followers.status import lease_holders
-from commitline.infrastructure.store.datastore import connect_options, store_failures
+from commitline.infrastructure.store.datastore import store_failures
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
+UNOWNED_GRACE_SECONDS = 3.0
 
 _MEMBERS = SQL(
     "SELECT l.pid, l.objid::int8 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 "
@@ -67,24 +67,58 @@ class GroupState:
         return {b for b, pid in self.owners.items() if pid == member}
 
 
-class GroupLease:
-    """One instance's membership of the group ``name`` and the buckets it owns (thread-safe: every call
-    runs on the one connection under a lock)."""
+@dataclass(frozen=True)
+class Rebalance:
+    """What a member does this round: hand over ``hand_over``, or try ``candidates`` until it took ``wanted``."""
+
+    hand_over: list[int]
+    candidates: list[int]
+    wanted: int
+    share: int
+
+
+def plan_rebalance(state: GroupState, buckets: int, mine: Iterable[int], unowned_since: dict[int, float],
+                   now: float) -> Rebalance:
+    """Above its share while another member is below its own: hand over the surplus (the lowest buckets stay,
+    so the owner of bucket 0 keeps the group's row). Below its share: take unowned buckets, in random order. At
+    its share: only a bucket left unowned for ``UNOWNED_GRACE_SECONDS``, one per round, so none stays unowned
+    long when members disagree for a moment. ``unowned_since`` is kept up to date here."""
+    share = state.share(buckets)
+    mine = sorted(mine)
+    unowned = [b for b in range(buckets) if b not in state.owners]
+    since = {b: unowned_since.get(b, now) for b in unowned}
+    unowned_since.clear()
+    unowned_since.update(since)
+    someone_short = any(len(state.owned_by(m)) < state.share(buckets, m) for m in state.members)
+    if len(mine) > share and someone_short:
+        return Rebalance(mine[share:], [], 0, share)
+    if share > len(mine):
+        return Rebalance([], random.sample(unowned, len(unowned)), share - len(mine), share)
+    late = [b for b in unowned if now - since[b] >= UNOWNED_GRACE_SECONDS][:1]
+    return Rebalance([], late, len(late), share)
+
+
+class GroupLease(FencedConnection):
+    """One instance's membership of the group ``name`` and the buckets it owns, on its fenced connection: to
+    the follower engine, an ownership whose slots are the buckets."""
+
+    lost = "member connection lost"
+    join_poll_seconds = 2.0
 
     def __init__(self, conninfo: dict[str, Any], schema: str, name: str, buckets: int, owner: str):
-        self.conninfo = conninfo
-        self.schema = schema
-        self.name = name
+        super().__init__(conninfo, schema, name, owner)
         self.buckets = buckets
-        self.owner = owner
-        self.positions = Positions(schema)
         self.names = [bucket_name(name, b, buckets) for b in range(buckets)]
-        self._member_key = f"{schema}/{name}"
+        self._member_key = self.lock_key(name)
         self._count_key = f"{schema}/{name}@buckets"
-        self._conn: psycopg.Connection[Any] | None = None
-        self._lock = threading.Lock()
         self._owned: set[int] = set()
         self.pid = 0
+
+    def _held(self) -> bool:
+        return self.pid != 0
+
+    def _not_held(self) -> str:
+        return f"{self.name}: not a member (connection lost)"
 
     @property
     def joined(self) -> bool:
@@ -98,15 +132,11 @@ class GroupLease:
         with self._lock, store_failures(self.conninfo, lambda _: self._drop()):
             if self.joined:
                 return None
-            self._conn = psycopg.connect(**connect_options(
-                self.conninfo, connect_timeout=10, keepalives=1, keepalives_idle=5, keepalives_interval=2,
-                keepalives_count=3, fallback_application_name=f"commitline {self.name} {self.owner}"[:63]),
-                autocommit=True)
-            cur = self._conn.cursor(row_factory=tuple_row)
-            if not cur.execute("SELECT pg_try_advisory_lock_shared(hashtext('commitline'), hashtext(%s))",
-                               (self._member_key,)).fetchone()[0]:
+            conn = self._connect(f"commitline {self.name} {self.owner}")
+            if not self.try_lock(conn, self._member_key, shared=True):
                 self._drop()
                 return f"another instance holds {self.name} alone (a commitline publishing without buckets)"
+            cur = conn.cursor(row_factory=tuple_row)
             cur.execute("SELECT pg_try_advisory_lock_shared(hashtext(%s), %s::int4)", (self._count_key, self.buckets))
             others = sorted({count for _, count in cur.execute(_MEMBERS, {"count_key": self._count_key}).fetchall()
                              if count != self.buckets})
@@ -114,10 +144,13 @@ class GroupLease:
                 self._drop()
                 return (f"instances with another bucket count ({', '.join(map(str, others))}, not {self.buckets}) "
                         "are running: stop them first (COMMITLINE_PUBLISH_BUCKETS must be the same everywhere)")
-            self.pid = self._conn.info.backend_pid
+            self.pid = conn.info.backend_pid
             self._owned.clear()
         log.info("%s: %s joined as pid %d", self.name, self.owner, self.pid)
         return None
+
+    def initial_slots(self) -> list[int]:
+        return []  # buckets are taken by rebalancing
 
     def state(self) -> GroupState:
         def read(conn: psycopg.Connection[Any]) -> GroupState:
@@ -131,35 +164,39 @@ class GroupLease:
     def take(self, bucket: int) -> bool:
         """Own ``bucket`` if nobody does; its row is claimed (created from the group's position if new)."""
         def take(conn: psycopg.Connection[Any]) -> bool:
-            got = conn.cursor(row_factory=tuple_row).execute(
-                "SELECT pg_try_advisory_lock(hashtext('commitline'), hashtext(%s))",
-                (f"{self.schema}/{self.names[bucket]}",)).fetchone()[0]
+            got = self.try_lock(conn, self.lock_key(self.names[bucket]))
             if got:
                 self.positions.claim(conn, self.names[bucket], self.owner, start_from=self.name)
                 self._owned.add(bucket)
-            return bool(got)
+            return got
         return self.run(take)
 
     def give_up(self, bucket: int) -> None:
         def give_up(conn: psycopg.Connection[Any]) -> None:
             self._owned.discard(bucket)
-            conn.execute("SELECT pg_advisory_unlock(hashtext('commitline'), hashtext(%s))",
-                         (f"{self.schema}/{self.names[bucket]}",))
+            self.unlock(conn, self.lock_key(self.names[bucket]))
         try:
             self.run(give_up)
         except LeaseLost:
             pass  # the session is gone, and the lock with it
 
+    def tick(self, owned: Iterable[int]) -> dict[int, tuple[int, str]]:
+        """Keep the group's row (the owner of bucket 0 does), and read the rows of the buckets others own."""
+        owned = set(owned)
+        if 0 in owned:
+            self.summarise("running")
+        if len(owned) == self.buckets:
+            return {}
+        return {b: row for b, row in self.run(self.saved_rows).items() if b not in owned}
+
     def summarise(self, status: str) -> None:
         """Write the group's row from its buckets' rows (the owner of bucket 0 does, see the docstring)."""
-        self.run(lambda conn: write_summary(conn, self.schema, self.name, self.buckets, self.owner, status))
+        self.run(lambda conn: self.positions.write_summary(conn, self.name, self.names, self.owner, status))
 
     def saved_rows(self, conn: psycopg.Connection[Any]) -> dict[int, tuple[int, str]]:
         """Every bucket's saved (position, status) (a bucket without a row: the group's position, where it will
         start, and 'never run')."""
-        rows = {name: (position, status) for name, position, status in conn.cursor(row_factory=tuple_row).execute(
-            self._sql("SELECT name, position, status FROM {positions} WHERE name = ANY(%s) OR name = %s"),
-            (self.names, self.name))}
+        rows = self.positions.read_many(conn, [*self.names, self.name])
         start = rows.get(self.name, (0, ""))[0]
         return {b: rows.get(n, (start, "never run")) for b, n in enumerate(self.names)}
 
@@ -168,9 +205,7 @@ class GroupLease:
     def rows(self, buckets: Iterable[int]) -> dict[int, tuple[int, str]]:
         """(position, status) of owned buckets."""
         wanted = self._owned_names(buckets)
-        found = self.run(lambda conn: {name: (int(position), str(status)) for name, position, status in conn.cursor(
-            row_factory=tuple_row).execute(self._sql(
-                "SELECT name, position, status FROM {positions} WHERE name = ANY(%s)"), (list(wanted),))})
+        found = self.run(lambda conn: self.positions.read_many(conn, wanted))
         return {b: found.get(n, (0, "never run")) for n, b in wanted.items()}
 
     def save(self, rows: Sequence[tuple[int, int, dict[str, Any] | None]]) -> None:
@@ -178,25 +213,15 @@ class GroupLease:
         the poison record (the bucket then waits for an operator), as ``Positions.save`` does for one."""
         if not rows:
             return
-        names = self._owned_names(b for b, _, _ in rows)
-        inverse = {b: n for n, b in names.items()}
-        self.run(lambda conn: conn.execute(self._sql(
-            "UPDATE {positions} AS t SET position = u.position, status = CASE WHEN u.error IS NULL THEN 'running' "
-            "ELSE 'failed' END, error = u.error::jsonb, updated_at = now() "
-            "FROM unnest(%s::text[], %s::int8[], %s::text[]) AS u(name, position, error) WHERE t.name = u.name"),
-            ([inverse[b] for b, _, _ in rows], [p for _, p, _ in rows],
-             [None if e is None else json.dumps(e) for _, _, e in rows])))
+        names = {b: n for n, b in self._owned_names(b for b, _, _ in rows).items()}
+        self.run(lambda conn: self.positions.save_many(conn, [(names[b], p, e) for b, p, e in rows]))
 
     def mark(self, status: str, errors: dict[int, dict[str, Any]]) -> None:
         """Set ``status`` with each owned bucket's error (e.g. 'retrying' while the broker fails)."""
         if not errors:
             return
-        names = self._owned_names(errors)
-        inverse = {b: n for n, b in names.items()}
-        self.run(lambda conn: conn.execute(self._sql(
-            "UPDATE {positions} AS t SET status = %s, error = u.error::jsonb, updated_at = now() "
-            "FROM unnest(%s::text[], %s::text[]) AS u(name, error) WHERE t.name = u.name"),
-            (status, [inverse[b] for b in errors], [json.dumps(e) for e in errors.values()])))
+        names = {b: n for n, b in self._owned_names(errors).items()}
+        self.run(lambda conn: self.positions.mark_many(conn, status, {names[b]: e for b, e in errors.items()}))
 
     def hand_back(self, bucket: int, position: int | None = None, status: str = "stopped") -> None:
         """Let go of an owned bucket: save ``position`` if given (a move not saved yet), mark it ``status``
@@ -220,32 +245,18 @@ class GroupLease:
             names[self.names[b]] = b
         return names
 
-    def highest_position(self, conn: psycopg.Connection[Any]) -> int:
+    def highest_position(self) -> int:
         """The highest position saved by the group or any bucket of it (of any bucket count)."""
-        return int(conn.cursor(row_factory=tuple_row).execute(self._sql(
-            "SELECT coalesce(max(position), 0) FROM {positions} WHERE name = %s OR starts_with(name, %s)"),
-            (self.name, f"{self.name}/")).fetchone()[0])
+        return self.run(lambda conn: self.positions.highest_of_group(conn, self.name))
 
-    def reset_positions(self, conn: psycopg.Connection[Any]) -> None:
+    def reset_positions(self) -> None:
         """Everything is to be published again (an in-memory broker was replaced by an empty one)."""
-        conn.execute(self._sql("UPDATE {positions} SET position = 0, updated_at = now() "
-                               "WHERE name = %s OR starts_with(name, %s)"), (self.name, f"{self.name}/"))
+        self.run(lambda conn: self.positions.reset_group(conn, self.name))
 
-    def _sql(self, text: str) -> Any:
-        return SQL(text).format(positions=Identifier(self.schema, POSITIONS_TABLE))
+    def has_waiters(self) -> bool:
+        return False  # nothing waits for a publish group's buckets
 
-    def run(self, work: Callable[[psycopg.Connection[Any]], T]) -> T:
-        """Run ``work`` on the member connection; a connection failure means every bucket is lost."""
-        with self._lock:
-            if self._conn is None or not self.pid:
-                raise LeaseLost(f"{self.name}: not a member (connection lost)")
-            try:
-                return work(self._conn)
-            except psycopg.OperationalError as e:
-                self._drop()
-                raise LeaseLost(f"{self.name}: member connection lost: {type(e).__name__}") from None
-
-    def leave(self) -> None:
+    def leave(self, status: str = "stopped") -> None:
         """Let go of everything (closing the session releases every lock it holds)."""
         with self._lock:
             self._drop()
@@ -253,38 +264,14 @@ class GroupLease:
     def _drop(self) -> None:
         self.pid = 0
         self._owned.clear()
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                conn.close()
-            except psycopg.Error:
-                pass
+        super()._drop()
 
 
 def write_summary(conn: Any, schema: str, name: str, buckets: int, owner: str | None, status: str) -> None:
-    """The group row of ``name`` from its ``buckets`` bucket rows: the lowest position (but never past the
-    group's own while some bucket has no row: that bucket will start from it), ``failed`` or ``retrying``
-    with the first such bucket's error (naming the bucket), else ``status``; ``owner`` None keeps it."""
-    names = [bucket_name(name, b, buckets) for b in range(buckets)]
-    conn.execute(SQL(
-        "WITH b AS (SELECT name, position, status, error FROM {positions} WHERE name = ANY(%(names)s)), "
-        "bad AS (SELECT status, coalesce(error, '{{}}'::jsonb) || jsonb_build_object('bucket', name) AS error FROM b "
-        " WHERE status IN ('failed', 'retrying') ORDER BY status = 'failed' DESC, name LIMIT 1), "
-        "own AS (SELECT position FROM {positions} WHERE name = %(name)s), "
-        "s AS (SELECT CASE WHEN (SELECT count(*) FROM b) >= cardinality(%(names)s::text[]) "
-        " THEN (SELECT min(position) FROM b) "
-        " ELSE least((SELECT min(position) FROM b), coalesce((SELECT position FROM own), 0)) END AS position) "
-        "INSERT INTO {positions} AS t (name, position, owner, status, error) "
-        "SELECT %(name)s, coalesce(s.position, (SELECT position FROM own), 0), %(owner)s, "
-        " coalesce((SELECT status FROM bad), %(status)s), (SELECT error FROM bad) FROM s "
-        "ON CONFLICT (name) DO UPDATE SET position = excluded.position, owner = coalesce(excluded.owner, t.owner), "
-        " status = excluded.status, error = excluded.error, updated_at = now()"
-    ).format(positions=Identifier(schema, POSITIONS_TABLE)),
-        {"names": names, "name": name, "owner": owner, "status": status})
+    """The group row of ``name`` from its ``buckets`` bucket rows (``Positions.write_summary``)."""
+    Positions(schema).write_summary(conn, name, [bucket_name(name, b, buckets) for b in range(buckets)], owner, status)
 
 
 def stopped_buckets(conn: Any, schema: str, name: str) -> list[tuple[str, dict[str, Any]]]:
     """(bucket name, error) of every bucket of group ``name`` (of any count) stopped at a poison event."""
-    return [(n, e) for n, e in conn.cursor(row_factory=tuple_row).execute(SQL(
-        "SELECT name, error FROM {} WHERE starts_with(name, %s) AND status = 'failed' AND error IS NOT NULL "
-        "ORDER BY name").format(Identifier(schema, POSITIONS_TABLE)), (f"{name}/",)).fetchall()]
+    return Positions(schema).stopped_in_group(conn, name)

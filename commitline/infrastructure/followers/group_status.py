@@ -15,9 +15,8 @@ from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Identifier
 
 from commitline.infrastructure.followers.buckets import bucket_name, bucket_positions_sql, sequence_of
-from commitline.infrastructure.followers.positions import POSITIONS_TABLE
+from commitline.infrastructure.followers.positions import Positions
 from commitline.infrastructure.followers.status import (
-    _ROWS,
     NEVER_RUN,
     Backend,
     FollowerStatus,
@@ -79,9 +78,7 @@ def group_status(recorder: EventRecorder, name: str, bucket_count: int, head: in
     with recorder.datastore.get_connection() as conn:
         cur = conn.cursor(row_factory=tuple_row)
         members = cur.execute(_MEMBERS, {"count_key": f"{schema}/{name}@buckets", "count": bucket_count}).fetchall()
-        rows = {r[0]: r for r in cur.execute(
-            _ROWS.format(positions=Identifier(schema, POSITIONS_TABLE)) + SQL(" WHERE name = ANY(%s)"),
-            ([*names, name],)).fetchall()}
+        rows = Positions(schema).status_rows(conn, [*names, name])
         holders = lease_holders(conn, schema, names)
         start = rows[name][1] if name in rows else 0  # where a bucket without a row will start
         positions = [rows[n][1] if n in rows else start for n in names]

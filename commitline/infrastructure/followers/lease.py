@@ -1,94 +1,75 @@
-"""Exclusive ownership of a follower's work, and its saved position.
+"""Exclusive ownership of a single follower's work, and its saved position: one slot for the engine.
 
-A follower (the Kafka publisher, a projection) works only while it holds its lease: a
-PostgreSQL session-level advisory lock on a dedicated connection. If the owner dies or
-its connection drops, PostgreSQL releases the lock and a waiting instance takes over.
+A follower (a projection, a process manager's runner, a rebuild) works only while it holds its lease: a
+PostgreSQL session-level advisory lock on its fenced connection (``fenced.py``). If the owner dies or its
+connection drops, PostgreSQL releases the lock and a waiting instance takes over.
 
-Positions (``positions.py``) are written *on the lease connection*, so a write made after
-the session was lost fails instead of moving the position: the lease fences its own
-position. SKIP LOCKED is never used for ordered work (seed 004).
+Positions (``positions.py``) are written *on the lease connection*, so a write made after the session was
+lost fails instead of moving the position: the lease fences its own position. SKIP LOCKED is never used for
+ordered work (seed 004). To the follower engine (``engine.py``) a lease is an ownership of one slot (0), as a
+publish instance's group membership (``group.py``) is an ownership of its buckets.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import socket
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import psycopg
 from psycopg.rows import tuple_row
 from psycopg.sql import SQL
 
-from commitline.infrastructure.followers.positions import Positions
-from commitline.infrastructure.store.datastore import connect_options, store_failures
+from commitline.infrastructure.followers.fenced import FencedConnection, LeaseLost, instance_id
+from commitline.infrastructure.store.datastore import store_failures
 
+__all__ = ["Lease", "LeaseLost", "instance_id"]
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
-class LeaseLost(RuntimeError):
-    """The lease connection failed: another instance may own the work now. Stop and re-acquire."""
+class Lease(FencedConnection):
+    lost = "lease connection lost"
+    join_poll_seconds = 0.5  # a standby polls for the lease, so it never blocks the owner
 
-
-def instance_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-class Lease:
     def __init__(self, conninfo: dict[str, Any], schema: str, name: str, owner: str | None = None):
-        self.conninfo = conninfo
-        self.schema = schema
-        self.name = name
-        self.owner = owner or instance_id()
-        self._conn: psycopg.Connection[Any] | None = None
-        self.positions = Positions(schema)
-        self._lock_key = f"{schema}/{name}"
-        self._held = False
+        super().__init__(conninfo, schema, name, owner)
+        self.names = [name]
+        self._lock_key = self.lock_key(name)
+        self._is_held = False
 
     @property
     def held(self) -> bool:
-        return self._held
+        return self._is_held
+
+    def _held(self) -> bool:
+        return self._is_held
+
+    def _not_held(self) -> str:
+        return f"{self.name}: lease not held"
 
     def try_acquire(self) -> bool:
         """Take the lease if nobody holds it; never waits. StoreUnavailable if PostgreSQL cannot be used."""
-        with store_failures(self.conninfo, lambda _: self._drop()):
-            self._connect()
-            assert self._conn is not None
-            got = self._conn.cursor(row_factory=tuple_row).execute(
-                "SELECT pg_try_advisory_lock(hashtext('commitline'), hashtext(%s))", (self._lock_key,)
-            ).fetchone()[0]
-            if not got:
+        with self._lock, store_failures(self.conninfo, lambda _: self._drop()):
+            conn = self._connect(f"commitline {self.name}")
+            if not self.try_lock(conn, self._lock_key):
                 return False
             self._claim()
             return True
 
-    def _connect(self) -> None:
-        if self._conn is None:
-            self._conn = psycopg.connect(**connect_options(
-                self.conninfo, connect_timeout=10,
-                keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
-                # libpq's fallback: an application_name in the database URL takes precedence.
-                fallback_application_name=f"commitline {self.name}"[:63],
-            ), autocommit=True)
-
     def _claim(self) -> None:
         assert self._conn is not None
         self.positions.claim(self._conn, self.name, self.owner)
-        self._held = True
+        self._is_held = True
         log.info("%s: lease taken by %s", self.name, self.owner)
 
     def acquire(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for the lease; a live projector yields to such a waiter."""
-        with store_failures(self.conninfo, lambda _: self._drop()):
-            self._connect()
-            assert self._conn is not None
+        with self._lock, store_failures(self.conninfo, lambda _: self._drop()):
+            conn = self._connect(f"commitline {self.name}")
             try:
-                with self._conn.transaction():
-                    self._conn.execute(SQL("SET LOCAL lock_timeout = {}").format(int(timeout * 1000)))
-                    self._conn.execute("SELECT pg_advisory_lock(hashtext('commitline'), hashtext(%s))",
-                                       (self._lock_key,))
+                with conn.transaction():
+                    conn.execute(SQL("SET LOCAL lock_timeout = {}").format(int(timeout * 1000)))
+                    conn.execute("SELECT pg_advisory_lock(hashtext('commitline'), hashtext(%s))", (self._lock_key,))
             except psycopg.errors.LockNotAvailable:
                 return False
             self._claim()
@@ -96,10 +77,10 @@ class Lease:
 
     def has_waiters(self) -> bool:
         """True when another session is blocked waiting for this lease (a rebuild about to swap)."""
-        return self.run(lambda conn: conn.cursor(row_factory=tuple_row).execute(
+        return bool(self.run(lambda conn: conn.cursor(row_factory=tuple_row).execute(
             "SELECT EXISTS (SELECT 1 FROM pg_locks held JOIN pg_locks waiting USING "
             "(locktype, database, classid, objid, objsubid) WHERE held.locktype = 'advisory' "
-            "AND held.pid = pg_backend_pid() AND held.granted AND NOT waiting.granted)").fetchone()[0])
+            "AND held.pid = pg_backend_pid() AND held.granted AND NOT waiting.granted)").fetchone()[0]))
 
     def position(self) -> int:
         return self.own_row()[0]
@@ -116,31 +97,54 @@ class Lease:
     def set_status(self, status: str, error: dict[str, Any] | None = None) -> None:
         self.run(lambda conn: self.positions.set_status(conn, self.name, status, error))
 
-    def run(self, work: Callable[[psycopg.Connection[Any]], T]) -> T:
-        """Run ``work`` on the lease connection; any connection failure means the lease is lost."""
-        if self._conn is None or not self._held:
-            raise LeaseLost(f"{self.name}: lease not held")
-        try:
-            return work(self._conn)
-        except psycopg.OperationalError as e:
-            self._drop()
-            raise LeaseLost(f"{self.name}: lease connection lost: {type(e).__name__}") from None
-
     def release(self, status: str = "stopped") -> None:
-        if self._conn is None:
-            return
+        self.hand_back(0, None, status)
+        self.leave(status)
+
+    # -- the engine's ownership: one slot, 0 ------------------------------------------
+
+    def join(self) -> str | None:
+        """None once the lease is held; '' while another instance holds it (nothing worth logging)."""
+        return None if self.try_acquire() else ""
+
+    def initial_slots(self) -> list[int]:
+        return [0]
+
+    def rows(self, slots: Iterable[int]) -> dict[int, tuple[int, str]]:
+        return {0: self.own_row()} if 0 in set(slots) else {}
+
+    def save(self, rows: Sequence[tuple[int, int, dict[str, Any] | None]]) -> None:
+        for _, position, poison in rows:
+            self.save_position(position, poison)
+
+    def mark(self, status: str, errors: dict[int, dict[str, Any]]) -> None:
+        if 0 in errors:
+            self.set_status(status, errors[0])
+
+    def hand_back(self, slot: int, position: int | None = None, status: str = "stopped") -> None:
+        """Save ``position`` if given, and mark the row ``status`` (a poison stop stays on record)."""
+        def release(conn: psycopg.Connection[Any]) -> None:
+            if position is not None:
+                self.positions.save(conn, self.name, position)
+            self.positions.released(conn, self.name, status)
         try:
-            self.run(lambda conn: self.positions.released(conn, self.name, status))
-            self._conn.execute("SELECT pg_advisory_unlock(hashtext('commitline'), hashtext(%s))", (self._lock_key,))
+            self.run(release)
         except (LeaseLost, psycopg.Error):
             pass
-        self._drop()
+
+    def tick(self, owned: Iterable[int]) -> dict[int, tuple[int, str]]:
+        """Nothing to keep besides the own row; no other slots."""
+        return {}
+
+    def leave(self, status: str = "stopped") -> None:
+        with self._lock:
+            if self._conn is not None and self._is_held:
+                try:
+                    self.unlock(self._conn, self._lock_key)
+                except psycopg.Error:
+                    pass
+            self._drop()
 
     def _drop(self) -> None:
-        self._held = False
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                conn.close()
-            except psycopg.Error:
-                pass
+        self._is_held = False
+        super()._drop()

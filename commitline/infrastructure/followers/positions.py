@@ -1,4 +1,5 @@
-"""Follower positions, statuses and operator interventions: the one place their SQL lives.
+"""Follower positions, statuses and operator interventions: the one place their SQL lives (the coordination
+layer's tables; the locks that fence them are ``fenced.py``'s).
 
 ``follower_positions`` holds one row per follower (the publisher, each projection, each
 rebuild, each process manager's runner): how far it has handled the notification log, who owns
@@ -10,6 +11,8 @@ inside its own transaction (a projection's batch) or on its lease connection (fe
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -115,6 +118,76 @@ class Positions:
 
     def delete(self, conn: Connection, name: str) -> None:
         conn.execute(self._sql("DELETE FROM {positions} WHERE name = %s"), (name,))
+
+    # -- many rows at once: a group's buckets (``group.py``), ``status`` ------------------
+
+    def read_many(self, conn: Connection, names: Iterable[str]) -> dict[str, tuple[int, str]]:
+        """(position, status) of each named follower that has a row."""
+        return {name: (int(position), str(status)) for name, position, status in conn.cursor(
+            row_factory=tuple_row).execute(self._sql(
+                "SELECT name, position, status FROM {positions} WHERE name = ANY(%s)"), (list(names),))}
+
+    def save_many(self, conn: Connection, rows: Sequence[tuple[str, int, dict[str, Any] | None]]) -> None:
+        """``save`` for many (name, position, poison or None) in one statement."""
+        conn.execute(self._sql(
+            "UPDATE {positions} AS t SET position = u.position, status = CASE WHEN u.error IS NULL THEN 'running' "
+            "ELSE 'failed' END, error = u.error::jsonb, updated_at = now() "
+            "FROM unnest(%s::text[], %s::int8[], %s::text[]) AS u(name, position, error) WHERE t.name = u.name"),
+            ([n for n, _, _ in rows], [p for _, p, _ in rows], [None if e is None else json.dumps(e) for _, _, e in rows]))
+
+    def mark_many(self, conn: Connection, status: str, errors: dict[str, dict[str, Any]]) -> None:
+        """``set_status`` for many followers, each with its own error, in one statement."""
+        conn.execute(self._sql(
+            "UPDATE {positions} AS t SET status = %s, error = u.error::jsonb, updated_at = now() "
+            "FROM unnest(%s::text[], %s::text[]) AS u(name, error) WHERE t.name = u.name"),
+            (status, list(errors), [json.dumps(e) for e in errors.values()]))
+
+    def highest_of_group(self, conn: Connection, group: str) -> int:
+        """The highest position saved by the group ``group`` or any bucket of it (of any bucket count)."""
+        return int(conn.cursor(row_factory=tuple_row).execute(self._sql(
+            "SELECT coalesce(max(position), 0) FROM {positions} WHERE name = %s OR starts_with(name, %s)"),
+            (group, f"{group}/")).fetchone()[0])
+
+    def reset_group(self, conn: Connection, group: str) -> None:
+        """The group ``group`` and every bucket of it start again from the first event."""
+        conn.execute(self._sql("UPDATE {positions} SET position = 0, updated_at = now() "
+                               "WHERE name = %s OR starts_with(name, %s)"), (group, f"{group}/"))
+
+    def write_summary(self, conn: Connection, group: str, names: list[str], owner: str | None, status: str) -> None:
+        """The row of ``group`` from its bucket rows ``names``: the lowest position (but never past the group's
+        own while some bucket has no row: that bucket will start from it), ``failed`` or ``retrying`` with the
+        first such bucket's error (naming the bucket), else ``status``; ``owner`` None keeps it."""
+        conn.execute(self._sql(
+            "WITH b AS (SELECT name, position, status, error FROM {positions} WHERE name = ANY(%(names)s)), "
+            "bad AS (SELECT status, coalesce(error, '{{}}'::jsonb) || jsonb_build_object('bucket', name) AS error "
+            " FROM b WHERE status IN ('failed', 'retrying') ORDER BY status = 'failed' DESC, name LIMIT 1), "
+            "own AS (SELECT position FROM {positions} WHERE name = %(name)s), "
+            "s AS (SELECT CASE WHEN (SELECT count(*) FROM b) >= cardinality(%(names)s::text[]) "
+            " THEN (SELECT min(position) FROM b) "
+            " ELSE least((SELECT min(position) FROM b), coalesce((SELECT position FROM own), 0)) END AS position) "
+            "INSERT INTO {positions} AS t (name, position, owner, status, error) "
+            "SELECT %(name)s, coalesce(s.position, (SELECT position FROM own), 0), %(owner)s, "
+            " coalesce((SELECT status FROM bad), %(status)s), (SELECT error FROM bad) FROM s "
+            "ON CONFLICT (name) DO UPDATE SET position = excluded.position, "
+            " owner = coalesce(excluded.owner, t.owner), status = excluded.status, error = excluded.error, "
+            " updated_at = now()"),
+            {"names": names, "name": group, "owner": owner, "status": status})
+
+    def stopped_in_group(self, conn: Connection, group: str) -> list[tuple[str, dict[str, Any]]]:
+        """(bucket name, error) of every bucket of ``group`` (of any count) stopped at a poison event."""
+        return [(n, e) for n, e in conn.cursor(row_factory=tuple_row).execute(self._sql(
+            "SELECT name, error FROM {positions} WHERE starts_with(name, %s) AND status = 'failed' "
+            "AND error IS NOT NULL ORDER BY name"), (f"{group}/",)).fetchall()]
+
+    def status_rows(self, conn: Connection, names: Sequence[str] | None = None) -> dict[str, tuple[Any, ...]]:
+        """Every row (or the named ones) for ``status``: name, position, owner, status, error, updated_at, seconds
+        since it was updated, owner_process."""
+        query = self._sql(
+            "SELECT name, position, owner, status, error, updated_at, "
+            "extract(epoch FROM clock_timestamp() - updated_at)::float8, owner_process FROM {positions}"
+            + ("" if names is None else " WHERE name = ANY(%s)"))
+        return {r[0]: r for r in conn.cursor(row_factory=tuple_row).execute(
+            query, () if names is None else (list(names),)).fetchall()}
 
     def skipped(self, conn: Connection, name: str) -> dict[int, dict[str, Any]]:
         """The positions an operator decided to skip for ``name``, each with the decision's detail."""

@@ -18,7 +18,7 @@ import orjson
 from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Identifier
 
-from commitline.infrastructure.followers.positions import POSITIONS_TABLE
+from commitline.infrastructure.followers.positions import Positions
 from commitline.infrastructure.store.recorder import EVENTS_TABLE, EventRecorder
 
 NEVER_RUN, DEAD = "never run", "dead"
@@ -37,12 +37,6 @@ JOIN pg_locks l ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
  AND l.objid = hashtext(%(schema)s || '/' || k.name)::oid
 LEFT JOIN pg_stat_activity a ON a.pid = l.pid
 ORDER BY k.name, l.pid
-""")
-
-_ROWS = SQL("""
-SELECT name, position, owner, status, error, updated_at,
-       extract(epoch FROM clock_timestamp() - updated_at)::float8, owner_process
-FROM {positions}
 """)
 
 _LAG = SQL("""
@@ -115,7 +109,7 @@ def follower_statuses(recorder: EventRecorder, known: Iterable[str] = (),
     with recorder.datastore.get_connection() as conn:
         cur = conn.cursor(row_factory=tuple_row)
         head = cur.execute(SQL("SELECT coalesce(max(notification_id), 0) FROM {}").format(events)).fetchone()[0]
-        rows = {r[0]: r for r in cur.execute(_ROWS.format(positions=Identifier(schema, POSITIONS_TABLE))).fetchall()}
+        rows = Positions(schema).status_rows(conn)
         names = list(dict.fromkeys([*known, *(name for name in sorted(rows) if include(name))]))
         holders = lease_holders(conn, schema, names)
         lags = {position: _lag(cur, events, position)

@@ -1,33 +1,69 @@
-"""The Kafka publisher's name, metrics and log; the publisher itself is ``partitioned.PartitionedPublisher``,
-which publishes every bucket of aggregates it owns in one loop, reading the log once per round, with a
-position per bucket (``COMMITLINE_PUBLISH_BUCKETS=1`` is one stream of the whole log).
+"""The Kafka publisher: a follower (``followers/engine.py``) over buckets of aggregates, any number of
+``commitline publish`` instances sharing them.
 
-Per bucket, while holding it:
-  read the next batch after the saved position (gap-safe) -> build records ->
-  send in per-partition order and wait for every ack (acks=all) -> save the position.
-The position moves only after the broker acknowledged everything up to it, so a crash
-at any instant means some records may be sent again on restart, never lost, never
-reordered per aggregate. Each record carries its event id for consumer deduplication.
+The log is divided into ``COMMITLINE_PUBLISH_BUCKETS`` buckets by aggregate id (``store/log.py``); each
+instance is a member of the publisher group (``followers/group.py``) owning its fair share of them, a
+position each. The engine joins, reads every owned bucket in one read, saves the positions, waits, backs
+off and drains; what this module adds is the publisher's own part:
 
-While the broker fails, the batch is retried with bounded exponential back-off; the
-outage is logged once when it starts and once when it ends. Commands keep working: the
-command path never talks to Kafka.
+- **its batch handling** (``prepare``, ``handle_page``): the records of a page are built in the reading
+  thread (the next page is read and built while this one is sent: ``read_ahead``); a bucket's records are
+  held back from its first one the broker cannot take (larger than ``COMMITLINE_KAFKA_MAX_MESSAGE_BYTES``,
+  or refused by the broker as too large): a poison record stops that bucket only, at the position before
+  it, status ``failed``, until an operator's ``publisher retry`` (after raising the limit) or
+  ``publisher skip --position N``; all the other records are sent in one ``send_in_order``, and a
+  bucket's position moves only after the broker acknowledged everything up to it (acks=all);
+- **its failure policy**: a broker failure (``KafkaError``) fails the round: nothing moves, the buckets in
+  it show ``retrying``, the producer is replaced, and the round is read again after a back-off (logged
+  once per outage). Commands keep working: the command path never talks to Kafka;
+- **its rebalance hook**: every second or so (jittered, so instances never move in step) it computes its
+  fair share from the live members (``group.plan_rebalance``) and hands over its surplus or takes
+  unowned buckets, always between two rounds, so a bucket leaves an instance with every event it sent
+  acknowledged and saved: its next owner starts after that position, in order, without a gap.
 
-A record the broker cannot take (larger than ``COMMITLINE_KAFKA_MAX_MESSAGE_BYTES``, or
-refused by the broker as too large) is a poison record, never retried on its own: the
-events before it are published, the publisher stops at it with the reason in ``status``,
-and waits for an operator: ``commitline publisher retry`` (after raising the limit) or
-``commitline publisher skip --position N`` (kept in the intervention log).
+Order: an aggregate is in exactly one bucket and a bucket has one owner at a time, so an aggregate's
+events are sent by one instance at a time, in log order, and a new owner starts after the position the
+last one saved (at-least-once after a crash; each record carries its event id for consumer
+deduplication). Records keep key = aggregate id and go to the partition the Java client's default
+partitioner picks (murmur2 of the key modulo the topic's partition count, ``producer.partition_for``),
+whoever sends them: one aggregate, one partition, as long as the topic's partition count is not changed.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+from eventsourcing.persistence import Notification
+
+from commitline.application.errors import StoreUnavailable
+from commitline.domain import EventRegistry
+from commitline.infrastructure.config import Settings
+from commitline.infrastructure.followers.engine import Follower, Handled, Page
+from commitline.infrastructure.followers.group import GroupLease, GroupState, plan_rebalance
+from commitline.infrastructure.followers.wakeup import wait_or_stop
+from commitline.infrastructure.kafka.envelope import KafkaRecord, to_record, topics_of
+from commitline.infrastructure.kafka.producer import (
+    RecordRefused,
+    TopicSetupFailed,
+    ensure_topics,
+    holds_records,
+    record_size,
+    send_in_order,
+)
+from commitline.infrastructure.kafka.shared_producer import SharedProducer
+from commitline.infrastructure.store.recorder import EventRecorder
 
 log = logging.getLogger(__name__)
 PUBLISHER = "kafka-publisher"
+REBALANCE_SECONDS = 1.0
 # aiokafka logs every failed connection attempt; the publisher reports an outage once itself.
 logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
 
@@ -40,3 +76,185 @@ class PublisherMetrics:
     position: int = 0
     lag_events: int = 0
     started_at: float = field(default_factory=time.time)
+
+
+@dataclass
+class Records:
+    """A page's records, per bucket up to its first record too large to send (then its poison: the position
+    before it, and the poison record)."""
+
+    records: dict[int, list[KafkaRecord]]
+    poisons: dict[int, tuple[int, dict[str, Any]]]
+
+    def stop_at(self, events: list[Notification], bucket: int, index: int, position: int, reason: str) -> None:
+        """The bucket stops before its ``index``-th event of the page: its records from there on are dropped."""
+        stopped = events[index]
+        self.poisons[bucket] = (events[index - 1].id if index else position, {
+            "position": stopped.id, "event_type": stopped.topic, "aggregate_id": str(stopped.originator_id),
+            "version": stopped.originator_version, "message": reason})
+        self.records[bucket] = self.records[bucket][:index]
+
+
+class Publisher(Follower):
+    """One ``commitline publish`` instance: a member of the publisher group, publishing every bucket it owns."""
+
+    retry_on = (KafkaError,)
+    outage_subject = "kafka"
+    read_ahead = True
+    supervise_seconds = REBALANCE_SECONDS
+
+    def __init__(self, recorder: EventRecorder, conninfo: dict[str, Any], settings: Settings,
+                 registry: EventRegistry, *, owner: str | None = None,
+                 on_published: Callable[[Sequence[KafkaRecord]], None] | None = None, broker_in_memory: bool = False,
+                 tracing: Any = None):
+        super().__init__(recorder, conninfo, PUBLISHER, batch_size=settings.publish_batch_size,
+                         poll_interval=settings.publish_poll_interval_ms / 1000, owner=owner,
+                         max_backoff=settings.publish_max_backoff_ms / 1000, buckets=settings.publish_buckets,
+                         logger=log)
+        self.registry = registry
+        self.settings = settings
+        self.on_published = on_published
+        self.broker_in_memory = broker_in_memory
+        self.tracing = tracing  # ``infrastructure/tracing.Tracing``: a publish span per record stored with a trace
+        self.buckets = settings.publish_buckets
+        self.group: GroupLease = self.lease  # type: ignore[assignment]
+        self.topics = topics_of(settings.kafka_topic_prefix, registry)
+        self.producers = SharedProducer(settings, self.topics, f"commitline-{self.owner}")
+        self.state: GroupState | None = None  # the group as the last rebalance saw it
+        self._counts = PublisherMetrics()
+        self._unowned_since: dict[int, float] = {}
+        self._used: AIOKafkaProducer | None = None
+        self._lag = 0
+
+    @property
+    def metrics(self) -> PublisherMetrics:  # type: ignore[override]
+        positions = {**{b: p for b, (p, _) in self._others.items()}, **self.positions}
+        c = self._counts
+        return PublisherMetrics(events_published=c.events_published, batches=c.batches, retries=c.retries,
+                                position=min(positions.get(b, 0) for b in range(self.buckets)),
+                                lag_events=self._lag, started_at=c.started_at)
+
+    def moved(self) -> None:
+        """The metrics' position is computed from the buckets' (``metrics``)."""
+
+    # -- the engine's hooks ------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        reporter = asyncio.create_task(self._report_metrics(stop))
+        try:
+            await super().run(stop)
+        finally:
+            reporter.cancel()
+            await self.producers.close()
+
+    async def on_start(self) -> None:
+        """Start the producer now: a broker that cannot take it stops the publisher at once, not at its first
+        event (a broker not there yet is the rounds' outage to report)."""
+        try:
+            async with self.producers.use():
+                pass
+        except (KafkaError, TopicSetupFailed, OSError, asyncio.TimeoutError):
+            pass
+
+    async def on_owner(self) -> None:
+        if self.broker_in_memory:
+            await self._republish_if_broker_is_new()
+            self.broker_in_memory = False
+
+    async def rebalance(self) -> None:
+        state = await asyncio.to_thread(self.group.state)
+        self.state = state
+        plan = plan_rebalance(state, self.buckets, self.slots, self._unowned_since, time.monotonic())
+        if plan.hand_over:
+            log.info("%s: %s hands over buckets %s (%d members, share %d)", PUBLISHER, self.owner, plan.hand_over,
+                     len(state.members), plan.share)
+            await self.hand_back(plan.hand_over)
+            return
+        taken = await self.take(plan.candidates, plan.wanted)
+        if taken:
+            log.info("%s: %s took buckets %s (%d members, share %d)", PUBLISHER, self.owner, sorted(taken),
+                     len(state.members), plan.share)
+
+    def prepare(self, page: Page, positions: Mapping[int, int]) -> Records:
+        """The page's records (in the reading thread), each bucket's up to its first record over the limit."""
+        prefix, owner, limit = self.settings.kafka_topic_prefix, self.owner, self.settings.kafka_max_message_bytes
+        built = Records({b: [to_record(n, prefix, owner, self.registry) for n in batch]
+                         for b, batch in page.events.items()}, {})
+        for bucket, batch in built.records.items():
+            for i, record in enumerate(batch):
+                if (size := record_size(record)) > limit:
+                    built.stop_at(page.events[bucket], bucket, i, positions[bucket], (
+                        f"record of {size} bytes is larger than the broker's limit of {limit} bytes "
+                        "(COMMITLINE_KAFKA_MAX_MESSAGE_BYTES)"))
+                    break
+        return built
+
+    async def handle_page(self, page: Page, positions: Mapping[int, int]) -> dict[int, Handled]:
+        built: Records = page.prepared
+        self._used = None
+        spans = self.tracing.publish_spans(built.records) if self.tracing is not None else None
+        try:
+            async with self.producers.use() as producer:
+                self._used = producer
+                acked = await self._send(producer, page, built, positions)
+        except KafkaError as error:
+            if spans:
+                self.tracing.end_publish(spans.values(), error)
+            raise
+        if spans:
+            self.tracing.end_publish(spans.values(), sent={r.notification_id for r in acked})
+        self._counts.events_published += len(acked)  # acknowledged (counted before the positions show them)
+        self._counts.batches += 1
+        handled = {b: Handled(max(positions[b], page.through[b])) for b in page.events}
+        handled.update({b: Handled(position, poison=poison) for b, (position, poison) in built.poisons.items()})
+        if self.on_published is not None:
+            self.on_published(acked)
+        return handled
+
+    async def on_failure(self, error: BaseException, attempt: int) -> None:
+        self._counts.retries += 1
+        await self.producers.discard(self._used)
+
+    # -- sending -----------------------------------------------------------------------
+
+    async def _send(self, producer: AIOKafkaProducer, page: Page, built: Records,
+                    positions: Mapping[int, int]) -> list[KafkaRecord]:
+        """Send every bucket's records (up to its first poison record) in one ``send_in_order``; a record batch
+        the broker refuses as too large stops the bucket of its first record there. The records acknowledged."""
+        bucket_of_record = {r.notification_id: b for b, batch in built.records.items() for r in batch}
+        while True:
+            flat = [r for batch in built.records.values() for r in batch]
+            try:
+                await send_in_order(producer, flat)
+                return flat
+            except RecordRefused as refused:
+                bucket = bucket_of_record[refused.record.notification_id]
+                built.stop_at(page.events[bucket], bucket, built.records[bucket].index(refused.record),
+                              positions[bucket],
+                              f"the broker refused the record batch starting here as too large ({refused}); "
+                              "set COMMITLINE_KAFKA_MAX_MESSAGE_BYTES to the broker's message.max.bytes")
+
+    # -- the embedded broker, metrics --------------------------------------------------
+
+    async def _republish_if_broker_is_new(self) -> None:
+        # A broker that keeps records in memory only (the embedded one) may be newer than the saved
+        # positions: then everything goes to it again, so it never lacks what a position claims it has.
+        highest = await asyncio.to_thread(self.group.highest_position)
+        if highest > 0:
+            await ensure_topics(self.settings, self.topics)
+            if not await holds_records(self.settings, self.topics):
+                log.warning("the embedded broker is new (it keeps records in memory only): publishing again from "
+                            "the first event, not from position %d", highest)
+                await asyncio.to_thread(self.group.reset_positions)
+
+    async def _report_metrics(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await wait_or_stop(stop, self.settings.metrics_interval_s)
+            try:
+                head = await asyncio.to_thread(self.recorder.max_notification_id)
+            except StoreUnavailable:
+                continue
+            metrics = self.metrics
+            self._lag = max(0, (head or 0) - metrics.position)
+            log.info("publisher metrics %s", json.dumps({"owner": self.owner, "buckets": self.owned,
+                                                         **asdict(metrics), "lag_events": self._lag}))
