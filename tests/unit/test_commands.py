@@ -10,7 +10,7 @@ import pytest
 from tests.support import parse_command
 from commitline.examples.payments import CreatePayment
 from commitline.application.errors import InvalidCommand, UnknownCommandType
-from commitline.application.processor import fingerprint
+from commitline.application.dispatching import fingerprint
 
 PAYMENT = {"type": "create_payment", "amount": "12.50", "currency": "EUR", "account": "acc-1"}
 
