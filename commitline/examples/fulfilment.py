@@ -105,7 +105,8 @@ class FulfilmentParked(Event):
 
 class FulfilmentRetried(Event):
     order_id: UUID | None = None  # the order whose saga is retried (None in events recorded before it was added)
-    resumed: SagaState = SagaState.COMPENSATING  # where the saga goes on: COMPENSATING after STUCK, else where it was parked
+    # where the saga goes on: COMPENSATING after STUCK, else where it was parked
+    resumed: SagaState = SagaState.COMPENSATING
 
 
 @domain.aggregate
@@ -271,9 +272,8 @@ def park_fulfilment(saga: OrderFulfilment, cmd: ParkFulfilment, load: Loader) ->
     saga.park(cmd.order_id, cmd.reason, cmd.attempts)
 
 
-@domain.handles(CancelOrderAfterFailure, Order, id="order_id", internal=True)
-def cancel_order_after_failure(order: Order, cmd: CancelOrderAfterFailure) -> None:
-    order.cancel(cmd.reason, compensation=True)
+domain.handles(CancelOrderAfterFailure, Order, id="order_id", internal=True)(
+    lambda order, cmd: order.cancel(cmd.reason, compensation=True))
 
 
 # The process manager's records of its own progress: each calls one method of the saga aggregate.

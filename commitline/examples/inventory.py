@@ -171,24 +171,11 @@ class FulfilReservation(VersionedCommand):
     reservation_id: Text
 
 
-@domain.handles(ReceiveStock, InventoryItem, Stream.ANY, id="item_id")
-def receive_stock(item: InventoryItem, cmd: ReceiveStock) -> None:
-    item.receive(cmd.quantity)
-
-
-@domain.handles(ReserveStock, InventoryItem, id="item_id")
-def reserve_stock(item: InventoryItem, cmd: ReserveStock) -> None:
-    item.reserve(cmd.reservation_id, cmd.quantity)
-
-
-@domain.handles(ReleaseReservation, InventoryItem, id="item_id")
-def release_reservation(item: InventoryItem, cmd: ReleaseReservation) -> None:
-    item.release(cmd.reservation_id)
-
-
-@domain.handles(FulfilReservation, InventoryItem, id="item_id")
-def fulfil_reservation(item: InventoryItem, cmd: FulfilReservation) -> None:
-    item.fulfil(cmd.reservation_id)
+domain.handles(ReceiveStock, InventoryItem, Stream.ANY, id="item_id")(lambda item, cmd: item.receive(cmd.quantity))
+domain.handles(ReserveStock, InventoryItem, id="item_id")(
+    lambda item, cmd: item.reserve(cmd.reservation_id, cmd.quantity))
+domain.handles(ReleaseReservation, InventoryItem, id="item_id")(lambda item, cmd: item.release(cmd.reservation_id))
+domain.handles(FulfilReservation, InventoryItem, id="item_id")(lambda item, cmd: item.fulfil(cmd.reservation_id))
 
 
 # -- the read model: on-hand and reserved units per item --------------------------------------------------

@@ -129,11 +129,5 @@ def place_order(order: Order, cmd: PlaceOrder) -> Order:
                        currency=cmd.currency, account=cmd.account)
 
 
-@domain.handles(CancelOrder, Order, id="order_id")
-def cancel_order(order: Order, cmd: CancelOrder) -> None:
-    order.cancel(cmd.reason)
-
-
-@domain.handles(ConfirmOrder, Order, id="order_id")
-def confirm_order(order: Order, cmd: ConfirmOrder) -> None:
-    order.confirm()
+domain.handles(CancelOrder, Order, id="order_id")(lambda order, cmd: order.cancel(cmd.reason))
+domain.handles(ConfirmOrder, Order, id="order_id")(lambda order, cmd: order.confirm())

@@ -115,19 +115,9 @@ def create_payment(p: PaymentTransaction, cmd: CreatePayment) -> PaymentTransact
     return PaymentTransaction.create(p.id, amount=cmd.amount, currency=cmd.currency, account=cmd.account)
 
 
-@domain.handles(SubmitPayment, PaymentTransaction, id="payment_id")
-def submit_payment(p: PaymentTransaction, cmd: SubmitPayment) -> None:
-    p.submit()
-
-
-@domain.handles(CompletePayment, PaymentTransaction, id="payment_id")
-def complete_payment(p: PaymentTransaction, cmd: CompletePayment) -> None:
-    p.complete()
-
-
-@domain.handles(FailPayment, PaymentTransaction, id="payment_id")
-def fail_payment(p: PaymentTransaction, cmd: FailPayment) -> None:
-    p.fail(cmd.reason)
+domain.handles(SubmitPayment, PaymentTransaction, id="payment_id")(lambda p, cmd: p.submit())
+domain.handles(CompletePayment, PaymentTransaction, id="payment_id")(lambda p, cmd: p.complete())
+domain.handles(FailPayment, PaymentTransaction, id="payment_id")(lambda p, cmd: p.fail(cmd.reason))
 
 
 # -- the read model: payments per (tenant, state, currency), and each payment's current state ------------

@@ -16,6 +16,8 @@ authorize returns the same hold, a repeated capture charges nothing more.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from decimal import Decimal
 from typing import Any
 
@@ -28,6 +30,7 @@ from commitline.examples.payment_gateway import GatewayDeclined, GatewayTimeout,
 log = logging.getLogger(__name__)
 LEDGER = "simulated_gateway_ledger"
 CALLS = "simulated_gateway_calls"
+_Call = tuple[psycopg.Connection[Any], tuple[str, str] | None, int]
 
 
 class SimulatedGateway:
@@ -58,12 +61,19 @@ class SimulatedGateway:
             SQL("SELECT status, account FROM {} WHERE key = %s FOR UPDATE").format(self.ledger), (key,)).fetchone()
         return (row[0], row[1]) if row else None
 
+    @contextmanager
+    def _operation(self, key: str, operation: str) -> Iterator[_Call]:
+        """One call of ``operation`` under ``key``: counted first (even when the call then fails), then a
+        transaction holding the key's ledger row locked; yields (connection, (status, account) or None,
+        which call of this operation under this key it is)."""
+        with self._connect() as conn:
+            call = self._call_number(conn, key, operation)
+        with self._connect() as conn, conn.transaction():
+            yield conn, self._status(conn, key), call
+
     def authorize(self, key: str, amount: Decimal, currency: str, account: str) -> str:
         tokens = set(account.split("|"))
-        with self._connect() as conn:
-            call = self._call_number(conn, key, "authorize")  # counted even when the call then fails
-        with self._connect() as conn, conn.transaction():
-            existing = self._status(conn, key)
+        with self._operation(key, "authorize") as (conn, existing, call):
             if existing is not None:
                 if existing[0] == "VOIDED":
                     raise GatewayDeclined("the authorization under this key was voided")
@@ -79,10 +89,7 @@ class SimulatedGateway:
         return f"auth-{key}"
 
     def capture(self, key: str) -> str:
-        with self._connect() as conn:
-            self._call_number(conn, key, "capture")
-        with self._connect() as conn, conn.transaction():
-            existing = self._status(conn, key)
+        with self._operation(key, "capture") as (conn, existing, _):
             if existing is None or existing[0] == "VOIDED":
                 raise GatewayDeclined("nothing authorized under this key")
             if "capture-declines" in existing[1].split("|"):
@@ -93,10 +100,7 @@ class SimulatedGateway:
         return f"capture-{key}"
 
     def void(self, key: str) -> None:
-        with self._connect() as conn:
-            self._call_number(conn, key, "void")
-        with self._connect() as conn, conn.transaction():
-            existing = self._status(conn, key)
+        with self._operation(key, "void") as (conn, existing, _):
             if existing is not None and "void-fails" in existing[1].split("|"):
                 raise GatewayUnavailable("void failed (simulated)")
             if existing is None:  # refuse a late authorize under this key

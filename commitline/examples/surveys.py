@@ -74,6 +74,49 @@ class SurveyTaskAnswered(Event):
     user_id: str
 
 
+class TaskRefusal(DomainError):
+    """A command the survey task refuses in its present state (409); nothing was changed."""
+
+    status = 409
+
+
+@domain.error
+class TaskClosed(TaskRefusal):
+    code = "task_closed"
+    fields = ("task_id", "action")
+    message = "task {task_id} is closed: cannot {action}"
+
+
+@domain.error
+class UsersAlreadyIssued(TaskRefusal):
+    """A (re-)issue named users who already hold the task; nothing is issued."""
+
+    code = "users_already_issued"
+    fields = ("task_id", "user_ids")
+    message = "task {task_id} was already issued to {count} of these users: {shown}"
+
+    def __init__(self, task_id: str, user_ids: Iterable[str]):
+        super().__init__(task_id, tuple(sorted(user_ids)))
+
+    @property
+    def count(self) -> int:
+        return len(self.user_ids)
+
+    @property
+    def shown(self) -> str:
+        return ", ".join(self.user_ids[:10]) + (" ..." if self.count > 10 else "")
+
+    def details(self) -> dict[str, Any]:
+        return {"task_id": self.task_id, "count": self.count, "user_ids": list(self.user_ids[:100])}
+
+
+@domain.error
+class UserNotIssued(TaskRefusal):
+    code = "user_not_issued"
+    fields = ("task_id", "user_id")
+    message = "task {task_id} was never issued to user {user_id}"
+
+
 def json_size(user_id: str) -> int:
     """An upper bound of the id's size in a JSON list: UTF-8 bytes, quotes, comma, escapes."""
     size = len(user_id.encode("utf-8", "surrogatepass")) + 3
@@ -99,46 +142,6 @@ def in_parts(user_ids: Sequence[str], budget: int = ISSUE_EVENT_BUDGET) -> Itera
 
 def assignment_id(task_id: UUID, user_id: str) -> UUID:
     return uuid5(_ASSIGNMENT_NAMESPACE, f"{task_id}/{user_id}")
-
-
-@domain.error
-class TaskClosed(DomainError):
-    code = "task_closed"
-    status = 409
-    fields = ("task_id", "action")
-    message = "task {task_id} is closed: cannot {action}"
-
-
-@domain.error
-class UsersAlreadyIssued(DomainError):
-    """A (re-)issue named users who already hold the task; nothing is issued."""
-
-    code = "users_already_issued"
-    status = 409
-    fields = ("task_id", "user_ids")
-    message = "task {task_id} was already issued to {count} of these users: {shown}"
-
-    def __init__(self, task_id: str, user_ids: Iterable[str]):
-        super().__init__(task_id, tuple(sorted(user_ids)))
-
-    @property
-    def count(self) -> int:
-        return len(self.user_ids)
-
-    @property
-    def shown(self) -> str:
-        return ", ".join(self.user_ids[:10]) + (" ..." if self.count > 10 else "")
-
-    def details(self) -> dict[str, Any]:
-        return {"task_id": self.task_id, "count": self.count, "user_ids": list(self.user_ids[:100])}
-
-
-@domain.error
-class UserNotIssued(DomainError):
-    code = "user_not_issued"
-    status = 409
-    fields = ("task_id", "user_id")
-    message = "task {task_id} was never issued to user {user_id}"
 
 
 @domain.aggregate
@@ -249,14 +252,8 @@ def create_survey_task(task: SurveyTask, cmd: CreateSurveyTask) -> SurveyTask:
     return SurveyTask.create(task.id, cmd.title)
 
 
-@domain.handles(IssueSurveyTask, SurveyTask, id="task_id")
-def issue_survey_task(task: SurveyTask, cmd: IssueSurveyTask) -> None:
-    task.issue(cmd.user_ids)
-
-
-@domain.handles(CloseSurveyTask, SurveyTask, id="task_id")
-def close_survey_task(task: SurveyTask, cmd: CloseSurveyTask) -> None:
-    task.close()
+domain.handles(IssueSurveyTask, SurveyTask, id="task_id")(lambda task, cmd: task.issue(cmd.user_ids))
+domain.handles(CloseSurveyTask, SurveyTask, id="task_id")(lambda task, cmd: task.close())
 
 
 @domain.handles(AnswerSurveyTask, SurveyAssignment, Stream.ANY, id=_assignment)

@@ -19,7 +19,7 @@ import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar, overload
 from uuid import UUID
 
 from commitline.application.catalog import CommandCatalog, Handler, Stream, target_field, with_loader
@@ -61,6 +61,26 @@ class PortContext:
 
 
 PortFactory = Callable[[PortContext], Any]
+
+
+class _Kind(Generic[T]):
+    """A read-only attribute of a domain named after one kind of declaration: ``domain.handlers`` is
+    ``domain.declared("handlers")``."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.kind = name
+
+    @overload
+    def __get__(self, domain: None, owner: type) -> _Kind[T]: ...
+
+    @overload
+    def __get__(self, domain: Domain, owner: type | None = None) -> list[Declared[T]]: ...
+
+    def __get__(self, domain: Domain | None, owner: type | None = None) -> _Kind[T] | list[Declared[T]]:
+        return self if domain is None else domain.declared(self.kind)
+
+    def __set__(self, domain: Domain, value: object) -> None:
+        raise AttributeError(f"Domain.{self.kind} is read-only")
 
 
 class Domain:
@@ -165,37 +185,14 @@ class Domain:
             out.extend(part.declared(kind))
         return out
 
-    @property
-    def aggregates(self) -> list[Declared[type[Aggregate]]]:
-        return self.declared("aggregates")
-
-    @property
-    def handlers(self) -> list[Declared[Handler]]:
-        return self.declared("handlers")
-
-    @property
-    def errors(self) -> list[Declared[type[DomainError]]]:
-        return self.declared("errors")
-
-    @property
-    def read_models(self) -> list[Declared[type[Projection]]]:
-        return self.declared("read_models")
-
-    @property
-    def process_managers(self) -> list[Declared[type[ProcessManager]]]:
-        return self.declared("process_managers")
-
-    @property
-    def ports(self) -> list[Declared[tuple[str, PortFactory]]]:
-        return self.declared("ports")
-
-    @property
-    def queries(self) -> list[Declared[Query]]:
-        return self.declared("queries")
-
-    @property
-    def readers(self) -> list[Declared[type[Reads]]]:
-        return self.declared("readers")
+    aggregates: _Kind[type[Aggregate]] = _Kind()
+    handlers: _Kind[Handler] = _Kind()
+    errors: _Kind[type[DomainError]] = _Kind()
+    read_models: _Kind[type[Projection]] = _Kind()
+    process_managers: _Kind[type[ProcessManager]] = _Kind()
+    ports: _Kind[tuple[str, PortFactory]] = _Kind()
+    queries: _Kind[Query] = _Kind()
+    readers: _Kind[type[Reads]] = _Kind()
 
     # -- using ---------------------------------------------------------------------------
 

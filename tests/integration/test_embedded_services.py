@@ -22,17 +22,9 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from commitline.infrastructure.embedded.errors import EmbeddedServiceError
 from commitline.infrastructure.embedded.kafka import EmbeddedKafka
 from commitline.infrastructure.embedded.postgres import EmbeddedPostgres
-from commitline.infrastructure.embedded.loopback import free_port
+from commitline.infrastructure.embedded.loopback import free_port, listens
 
 pytestmark = pytest.mark.integration
-
-
-def _accepts_tcp(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 # --------------------------------------------------------------- PostgreSQL
@@ -83,7 +75,7 @@ def test_postgres_starts_on_tcp_and_keeps_data_across_restart(tmp_path: Path) ->
         first.stop()
         print(f"postgres stop: {time.perf_counter() - started:.2f} s")
     first.stop()  # safe twice
-    assert not _accepts_tcp(first.port)
+    assert not listens(first.port, timeout=0.5)
 
     second = EmbeddedPostgres(data_dir)  # same folder, new object (and port)
     try:
@@ -103,7 +95,7 @@ def test_postgres_context_manager_and_named_database(tmp_path: Path) -> None:
         assert server.dsn == f"postgresql://postgres@127.0.0.1:{port}/other_db"
         with psycopg.connect(server.dsn) as conn:
             assert conn.execute("SELECT current_database()").fetchone() == ("other_db",)
-    assert not _accepts_tcp(port)
+    assert not listens(port, timeout=0.5)
 
 
 def test_postgres_holds_sixty_concurrent_connections(pg: EmbeddedPostgres) -> None:
@@ -269,7 +261,7 @@ def test_kafka_kill_then_restart_on_same_port(kafka: EmbeddedKafka) -> None:
     kafka.kill()
     kafka.kill()  # harmless twice
     assert kafka.pid is None
-    assert not _accepts_tcp(port)
+    assert not listens(port, timeout=0.5)
 
     started = time.perf_counter()
     kafka.start()
@@ -288,7 +280,7 @@ def test_kafka_kill_then_restart_on_same_port(kafka: EmbeddedKafka) -> None:
 
     kafka.stop()
     kafka.stop()  # safe twice
-    assert not _accepts_tcp(port)
+    assert not listens(port, timeout=0.5)
 
 
 def test_kafka_start_works_inside_a_running_event_loop(kafka: EmbeddedKafka) -> None:
@@ -296,7 +288,7 @@ def test_kafka_start_works_inside_a_running_event_loop(kafka: EmbeddedKafka) -> 
         kafka.start()  # blocking, but must not trip over the running loop
 
     asyncio.run(caller())
-    assert _accepts_tcp(kafka.port)
+    assert listens(kafka.port, timeout=0.5)
 
 
 def test_kafka_start_failure_quotes_broker_output() -> None:

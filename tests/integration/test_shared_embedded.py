@@ -45,7 +45,7 @@ def server_of(data_dir: Path) -> EmbeddedPostgres | None:
 
 def postmaster_pid(data_dir: Path) -> int | None:
     server = server_of(data_dir)
-    return server._read_pid() if server else None
+    return server.pid if server else None
 
 
 @pytest.fixture

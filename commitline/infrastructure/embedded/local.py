@@ -10,13 +10,12 @@ last process using it exits (or at ``commitline down``). It is for demos and loc
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import psutil
 
 from commitline.infrastructure.embedded.kafka import EmbeddedKafka
-from commitline.infrastructure.embedded.loopback import is_free
+from commitline.infrastructure.embedded.loopback import is_free, listens
 from commitline.infrastructure.embedded.postgres import EmbeddedPostgres
 from commitline.infrastructure.embedded.shared import Server, SharedServer
 
@@ -68,7 +67,7 @@ def shared_kafka(data_dir: Path) -> SharedServer[RunningBroker]:
             broker = RunningBroker(int(known["port"]), int(known["pid"]))
         except (OSError, ValueError, KeyError, TypeError):
             return None
-        return broker if _is_tansu(broker.pid) and _listens(broker.port) else None
+        return broker if _is_tansu(broker.pid) and listens(broker.port) else None
 
     def start() -> RunningBroker:
         server = EmbeddedKafka(workdir=folder / KAFKA, stop_at_exit=False)
@@ -108,11 +107,3 @@ def _last_port(remembered: Path) -> int | None:
     except (OSError, ValueError):
         return None
     return port if 0 < port < 65536 and is_free(port) else None
-
-
-def _listens(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
-    except OSError:
-        return False

@@ -5,7 +5,8 @@ port is released again before it is returned, so another process *could* grab
 it before the server binds; to make that unlikely between services started by
 this process, a port already handed out here is never handed out twice.
 :func:`is_free` says whether a given port could be bound now (a server restarting
-on the port it had, so the processes connected to it find it there again).
+on the port it had, so the processes connected to it find it there again);
+:func:`listens` whether something accepts TCP connections on it.
 """
 
 from __future__ import annotations
@@ -39,3 +40,12 @@ def is_free(port: int, host: str = "127.0.0.1") -> bool:
         except OSError:
             return False
     return True
+
+
+def listens(port: int, host: str = "127.0.0.1", *, timeout: float = 1.0) -> bool:
+    """Whether something accepts a TCP connection on ``host:port`` within *timeout* seconds."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
