@@ -15,8 +15,7 @@ from rich.console import Console
 from commitline.application.errors import CommitlineError, StoreUnavailable
 
 if TYPE_CHECKING:
-    from commitline.composition import Commitline
-    from commitline.framework.domain import Domain
+    from commitline.composition import Commitline, Domain
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 _chosen: list[Domain] = []  # the domain ``main`` loaded for this process
@@ -33,7 +32,7 @@ def domain() -> Domain:
     if not _chosen:
         import os
 
-        from commitline.framework.loading import load_domain
+        from commitline.composition import load_domain
 
         _chosen.append(load_domain(os.environ.get("COMMITLINE_APP") or None))
     return _chosen[0]

@@ -188,13 +188,12 @@ def cmd_expire(args: argparse.Namespace) -> int:
     from datetime import timedelta
 
     from commitline.cli.common import bootstrap
-    from commitline.infrastructure.store.retention import expire_idempotency_records
 
     if args.older_than_days < 1:
         print("idempotency expire: --older-than-days must be at least 1", file=sys.stderr)
         return EXIT_USAGE
     with bootstrap() as app:
-        count = expire_idempotency_records(app.datastore, timedelta(days=args.older_than_days), dry_run=args.dry_run)
+        count = app.expire_idempotency_records(timedelta(days=args.older_than_days), dry_run=args.dry_run)
     if args.json:
         print_json({"would_delete" if args.dry_run else "deleted": count, "older_than_days": args.older_than_days})
         return EXIT_OK

@@ -22,7 +22,7 @@ from commitline.cli.common import (
     error_exit,
     print_json,
 )
-from commitline.cli.followers import add_metrics_options, metrics_endpoint
+from commitline.cli.followers import add_metrics_options
 
 
 def cmd_sagas(args: argparse.Namespace) -> int:
@@ -33,7 +33,7 @@ def cmd_sagas(args: argparse.Namespace) -> int:
         return _run_sagas(args)
     with bootstrap() as app:
         try:
-            manager = app._manager_base(app._manager_class(args.saga))
+            manager = app.saga(args.saga)
         except UnknownProcessManager as e:
             print(f"commitline sagas: {e}", file=sys.stderr)
             return EXIT_USAGE
@@ -108,7 +108,7 @@ def _run_sagas(args: argparse.Namespace) -> int:
             followers.append(runner)
             models += [m for m in runner.manager.read_models if m not in models]
         followers += [app.projector(model) for model in models]
-        with metrics_endpoint(args, app, followers):
+        with app.metrics_endpoint(args.metrics_host, args.metrics_port, followers):
             app.run_until_signalled(*followers)
     return EXIT_OK
 

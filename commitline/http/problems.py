@@ -197,6 +197,6 @@ def status_markdown(domain_statuses: Mapping[str, int] | None = None) -> str:
 
 
 if __name__ == "__main__":
-    from commitline.framework.loading import load_domain
+    from commitline.composition import load_domain
 
     print(status_markdown(load_domain().error_statuses))
