@@ -17,6 +17,7 @@ from commitline.cli.common import (
     EXIT_OK,
     EXIT_REFUSED,
     EXIT_USAGE,
+    actions,
     aggregate_id,
     console,
     error_exit,
@@ -96,8 +97,7 @@ def _verify(app, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-de
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    audit = sub.add_parser("audit", help="forensics: history, state at a version or time, diff, verify the chain")
-    asub = audit.add_subparsers(dest="audit_command", required=True, metavar="ACTION")
+    asub = actions(sub, "audit", "forensics: history, state at a version or time, diff, verify the chain")
     averify = asub.add_parser("verify", help="re-derive the hash chains; exit 1 when anything is broken",
                               description="Reports per stream OK or the first event whose content or link does not "
                               "match. Removing a stream's last events leaves a valid chain; that is detected with "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from datetime import datetime
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TextIO
 from uuid import UUID
 
@@ -64,6 +65,25 @@ def console() -> Console:
     """A rich console; piped output gets a wide one so no table column is truncated."""
     out = Console()
     return out if out.is_terminal else Console(width=200)
+
+
+def actions(sub: argparse._SubParsersAction, name: str,  # type: ignore[type-arg]
+            help: str) -> argparse._SubParsersAction:  # type: ignore[type-arg]
+    """The subcommand ``name`` and the subparsers of its actions (``commitline NAME ACTION``, chosen one in
+    ``args.<name>_command``)."""
+    return sub.add_parser(name, help=help).add_subparsers(dest=f"{name}_command", required=True, metavar="ACTION")
+
+
+def declared(what: str, of: Callable[[Domain], Mapping[str, Any]]) -> Callable[[str], str]:
+    """An argument type: the name of a ``what`` (projection, process manager) that ``of`` the domain lists."""
+
+    def name(text: str) -> str:
+        known = of(domain())
+        if text not in known:
+            raise argparse.ArgumentTypeError(f"unknown {what} {text!r}; known: {', '.join(sorted(known)) or 'none'}")
+        return text
+
+    return name
 
 
 def aggregate_id(text: str) -> UUID:

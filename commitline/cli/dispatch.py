@@ -34,7 +34,15 @@ from commitline.application.errors import (
     InvalidIdempotencyKey,
     StoreUnavailable,
 )
-from commitline.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE, error_exit, print_json
+from commitline.cli.common import (
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    actions,
+    error_exit,
+    print_json,
+)
 
 
 ENVELOPE = ("command", "idempotency_key", "tenant")
@@ -227,8 +235,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     dispatch.add_argument("--tenant", "-t", default="default", help="tenant the key belongs to (default: default)")
     dispatch.set_defaults(run=cmd_dispatch)
 
-    idempotency = sub.add_parser("idempotency", help="the idempotency retention job")
-    isub = idempotency.add_subparsers(dest="idempotency_command", required=True, metavar="ACTION")
+    isub = actions(sub, "idempotency", "the idempotency retention job")
     expire = isub.add_parser("expire", help="delete idempotency records older than the retention period",
                              description="Records are kept until this job removes them. Choose a period longer "
                              "than any client's retry window: a retry after its record expired is a new command.")

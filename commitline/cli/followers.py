@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from commitline.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, console, print_json
+from commitline.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, actions, console, print_json
 
 if TYPE_CHECKING:
     from commitline.composition import StatusReport
@@ -177,8 +177,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_metrics_options(publish)
     publish.set_defaults(run=cmd_publish, long_running=True)
 
-    publisher = sub.add_parser("publisher", help="skip or retry the record a publisher bucket stopped at")
-    pubsub = publisher.add_subparsers(dest="publisher_command", required=True, metavar="ACTION")
+    pubsub = actions(sub, "publisher", "skip or retry the record a publisher bucket stopped at")
     pubskip = pubsub.add_parser("skip", help="never publish the poison record the publisher stopped at (explicit, "
                                 "logged); it continues after it")
     pubskip.add_argument("--position", type=int, required=True, help="the record's position, as status shows it")

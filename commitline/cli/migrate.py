@@ -1,4 +1,5 @@
-"""``commitline migrate [--check]``: bring the schema to the version this commitline needs, or say how far behind it is."""
+"""``commitline migrate [--check]``: bring the schema to the version this commitline needs, or say how far
+behind it is."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import sys
 
 from rich.table import Table
 
-from commitline.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, console, print_json
+from commitline.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, actions, console, declared, print_json
 from commitline.cli.followers import add_metrics_options, cmd_intervene
 
 
@@ -119,13 +119,7 @@ def cmd_projections_rebuild(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _projection_name(text: str) -> str:
-    from commitline.cli.common import domain
-
-    known = domain().projections
-    if text not in known:
-        raise argparse.ArgumentTypeError(f"unknown projection {text!r}; known: {', '.join(sorted(known)) or 'none'}")
-    return text
+_projection_name = declared("projection", lambda domain: domain.projections)
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -138,8 +132,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_metrics_options(project)
     project.set_defaults(run=cmd_project, long_running=True)
 
-    projections = sub.add_parser("projections", help="list, rebuild, skip a poison event, or retry a projection")
-    psub = projections.add_subparsers(dest="projections_command", required=True, metavar="ACTION")
+    psub = actions(sub, "projections", "list, rebuild, skip a poison event, or retry a projection")
     plist = psub.add_parser("list", help="projections with their position, lag and status")
     plist.add_argument("--json", action="store_true", help="machine-readable output")
     plist.set_defaults(run=cmd_projections_list)

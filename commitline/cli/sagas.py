@@ -18,7 +18,9 @@ from commitline.cli.common import (
     EXIT_OK,
     EXIT_REFUSED,
     EXIT_USAGE,
+    actions,
     aggregate_id,
+    declared,
     error_exit,
     print_json,
 )
@@ -113,19 +115,11 @@ def _run_sagas(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _saga_name(text: str) -> str:
-    from commitline.cli.common import domain
-
-    known = domain().managers
-    if text not in known:
-        raise argparse.ArgumentTypeError(f"unknown process manager {text!r}; known: "
-                                         f"{', '.join(sorted(known)) or 'none'}")
-    return text
+_saga_name = declared("process manager", lambda domain: domain.managers)
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    sagas = sub.add_parser("sagas", help="process managers (sagas): run them, show, list, retry their instances")
-    ssub = sagas.add_subparsers(dest="sagas_command", required=True, metavar="ACTION")
+    ssub = actions(sub, "sagas", "process managers (sagas): run them, show, list, retry their instances")
     srun = ssub.add_parser("run", help="run the domain's process managers until SIGINT/SIGTERM",
                            description="Advances every instance the domain's events trigger (the examples: reserve "
                            "stock -> authorize payment -> confirm and capture, compensated in reverse on failure), "
@@ -151,4 +145,4 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     for parser_ in (srun, sshow, slist, sretry):
         parser_.add_argument("--saga", type=_saga_name, metavar="NAME",
                              help="the process manager (needed only when the domain has several)")
-    sagas.set_defaults(run=cmd_sagas)
+        parser_.set_defaults(run=cmd_sagas)

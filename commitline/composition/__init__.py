@@ -15,36 +15,23 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-_EXPORTS: dict[str, str] = {
-    "Commitline": "commitline.composition.root",
-    "bootstrap": "commitline.composition.wiring",
-    "connection_parts": "commitline.composition.wiring",
-    "FOLLOWER_ALIASES": "commitline.composition.status",
-    "PUBLISHER": "commitline.composition.status",
-    "StatusReport": "commitline.composition.status",
-    "UnknownFollower": "commitline.composition.status",
-    "MigrationReport": "commitline.composition.operations",
-    "InterventionRefused": "commitline.composition.errors",
-    "ProjectionNeedsRebuild": "commitline.composition.errors",
-    "RebuildError": "commitline.composition.errors",
-    "UnknownProcessManager": "commitline.composition.errors",
-    "UnknownProjection": "commitline.composition.errors",
-    "Domain": "commitline.composition.setup",
-    "Query": "commitline.composition.setup",
-    "Settings": "commitline.composition.setup",
-    "load_domain": "commitline.composition.setup",
-    "load_settings": "commitline.composition.setup",
-    "set_kind": "commitline.composition.setup",
+_PARTS: dict[str, tuple[str, ...]] = {  # each module of this package, with the names it gives
+    "root": ("Commitline",),
+    "wiring": ("bootstrap", "connection_parts"),
+    "status": ("FOLLOWER_ALIASES", "PUBLISHER", "StatusReport", "UnknownFollower"),
+    "operations": ("MigrationReport",),
+    "errors": ("InterventionRefused", "ProjectionNeedsRebuild", "RebuildError", "UnknownProcessManager",
+               "UnknownProjection"),
+    "setup": ("Domain", "Query", "Settings", "load_domain", "load_settings", "set_kind"),
 }
-
-__all__ = sorted(_EXPORTS)
+_HOME = {name: part for part, names in _PARTS.items() for name in names}
+__all__ = sorted(_HOME)
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
+    if name not in _HOME:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
+    globals()[name] = value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
     return value
 
 

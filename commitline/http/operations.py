@@ -17,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from commitline.application.errors import joined
 from commitline.composition.observability import observe_request
 from commitline.http.problems import PROBLEM_JSON, HttpProblem, problem_response
 
@@ -30,10 +31,7 @@ class NotReady(HttpProblem):
     code = "not_ready"
     fields = ("reasons",)
     message = "not ready: {summary}"
-
-    @property
-    def summary(self) -> str:
-        return "; ".join(self.reasons)
+    summary = joined("reasons")
 
 
 @router.get("/healthz", summary="Liveness: the process runs (no database access)", responses={200: {"content": {
