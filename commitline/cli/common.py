@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from datetime import datetime
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, TextIO
 from uuid import UUID
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-
 from typing import TYPE_CHECKING
 
 from commitline.cli.common import EXIT_USAGE, domain
