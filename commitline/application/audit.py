@@ -70,26 +70,28 @@ class HistoryEntry:
 
 
 @dataclass(frozen=True)
-class AggregateHistory:
+class AboutAggregate:
+    """What every answer about one aggregate names first."""
+
     aggregate_id: UUID
     aggregate_type: str
+
+
+@dataclass(frozen=True)
+class AggregateHistory(AboutAggregate):
     tenant: str
     entries: tuple[HistoryEntry, ...]
 
 
 @dataclass(frozen=True)
-class StateAt:
-    aggregate_id: UUID
-    aggregate_type: str
+class StateAt(AboutAggregate):
     version: int
     recorded_at: datetime
     state: dict[str, Any]
 
 
 @dataclass(frozen=True)
-class StateDiff:
-    aggregate_id: UUID
-    aggregate_type: str
+class StateDiff(AboutAggregate):
     from_version: int
     to_version: int
     changed: dict[str, tuple[Any, Any]]

@@ -9,6 +9,7 @@ Whenever one of these is raised by ``CommandProcessor.dispatch``, nothing was wr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from commitline.domain.errors import CommitlineError, DomainError, IllegalTransition, InvalidValue
@@ -21,6 +22,16 @@ def printable(value: object, limit: int = 100) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+def joined(field: str, item: Callable[[Any], str] = str, separator: str = "; ") -> property:
+    """A part of an error's message made of its ``field``: each of its items as ``item`` gives it, joined."""
+    return property(lambda error: separator.join(map(item, getattr(error, field))))
+
+
+def at_location(whole: str = "") -> Callable[[dict[str, Any]], str]:
+    """A validation problem (``loc``, ``msg``) as ``path.to.field: msg``; ``whole`` names an empty ``loc``."""
+    return lambda problem: f"{'.'.join(map(str, problem['loc'])) or whole}: {problem['msg']}"
+
+
 class InvalidCommand(CommitlineError):
     """The command failed validation; ``errors`` lists each problem: ``loc`` (the path to the field:
     keys and list indexes, ``[]`` for the command as a whole), ``msg`` and ``type``."""
@@ -29,13 +40,8 @@ class InvalidCommand(CommitlineError):
     fields = ("command_type", "errors")
     message = "invalid {subject}: {summary}"
 
-    @property
-    def subject(self) -> str:
-        return self.command_type or "command"
-
-    @property
-    def summary(self) -> str:
-        return "; ".join(f"{'.'.join(map(str, e['loc'])) or '<command>'}: {e['msg']}" for e in self.errors)
+    subject = property(lambda error: error.command_type or "command")
+    summary = joined("errors", at_location("<command>"))
 
 
 class UnknownCommandType(CommitlineError):
@@ -43,10 +49,7 @@ class UnknownCommandType(CommitlineError):
     fields = ("command_type", "known")
     text_fields = ("command_type",)
     message = "unknown command type {command_type!r}; known types: {known_types}"
-
-    @property
-    def known_types(self) -> str:
-        return ", ".join(self.known)
+    known_types = joined("known", separator=", ")
 
 
 class MissingIdempotencyKey(CommitlineError):
@@ -69,10 +72,7 @@ class InvalidTenant(CommitlineError):
     code = "invalid_tenant"
     fields = ("tenant",)
     message = "tenant {shown} must be 1-64 characters of letters, digits, '.', '_' or '-'"
-
-    @property
-    def shown(self) -> str:
-        return printable(repr(self.tenant))
+    shown = property(lambda error: printable(repr(error.tenant)))
 
     def details(self) -> dict[str, Any]:
         return {"tenant": printable(self.tenant)}

@@ -15,9 +15,8 @@ import sys
 
 from commitline import __version__
 from commitline.application.errors import ConfigurationError, InvalidApp, InvalidDomain, StoreUnavailable
-from commitline.cli import audit, demo, dispatch, followers, init, migrate, sagas, serve, services, tenants
+from commitline.cli import audit, demo, dispatch, followers, init, migrate, projections, sagas, serve, services, tenants
 from commitline.cli.common import EXIT_UNAVAILABLE, print_error, use_domain
-from commitline.infrastructure.followers.process import set_kind
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 APP_HELP = ("the domain to run, as module:attribute (e.g. shelfwise.app:domain; default COMMITLINE_APP, else the "
@@ -37,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "COMMITLINE_LOG_LEVEL, else INFO for serve, publish, project and sagas run, and WARNING for "
                         "the other commands, so that stderr holds only their typed error)")
     sub = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
-    for module in (dispatch, followers, sagas, audit, migrate, services, tenants, serve, demo, init):
+    for module in (dispatch, followers, projections, sagas, audit, migrate, services, tenants, serve, demo, init):
         module.register(sub)
     return parser
 
@@ -62,10 +61,10 @@ def take_app(argv: list[str]) -> tuple[str | None, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from commitline.composition import load_domain, set_kind
+
     spec, argv = take_app(list(sys.argv[1:] if argv is None else argv))
     try:
-        from commitline.framework.loading import load_domain
-
         variable = "--app" if spec is not None else "COMMITLINE_APP"
         use_domain(load_domain(spec if spec is not None else os.environ.get("COMMITLINE_APP") or None,
                                variable=variable), spec)

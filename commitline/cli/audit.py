@@ -2,7 +2,7 @@
 
 Questions about one aggregate are asked as a tenant (``--tenant/-t``, default ``default``, as for
 ``dispatch``): another tenant's aggregate is not found. ``verify --all`` checks every tenant's streams;
-every finished verification is recorded (``store/audit_runs.py``) for the status page."""
+every finished verification is recorded (``Commitline.verify_chains``) for the status page."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from commitline.cli.common import (
     EXIT_OK,
     EXIT_REFUSED,
     EXIT_USAGE,
+    actions,
     aggregate_id,
     console,
     error_exit,
@@ -40,7 +41,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         auditor = app.auditor()
         try:
             if args.audit_command == "verify":
-                return _verify(app, auditor, args)
+                return _verify(app, args)
             if args.audit_command == "history":
                 history = auditor.history(args.aggregate_id, compact=not args.json, tenant=args.tenant)
                 if args.json:
@@ -70,23 +71,15 @@ def cmd_audit(args: argparse.Namespace) -> int:
             return error_exit(e, EXIT_USAGE)
 
 
-def _verify(app, auditor, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
-    from datetime import datetime, timezone
-
+def _verify(app, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
     from commitline.cli.progress import progress_reporter
-    from commitline.infrastructure.store.audit_runs import AuditRuns
 
     if args.aggregate is None and not args.all:
         print("audit verify: name --aggregate ID or --all", file=sys.stderr)
         return EXIT_USAGE
-    started_at = datetime.now(timezone.utc)
-    with progress_reporter("verify") as progress:
-        report = auditor.verify(args.aggregate, progress=progress if args.aggregate is None else None,
-                                tenant=args.tenant)
-    # Kept for the status page's "last verification"; a run that raised (not found, interrupted) is not one.
-    AuditRuns(app.datastore.get_connection, app.settings.schema_name).record(
-        started_at=started_at, ok=report.ok, streams=report.streams, events=report.events,
-        broken=len(report.broken), seconds=report.seconds, aggregate_id=args.aggregate, tenant=args.tenant)
+    with progress_reporter("verify") as progress:  # the run is recorded for the status page
+        report = app.verify_chains(args.aggregate, tenant=args.tenant,
+                                   progress=progress if args.aggregate is None else None)
     rate = report.events / report.seconds if report.seconds else 0
     summary = {"ok": report.ok, "streams": report.streams, "events": report.events,
                "seconds": round(report.seconds, 3), "broken": [
@@ -104,8 +97,7 @@ def _verify(app, auditor, args: argparse.Namespace) -> int:  # type: ignore[no-u
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    audit = sub.add_parser("audit", help="forensics: history, state at a version or time, diff, verify the chain")
-    asub = audit.add_subparsers(dest="audit_command", required=True, metavar="ACTION")
+    asub = actions(sub, "audit", "forensics: history, state at a version or time, diff, verify the chain")
     averify = asub.add_parser("verify", help="re-derive the hash chains; exit 1 when anything is broken",
                               description="Reports per stream OK or the first event whose content or link does not "
                               "match. Removing a stream's last events leaves a valid chain; that is detected with "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TextIO
 from uuid import UUID
@@ -15,8 +16,7 @@ from rich.console import Console
 from commitline.application.errors import CommitlineError, StoreUnavailable
 
 if TYPE_CHECKING:
-    from commitline.composition import Commitline
-    from commitline.framework.domain import Domain
+    from commitline.composition import Commitline, Domain
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 _chosen: list[Domain] = []  # the domain ``main`` loaded for this process
@@ -33,7 +33,7 @@ def domain() -> Domain:
     if not _chosen:
         import os
 
-        from commitline.framework.loading import load_domain
+        from commitline.composition import load_domain
 
         _chosen.append(load_domain(os.environ.get("COMMITLINE_APP") or None))
     return _chosen[0]
@@ -65,6 +65,25 @@ def console() -> Console:
     """A rich console; piped output gets a wide one so no table column is truncated."""
     out = Console()
     return out if out.is_terminal else Console(width=200)
+
+
+def actions(sub: argparse._SubParsersAction, name: str,  # type: ignore[type-arg]
+            help: str) -> argparse._SubParsersAction:  # type: ignore[type-arg]
+    """The subcommand ``name`` and the subparsers of its actions (``commitline NAME ACTION``, chosen one in
+    ``args.<name>_command``)."""
+    return sub.add_parser(name, help=help).add_subparsers(dest=f"{name}_command", required=True, metavar="ACTION")
+
+
+def declared(what: str, of: Callable[[Domain], Mapping[str, Any]]) -> Callable[[str], str]:
+    """An argument type: the name of a ``what`` (projection, process manager) that ``of`` the domain lists."""
+
+    def name(text: str) -> str:
+        known = of(domain())
+        if text not in known:
+            raise argparse.ArgumentTypeError(f"unknown {what} {text!r}; known: {', '.join(sorted(known)) or 'none'}")
+        return text
+
+    return name
 
 
 def aggregate_id(text: str) -> UUID:

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from commitline.cli.common import EXIT_USAGE, domain
-from commitline.infrastructure.config import Settings, load_settings
+
+if TYPE_CHECKING:
+    from commitline.composition import Settings
 
 FLAG = "--into-configured-database"
 
@@ -25,6 +28,8 @@ def demo_settings(configured: Settings) -> Settings:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from commitline.composition import load_settings
+
     chosen = domain()
     if chosen.demo is None:
         print(f"demo: the domain {chosen.name!r} declares no demo (Domain(..., demo=...)); without --app, "

@@ -34,7 +34,15 @@ from commitline.application.errors import (
     InvalidIdempotencyKey,
     StoreUnavailable,
 )
-from commitline.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE, error_exit, print_json
+from commitline.cli.common import (
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    actions,
+    error_exit,
+    print_json,
+)
 
 
 ENVELOPE = ("command", "idempotency_key", "tenant")
@@ -188,13 +196,12 @@ def cmd_expire(args: argparse.Namespace) -> int:
     from datetime import timedelta
 
     from commitline.cli.common import bootstrap
-    from commitline.infrastructure.store.retention import expire_idempotency_records
 
     if args.older_than_days < 1:
         print("idempotency expire: --older-than-days must be at least 1", file=sys.stderr)
         return EXIT_USAGE
     with bootstrap() as app:
-        count = expire_idempotency_records(app.datastore, timedelta(days=args.older_than_days), dry_run=args.dry_run)
+        count = app.expire_idempotency_records(timedelta(days=args.older_than_days), dry_run=args.dry_run)
     if args.json:
         print_json({"would_delete" if args.dry_run else "deleted": count, "older_than_days": args.older_than_days})
         return EXIT_OK
@@ -228,8 +235,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     dispatch.add_argument("--tenant", "-t", default="default", help="tenant the key belongs to (default: default)")
     dispatch.set_defaults(run=cmd_dispatch)
 
-    idempotency = sub.add_parser("idempotency", help="the idempotency retention job")
-    isub = idempotency.add_subparsers(dest="idempotency_command", required=True, metavar="ACTION")
+    isub = actions(sub, "idempotency", "the idempotency retention job")
     expire = isub.add_parser("expire", help="delete idempotency records older than the retention period",
                              description="Records are kept until this job removes them. Choose a period longer "
                              "than any client's retry window: a retry after its record expired is a new command.")

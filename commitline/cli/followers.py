@@ -1,20 +1,20 @@
-"""Follower commands: ``publish``, ``publisher ...``, ``status``, ``project`` and ``projections ...``; the
-``--metrics-port`` option of every command that runs followers (``publish``, ``project``, ``sagas run``)."""
+"""Follower commands: ``publish``, ``publisher skip|retry`` and ``status``; skipping or retrying the poison event a
+follower stopped at (the publisher's, a projection's); the ``--metrics-port`` option of every command that runs
+followers (``publish``, ``project``, ``sagas run``)."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from commitline.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, console, print_json
-from commitline.infrastructure.followers.process import describe
-from commitline.infrastructure.followers.status import FollowerStatus
+from commitline.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, actions, console, print_json
+
+if TYPE_CHECKING:
+    from commitline.composition import StatusReport
 
 log = logging.getLogger(__name__)
 
@@ -35,18 +35,6 @@ def add_metrics_options(parser: argparse.ArgumentParser) -> None:
                         help="the address --metrics-port listens on (default 127.0.0.1)")
 
 
-@contextmanager
-def metrics_endpoint(args: argparse.Namespace, app: Any, followers: Sequence[Any]) -> Iterator[None]:
-    """``/metrics`` on ``--metrics-port`` while the followers run (nothing without the option)."""
-    if args.metrics_port is None:
-        yield
-        return
-    from commitline.infrastructure.metrics import MetricsServer
-
-    with MetricsServer(args.metrics_host, args.metrics_port, app.status, followers, app.liveness.problem):
-        yield
-
-
 def cmd_publish(args: argparse.Namespace) -> int:
     from commitline.cli.common import bootstrap
 
@@ -58,7 +46,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
             log.warning("no KAFKA_BOOTSTRAP_SERVERS and no COMMITLINE_DATABASE_URL: publishing the embedded "
                         "database's events to an embedded in-memory broker at %s (for development)",
                         publisher.settings.kafka_bootstrap_servers)
-        with metrics_endpoint(args, app, [publisher]):
+        with app.metrics_endpoint(args.metrics_host, args.metrics_port, [publisher]):
             app.run_until_signalled(publisher, drain=args.drain)
         m = publisher.metrics
         if args.json:
@@ -74,33 +62,21 @@ def cmd_publish(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def status_table(head: int, statuses: list[FollowerStatus],
-                 reasons: Callable[[FollowerStatus], list[str]] | None = None) -> Table:
-    """One row per follower; ``reasons`` (default: its recorded error) fills the problem column."""
-    table = Table(title=f"commitline followers (log head {head})")
+def status_table(report: StatusReport) -> Table:
+    """One row per follower, with the process owning it and its problems."""
+    table = Table(title=f"commitline followers (log head {report.head})")
     for column in ("follower", "status", "owner process", "position", "lag (events)", "lag (s)", "last moved",
                    "problem"):
         table.add_column(column)
-    for s in statuses:
-        if reasons is not None:
-            problem = "; ".join(reasons(s))
-        else:
-            problem = f"{s.error.get('message', '')} at {s.error.get('position', '?')}" if s.error else ""
+    for s in report.followers:
+        problem = "; ".join(report.reasons(s))
         moved = "" if s.last_moved_seconds is None else f"{s.last_moved_seconds:.0f} s ago"
-        table.add_row(s.name, s.status, owner_text(s), str(s.position), str(s.lag_events),
+        table.add_row(s.name, s.status, report.owner_of(s), str(s.position), str(s.lag_events),
                       f"{s.lag_seconds:.1f}", moved, f"[red]{problem}[/red]" if problem else "")
     return table
 
 
-def owner_text(s: FollowerStatus) -> str:
-    """The process owning a follower (``host:pid (kind, started ...)``) while one holds it, else the owner its row
-    last named; never the PostgreSQL backend's pid, which is not a process of ours to act on."""
-    if s.alive and s.process:
-        return describe(s.process)
-    return f"{s.owner} (last)" if s.owner else ""
-
-
-def publisher_tables(report: Any) -> list[Table]:
+def publisher_tables(report: StatusReport) -> list[Table]:
     """The publish instances with their buckets, then every bucket with its owner, position and lag."""
     group = report.publisher
     instances = Table(title=f"publish instances ({group.bucket_count} buckets, COMMITLINE_PUBLISH_BUCKETS)")
@@ -108,7 +84,7 @@ def publisher_tables(report: Any) -> list[Table]:
         instances.add_column(column)
     for m in group.members:
         lag = sum(group.buckets[b].lag_events for b in m.buckets)
-        instances.add_row(describe(m.process) or m.owner or "?", group.describe(m), str(lag))
+        instances.add_row(report.instance_of(m), group.describe(m), str(lag))
     if group.unowned:
         instances.add_row("[red]nobody[/red]", "", f"[red]{group.describe_buckets(group.unowned)}[/red]", "")
     buckets = Table(title="publisher buckets")
@@ -116,8 +92,8 @@ def publisher_tables(report: Any) -> list[Table]:
         buckets.add_column(column)
     for s in group.buckets:
         problem = "; ".join(report.bucket_reasons(s))
-        buckets.add_row(s.name, s.status, owner_text(s), str(s.position), str(s.lag_events), f"{s.lag_seconds:.1f}",
-                        f"[red]{problem}[/red]" if problem else "")
+        buckets.add_row(s.name, s.status, report.owner_of(s), str(s.position), str(s.lag_events),
+                        f"{s.lag_seconds:.1f}", f"[red]{problem}[/red]" if problem else "")
     return [instances, buckets]
 
 
@@ -149,7 +125,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                     "stuck_fulfilments": [str(s.id) for s in report.stuck]}, sys.stdout)
     elif args.check is None:
         out = console()
-        out.print(status_table(report.head, report.followers, report.reasons))
+        out.print(status_table(report))
         if report.publisher_ran:
             for table in publisher_tables(report):
                 out.print(table)
@@ -166,134 +142,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_REFUSED if problems else EXIT_OK
 
 
-def cmd_project(args: argparse.Namespace) -> int:
-    from commitline.cli.common import bootstrap
-
-    from commitline.projections.storage import ProjectionNeedsRebuild
-
-    with bootstrap() as app:
-        projectors = app.projectors(args.names)
-        try:
-            with metrics_endpoint(args, app, projectors):
-                app.run_until_signalled(*projectors)
-        except ProjectionNeedsRebuild as e:
-            print(str(e), file=sys.stderr)
-            return EXIT_REFUSED
-    return EXIT_OK
-
-
-def cmd_projections_list(args: argparse.Namespace) -> int:
-    import psycopg
-
-    from commitline.cli.common import bootstrap
-    from commitline.projections.storage import check_shape, rebuild_command
-
-    with bootstrap() as app:
-        report = app.status()
-        projections = app.domain.projections
-        # Judged from the tables themselves, so a projection whose projector never started since shows it too.
-        with psycopg.connect(**app.conninfo) as conn:
-            shapes = {name: check_shape(conn, app.settings.schema_name, p) for name, p in projections.items()}
-    by_name = {s.name: s for s in report.followers}
-    head = report.head
-    rows = []
-    for name in sorted(projections):
-        s = by_name.get(name)
-        rebuilding = by_name.get(f"{name}@rebuild")
-        rows.append({
-            "name": name, "status": s.status if s else "never run", "position": s.position if s else 0,
-            "lag_events": s.lag_events if s else head, "lag_seconds": s.lag_seconds if s else None,
-            "error": s.error if s else None,
-            "rebuild_position": rebuilding.position if rebuilding else None,
-            "tables": [t.name for t in projections[name].tables],
-            "needs_rebuild": shapes[name], "rebuild_command": rebuild_command(name) if shapes[name] else None,
-        })
-        if shapes[name]:
-            rows[-1]["status"] = "needs rebuild"
-    if args.json:
-        print_json({"head": head, "projections": rows}, sys.stdout)
-        return EXIT_OK
-    table = Table(title=f"projections (log head {head})")
-    for column in ("projection", "status", "position", "lag (events)", "lag (s)", "rebuild at", "error", "tables"):
-        table.add_column(column)
-    for r in rows:
-        error = f"{r['error']['message']} at {r['error']['position']}" if r["error"] else ""
-        if r["needs_rebuild"]:
-            error = f"tables differ ({'; '.join(r['needs_rebuild'])}): run `{r['rebuild_command']}`"
-        table.add_row(r["name"], r["status"], str(r["position"]), str(r["lag_events"]),
-                      "" if r["lag_seconds"] is None else f"{r['lag_seconds']:.1f}",
-                      "" if r["rebuild_position"] is None else str(r["rebuild_position"]), error, ", ".join(r["tables"]))
-    console().print(table)
-    return EXIT_OK
-
-
-def cmd_projections_rebuild(args: argparse.Namespace) -> int:
-    from commitline.cli.common import bootstrap, domain
-    from commitline.cli.progress import progress_reporter
-    from commitline.projections.rebuild import RebuildError
-
-    names = sorted(domain().projections) if args.all else list(dict.fromkeys(args.names))
-    if not names:
-        print("projections rebuild: name one or more projections, or --all", file=sys.stderr)
-        return EXIT_USAGE
-    if args.skip and len(names) > 1:
-        print("projections rebuild: --skip names a position of one projection's log: rebuild that one alone",
-              file=sys.stderr)
-        return EXIT_USAGE
-    what = ", ".join(names)
-    if args.abort:
-        with bootstrap() as app:
-            for name in names:
-                try:
-                    found = app.abort_rebuild(name)
-                except RebuildError as e:
-                    print(str(e), file=sys.stderr)
-                    return EXIT_REFUSED
-                if args.json:
-                    print_json({"projection": name, "aborted": found})
-                else:
-                    print(f"rebuild of {name} aborted: its tables and position were discarded; the live view is "
-                          "untouched" if found else f"no rebuild of {name} to abort")
-        return EXIT_OK
-    skip = dict.fromkeys(args.skip, args.reason)
-    with bootstrap() as app, progress_reporter(f"rebuild {what}") as progress:
-        try:
-            results = ([app.rebuild(names[0], progress=progress, skip=skip)] if len(names) == 1
-                       else app.rebuild_many(names, progress=progress))
-        except RebuildError as e:
-            print(f"rebuild of {what} failed: {e}", file=sys.stderr)
-            return EXIT_REFUSED
-        except KeyboardInterrupt:
-            print(f"rebuild of {what} interrupted; the live views are untouched. Run it again to resume.",
-                  file=sys.stderr)
-            return 130
-    if args.json:
-        print_json([{"projection": r.projection, "position": r.position, "events_applied": r.events_applied,
-                     "seconds": round(r.seconds, 3), "resumed_from": r.resumed_from} for r in results])
-        return EXIT_OK
-    for result in results:
-        rate = result.events_applied / result.seconds if result.seconds else 0
-        resumed = f", resumed from position {result.resumed_from}" if result.resumed_from else ""
-        print(f"rebuilt {result.projection}: position {result.position}, {result.events_applied} events in "
-              f"{result.seconds:.1f} s ({rate:,.0f} events/s){resumed}; swapped in atomically")
-    return EXIT_OK
-
-
 def cmd_intervene(args: argparse.Namespace) -> int:
+    """``publisher skip|retry`` and ``projections skip|retry NAME``."""
     from commitline.cli.common import bootstrap
-    from commitline.infrastructure.followers.interventions import InterventionRefused, retry, skip
-
-    from commitline.infrastructure.kafka.publisher import PUBLISHER
+    from commitline.composition import PUBLISHER, InterventionRefused
 
     name = getattr(args, "name", PUBLISHER)
     with bootstrap() as app:
         try:
-            if name == PUBLISHER:
-                message = _intervene_in_buckets(app, args)
-            elif args.action == "skip":
-                message = skip(app.datastore, name, args.position, args.reason)
-            else:
-                message = retry(app.datastore, name)
+            message = app.intervene(name, args.action, getattr(args, "position", None), getattr(args, "reason", ""))
         except InterventionRefused as e:
             print(str(e), file=sys.stderr)
             return EXIT_REFUSED
@@ -303,41 +160,6 @@ def cmd_intervene(args: argparse.Namespace) -> int:
     else:
         print(message)
     return EXIT_OK
-
-
-def _intervene_in_buckets(app: Any, args: argparse.Namespace) -> str:
-    """``publisher skip/retry``: a poison record stops only its bucket. ``skip --position N`` finds the bucket
-    stopped at N; ``retry`` retries every stopped bucket. Then the publisher's own row is brought up to date."""
-    from commitline.infrastructure.followers.group import stopped_buckets, write_summary
-    from commitline.infrastructure.followers.interventions import retry, skip
-    from commitline.infrastructure.followers.positions import Positions
-    from commitline.infrastructure.kafka.publisher import PUBLISHER
-
-    schema = app.datastore.schema
-    with app.datastore.get_connection() as conn:
-        stopped = stopped_buckets(conn, schema, PUBLISHER)
-    if not stopped:  # nothing stopped in a bucket: the publisher's own row says why (or that nothing is)
-        return (skip(app.datastore, PUBLISHER, args.position, args.reason) if args.action == "skip"
-                else retry(app.datastore, PUBLISHER))
-    if args.action == "skip":
-        bucket = next((n for n, error in stopped if error.get("position") == args.position), stopped[0][0])
-        message = skip(app.datastore, bucket, args.position, args.reason)
-    else:
-        message = "\n".join(retry(app.datastore, bucket) for bucket, _ in stopped)
-    with app.datastore.get_connection() as conn:
-        _, status, _ = Positions(schema).read(conn, PUBLISHER)
-        write_summary(conn, schema, PUBLISHER, app.settings.publish_buckets, None,
-                      "stopped" if status in ("failed", "retrying", "never run") else status)
-    return message
-
-
-def _projection_name(text: str) -> str:
-    from commitline.cli.common import domain
-
-    known = domain().projections
-    if text not in known:
-        raise argparse.ArgumentTypeError(f"unknown projection {text!r}; known: {', '.join(sorted(known)) or 'none'}")
-    return text
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -355,8 +177,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_metrics_options(publish)
     publish.set_defaults(run=cmd_publish, long_running=True)
 
-    publisher = sub.add_parser("publisher", help="skip or retry the record a publisher bucket stopped at")
-    pubsub = publisher.add_subparsers(dest="publisher_command", required=True, metavar="ACTION")
+    pubsub = actions(sub, "publisher", "skip or retry the record a publisher bucket stopped at")
     pubskip = pubsub.add_parser("skip", help="never publish the poison record the publisher stopped at (explicit, "
                                 "logged); it continues after it")
     pubskip.add_argument("--position", type=int, required=True, help="the record's position, as status shows it")
@@ -381,43 +202,3 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "COMMITLINE_STATUS_MAX_LAG_EVENTS / _S, or a saga is STUCK; with names (aliases: publisher, sagas), judge "
         "only those followers, and count them unhealthy also when stopped or never run")
     status.set_defaults(run=cmd_status)
-
-    project = sub.add_parser("project", help="keep read models up to date until SIGINT/SIGTERM",
-                             description="Run the projector of each named projection (default: all). Each applies "
-                             "batches of events and its position in one transaction; one instance per projection "
-                             "works at a time (advisory lock), others wait.")
-    project.add_argument("names", nargs="*", metavar="NAME", type=_projection_name,
-                         help="projections to run (default: all)")
-    add_metrics_options(project)
-    project.set_defaults(run=cmd_project, long_running=True)
-
-    projections = sub.add_parser("projections", help="list, rebuild, skip a poison event, or retry a projection")
-    psub = projections.add_subparsers(dest="projections_command", required=True, metavar="ACTION")
-    plist = psub.add_parser("list", help="projections with their position, lag and status")
-    plist.add_argument("--json", action="store_true", help="machine-readable output")
-    plist.set_defaults(run=cmd_projections_list)
-    prebuild = psub.add_parser("rebuild", help="rebuild from the first event into fresh tables, then swap atomically",
-                               description="Readers keep the old complete view until the rebuilt one replaces it "
-                               "in one transaction. Interrupt it and run it again to resume. Several projections "
-                               "(or --all) are rebuilt reading the log once, each swapped in on its own.")
-    prebuild.add_argument("names", metavar="NAME", type=_projection_name, nargs="*")
-    prebuild.add_argument("--all", action="store_true", help="rebuild every projection (reading the log once)")
-    prebuild.add_argument("--skip", type=int, action="append", default=[], metavar="N",
-                          help="pass the poison event at position N (explicit, logged; repeatable). Events the live "
-                          "projection skipped are skipped again without it")
-    prebuild.add_argument("--reason", default="", help="why skipping is safe (kept in the intervention log)")
-    prebuild.add_argument("--abort", action="store_true",
-                          help="discard an abandoned rebuild (its tables and position) instead of running one")
-    prebuild.add_argument("--json", action="store_true", help="each rebuild's result as JSON on stdout")
-    prebuild.set_defaults(run=cmd_projections_rebuild)
-    pskip = psub.add_parser("skip", help="pass over the poison event a projection stopped at (explicit, logged)")
-    pskip.add_argument("name", metavar="NAME", type=_projection_name)
-    pskip.add_argument("--position", type=int, required=True, help="the poison event's position, as status shows it")
-    pskip.add_argument("--reason", default="", help="why it is safe to skip it (kept in the intervention log)")
-    pskip.add_argument("--json", action="store_true", help="machine-readable output")
-    pskip.set_defaults(run=cmd_intervene, action="skip")
-    pretry = psub.add_parser("retry", help="let a projection stopped at a poison event try it again")
-    pretry.add_argument("name", metavar="NAME", type=_projection_name)
-    pretry.add_argument("--json", action="store_true", help="machine-readable output")
-    pretry.set_defaults(run=cmd_intervene, action="retry")
-

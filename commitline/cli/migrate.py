@@ -1,11 +1,10 @@
-"""``commitline migrate [--check]``: bring the schema to the version this commitline needs, or say how far behind it is."""
+"""``commitline migrate [--check]``: bring the schema to the version this commitline needs, or say how far
+behind it is."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-
-import psycopg
 
 from commitline.cli.common import EXIT_OK, EXIT_REFUSED, print_json
 
@@ -14,28 +13,23 @@ EXIT_PENDING = EXIT_REFUSED
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     from commitline.cli.common import bootstrap
-    from commitline.infrastructure import migrations
 
     with bootstrap(apply_migrations=False) as app:
-        schema = app.settings.schema_name
-        with psycopg.connect(**app.conninfo, autocommit=True) as conn:
-            before = migrations.schema_version(conn, schema)
-            todo = migrations.pending(conn, schema)
-            applied = [] if args.check else migrations.migrate(conn, schema)
-            after = migrations.schema_version(conn, schema)
-    report = {"schema": schema, "version": after, "latest": migrations.LATEST, "was": before,
+        done = app.migrate(apply=not args.check)
+    todo, schema, after, latest = done.pending, done.schema, done.version, done.latest
+    report = {"schema": schema, "version": after, "latest": latest, "was": done.was,
               "pending": [{"version": m.version, "description": m.description} for m in todo] if args.check else [],
-              "applied": [{"version": m.version, "description": m.description} for m in applied]}
+              "applied": [{"version": m.version, "description": m.description} for m in done.applied]}
     if args.json:
         print_json(report, sys.stdout)
     elif args.check:
         state = "up to date" if not todo else f"{len(todo)} migration(s) pending: " + ", ".join(
             f"{m.version} ({m.description})" for m in todo)
-        print(f"schema {schema}: version {after} of {migrations.LATEST}, {state}")
+        print(f"schema {schema}: version {after} of {latest}, {state}")
     else:
-        for m in applied:
+        for m in done.applied:
             print(f"applied migration {m.version}: {m.description}")
-        print(f"schema {schema}: version {after} of {migrations.LATEST}, up to date")
+        print(f"schema {schema}: version {after} of {latest}, up to date")
     return EXIT_PENDING if args.check and todo else EXIT_OK
 
 

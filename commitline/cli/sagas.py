@@ -18,11 +18,13 @@ from commitline.cli.common import (
     EXIT_OK,
     EXIT_REFUSED,
     EXIT_USAGE,
+    actions,
     aggregate_id,
+    declared,
     error_exit,
     print_json,
 )
-from commitline.cli.followers import add_metrics_options, metrics_endpoint
+from commitline.cli.followers import add_metrics_options
 
 
 def cmd_sagas(args: argparse.Namespace) -> int:
@@ -33,7 +35,7 @@ def cmd_sagas(args: argparse.Namespace) -> int:
         return _run_sagas(args)
     with bootstrap() as app:
         try:
-            manager = app._manager_base(app._manager_class(args.saga))
+            manager = app.saga(args.saga)
         except UnknownProcessManager as e:
             print(f"commitline sagas: {e}", file=sys.stderr)
             return EXIT_USAGE
@@ -108,24 +110,16 @@ def _run_sagas(args: argparse.Namespace) -> int:
             followers.append(runner)
             models += [m for m in runner.manager.read_models if m not in models]
         followers += [app.projector(model) for model in models]
-        with metrics_endpoint(args, app, followers):
+        with app.metrics_endpoint(args.metrics_host, args.metrics_port, followers):
             app.run_until_signalled(*followers)
     return EXIT_OK
 
 
-def _saga_name(text: str) -> str:
-    from commitline.cli.common import domain
-
-    known = domain().managers
-    if text not in known:
-        raise argparse.ArgumentTypeError(f"unknown process manager {text!r}; known: "
-                                         f"{', '.join(sorted(known)) or 'none'}")
-    return text
+_saga_name = declared("process manager", lambda domain: domain.managers)
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    sagas = sub.add_parser("sagas", help="process managers (sagas): run them, show, list, retry their instances")
-    ssub = sagas.add_subparsers(dest="sagas_command", required=True, metavar="ACTION")
+    ssub = actions(sub, "sagas", "process managers (sagas): run them, show, list, retry their instances")
     srun = ssub.add_parser("run", help="run the domain's process managers until SIGINT/SIGTERM",
                            description="Advances every instance the domain's events trigger (the examples: reserve "
                            "stock -> authorize payment -> confirm and capture, compensated in reverse on failure), "
@@ -151,4 +145,4 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     for parser_ in (srun, sshow, slist, sretry):
         parser_.add_argument("--saga", type=_saga_name, metavar="NAME",
                              help="the process manager (needed only when the domain has several)")
-    sagas.set_defaults(run=cmd_sagas)
+        parser_.set_defaults(run=cmd_sagas)

@@ -58,7 +58,7 @@ def app_for_workers(workers: int) -> Iterator[None]:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from commitline.infrastructure.config import load_settings
+    from commitline.composition import load_settings
 
     settings = load_settings()
     host = args.host or settings.http_host

@@ -11,40 +11,26 @@ from typing import Any
 from commitline.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, print_json
 
 
-def _services(settings: Any) -> dict[str, Any]:
-    from commitline.infrastructure.embedded.local import shared_kafka, shared_postgres
+def _services() -> dict[str, Any]:
+    from commitline.composition import load_settings
+    from commitline.composition.services import local_services
 
-    services: dict[str, Any] = {}
-    if settings.database_url is None:
-        services["postgres"] = shared_postgres(settings.data_dir)
-        if settings.kafka_bootstrap_servers is None:
-            services["kafka"] = shared_kafka(settings.data_dir)
-    return services
-
-
-def _where(name: str, server: Any) -> str:
-    return server.dsn if name == "postgres" else server.bootstrap_servers
+    return local_services(load_settings())
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from commitline.infrastructure.config import load_settings
-    from commitline.infrastructure.embedded.errors import EmbeddedServiceError
+    from commitline.application.errors import ConfigurationError
+    from commitline.composition.services import keep_running
 
-    services = _services(load_settings())
+    services = _services()
     if not services:
         print("COMMITLINE_DATABASE_URL is set: there is no local service to start", file=sys.stderr)
         return EXIT_OK
-    report: dict[str, dict[str, str]] = {}
-    for name, shared in services.items():
-        try:
-            server = shared.acquire()
-            shared.pin()
-        except EmbeddedServiceError as e:
-            print(f"COMMITLINE_DATA_DIR: {e}", file=sys.stderr)
-            return EXIT_UNAVAILABLE
-        finally:
-            shared.release()  # pinned: it keeps running
-        report[name] = {"state": "started" if shared.started_here else "already running", "at": _where(name, server)}
+    try:
+        report = keep_running(services)
+    except ConfigurationError as e:  # COMMITLINE_DATA_DIR: why its service cannot start
+        print(str(e), file=sys.stderr)
+        return EXIT_UNAVAILABLE
     if args.json:
         print_json(report, sys.stdout)
         return EXIT_OK
@@ -56,23 +42,21 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    from commitline.infrastructure.config import load_settings
+    from commitline.composition.services import stop
 
-    services = _services(load_settings())
+    services = _services()
     if not services:
         print("COMMITLINE_DATABASE_URL is set: there is no local service to stop", file=sys.stderr)
         if args.json:
             print_json({}, sys.stdout)
         return EXIT_OK
     refused, states = [], {}
-    for name, shared in services.items():
-        shared.unpin()
-        running, stopped = shared.stop_if_unused(force=args.force)
-        if running and not stopped:
+    for name, state, in_use in stop(services, force=args.force):
+        if in_use:
             refused.append(name)
-        states[name] = "stopped" if stopped else "in use" if running else "was not running"
+        states[name] = state
         if not args.json:
-            print(f"{name}: {states[name]}")
+            print(f"{name}: {state}")
     if args.json:
         print_json(states, sys.stdout)
     if refused:

@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from commitline.application.errors import CommitlineError
-from commitline.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, console, error_exit, print_json
+from commitline.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, actions, console, error_exit, print_json
 
 
 def _row(key) -> dict[str, object]:  # type: ignore[no-untyped-def]
@@ -63,8 +63,7 @@ def cmd_tenants(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    tenants = sub.add_parser("tenants", help="tenants' API keys for the HTTP API: add, list, revoke")
-    tsub = tenants.add_subparsers(dest="tenants_command", required=True, metavar="ACTION")
+    tsub = actions(sub, "tenants", "tenants' API keys for the HTTP API: add, list, revoke")
     add = tsub.add_parser("add", help="make a new API key for tenant NAME and print it (once)",
                           description="NAME: 1-64 letters, digits, '.', '_' or '-'. The key decides the tenant of "
                           "every request made with it. A tenant may hold several keys.")

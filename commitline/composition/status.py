@@ -9,12 +9,14 @@ from typing import Any
 
 from commitline.application.process import StuckInstance
 from commitline.infrastructure.followers.buckets import sequence_of
-from commitline.infrastructure.followers.group_status import GroupStatus
+from commitline.infrastructure.followers.group_status import GroupStatus, Member
 from commitline.infrastructure.followers.health import Problem, Thresholds, bucket_reasons, follower_reasons, judge
 from commitline.infrastructure.followers.process import describe
 from commitline.infrastructure.followers.status import FollowerStatus
 from commitline.infrastructure.followers.group import UNOWNED_GRACE_SECONDS
 from commitline.infrastructure.kafka.publisher import PUBLISHER
+
+__all__ = ["FOLLOWER_ALIASES", "PUBLISHER", "FollowerStatus", "StatusReport", "UnknownFollower"]
 
 
 class UnknownFollower(LookupError):
@@ -78,6 +80,19 @@ class StatusReport:
 
     def reasons(self, follower: FollowerStatus) -> list[str]:
         return follower_reasons(follower, self.thresholds)
+
+    @staticmethod
+    def owner_of(follower: FollowerStatus) -> str:
+        """The process owning a follower (``host:pid (kind, started ...)``) while one holds it, else the owner its
+        row last named; never the PostgreSQL backend's pid, which is not a process of ours to act on."""
+        if follower.alive and follower.process:
+            return describe(follower.process)
+        return f"{follower.owner} (last)" if follower.owner else ""
+
+    @staticmethod
+    def instance_of(member: Member) -> str:
+        """A publish instance, as the process it is (or the owner it names)."""
+        return describe(member.process) or member.owner or "?"
 
     def publisher_dict(self) -> dict[str, Any] | None:
         """The publish instances and every bucket with its lag (events and seconds) and problems, as JSON."""

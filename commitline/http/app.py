@@ -20,12 +20,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from commitline.application.errors import CommitlineError
-from commitline.composition import Commitline, bootstrap
-from commitline.framework.domain import Domain
-from commitline.framework.loading import load_domain
+from commitline.composition import Commitline, Domain, bootstrap, load_domain, load_settings
+from commitline.composition.observability import tracing_from_environment
 from commitline.http import commands, docs, openapi, operations, queries, reads, status_page, tracing
-from commitline.infrastructure.config import load_settings
-from commitline.infrastructure.tracing import tracing_for
 from commitline.http.problems import (
     InternalError,
     InvalidQuery,
@@ -120,7 +117,7 @@ def create_app(commitline: Commitline | None, *, domain: Domain | None = None, l
         app.include_router(module.router)
     app.include_router(queries.router_for(domain))
     operations.instrument(app)  # every request counted and timed in /metrics
-    tracing.instrument(app, commitline.tracing if commitline is not None else tracing_for(load_settings()))
+    tracing.instrument(app, commitline.tracing if commitline is not None else tracing_from_environment())
     app.add_middleware(HeadAsGet)
     app.openapi = lambda: _openapi(app, domain)  # type: ignore[method-assign]
     return app

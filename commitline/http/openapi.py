@@ -26,7 +26,7 @@ from pydantic.json_schema import models_json_schema
 from commitline.application.boundary import INT_MAX, INT_MIN, MAX_KEY_LENGTH, CommandLimits
 from commitline.application.commands import Command
 from commitline.application.results import DispatchResult
-from commitline.framework.domain import Domain
+from commitline.composition import Domain
 from commitline.http.problems import PROBLEM_JSON, statuses
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/v1/status"})  # answer without an API key

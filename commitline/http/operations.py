@@ -3,7 +3,7 @@ middleware that counts and times every HTTP request (``instrument``).
 
 They are for operators and orchestrators and need no API key: ``/healthz`` never touches the database,
 ``/readyz`` asks it whether this process can serve (``Commitline.unready()``), ``/metrics`` renders every
-worker's metrics and reads follower positions from PostgreSQL at scrape time (``infrastructure/metrics.py``).
+worker's metrics and reads follower positions from PostgreSQL at scrape time (``Commitline.metrics_text()``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from commitline.application.errors import joined
+from commitline.composition.observability import observe_request
 from commitline.http.problems import PROBLEM_JSON, HttpProblem, problem_response
-from commitline.infrastructure.metrics import observe_request, render
 
 router = APIRouter(tags=["operations"])
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
@@ -30,10 +31,7 @@ class NotReady(HttpProblem):
     code = "not_ready"
     fields = ("reasons",)
     message = "not ready: {summary}"
-
-    @property
-    def summary(self) -> str:
-        return "; ".join(self.reasons)
+    summary = joined("reasons")
 
 
 @router.get("/healthz", summary="Liveness: the process runs (no database access)", responses={200: {"content": {
@@ -66,7 +64,7 @@ def readyz(request: Request) -> Response:
     responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}},
 )
 def metrics(request: Request) -> Response:
-    return Response(render(request.app.state.commitline.status), media_type=CONTENT_TYPE_LATEST)
+    return Response(request.app.state.commitline.metrics_text(), media_type=CONTENT_TYPE_LATEST)
 
 
 class RequestMetrics:

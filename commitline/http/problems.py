@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
-from commitline.application.errors import CommitlineError, InvalidCommand, StoreUnavailable
+from commitline.application.errors import CommitlineError, InvalidCommand, StoreUnavailable, at_location, joined
 
 PROBLEM_JSON = "application/problem+json"
 TYPE_PREFIX = "urn:commitline:problem:"
@@ -84,20 +84,14 @@ class UnsupportedMediaType(HttpProblem):
     code = "unsupported_media_type"
     fields = ("content_type",)
     message = "the body must be JSON (Content-Type: application/json), not {shown}"
-
-    @property
-    def shown(self) -> str:
-        return repr(self.content_type) if self.content_type else "a body without a Content-Type"
+    shown = property(lambda error: repr(error.content_type) if error.content_type else "a body without a Content-Type")
 
 
 class MalformedJson(HttpProblem):
     code = "malformed_json"
     fields = ("errors",)
     message = "the body is {summary}"
-
-    @property
-    def summary(self) -> str:
-        return "; ".join(e["msg"] for e in self.errors)
+    summary = joined("errors", lambda problem: problem["msg"])
 
 
 class DuplicateHeader(HttpProblem):
@@ -112,10 +106,7 @@ class InvalidQuery(HttpProblem):
     code = "invalid_query"
     fields = ("errors",)
     message = "invalid query or path parameters: {summary}"
-
-    @property
-    def summary(self) -> str:
-        return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in self.errors)
+    summary = joined("errors", at_location())
 
 
 class RouteNotFound(HttpProblem):
@@ -197,6 +188,6 @@ def status_markdown(domain_statuses: Mapping[str, int] | None = None) -> str:
 
 
 if __name__ == "__main__":
-    from commitline.framework.loading import load_domain
+    from commitline.composition import load_domain
 
     print(status_markdown(load_domain().error_statuses))

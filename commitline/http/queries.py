@@ -17,7 +17,7 @@ import orjson
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from commitline.framework.domain import Domain, Query
+from commitline.composition import Domain, Query
 from commitline.http.auth import tenant
 from commitline.http.problems import PROBLEM_JSON
 

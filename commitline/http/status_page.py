@@ -14,18 +14,18 @@ from __future__ import annotations
 from collections.abc import Collection
 from datetime import datetime, timezone
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from commitline.application.process import StuckInstance
-from commitline.composition import Commitline
+from commitline.composition import PUBLISHER, Commitline
 from commitline.http.problems import RouteNotFound
-from commitline.infrastructure.followers.status import FollowerStatus
-from commitline.infrastructure.kafka.publisher import PUBLISHER
-from commitline.infrastructure.store.audit_runs import ALL, AuditRuns
+
+if TYPE_CHECKING:
+    from commitline.composition.status import FollowerStatus
 
 router = APIRouter()
 
@@ -66,8 +66,7 @@ def retry_command(stuck: StuckInstance, several: bool) -> str:
 def status_document(app: Commitline) -> dict[str, Any]:
     """What the status page shows, as JSON (blocking: several reads of the store)."""
     report = app.status()
-    runs = AuditRuns(app.datastore.get_connection, app.settings.schema_name)
-    last, last_all = runs.last(), runs.last(ALL)
+    last, last_all = app.last_verifications()
     blocked = []
     for s in report.followers:
         if s.status == "failed":

@@ -1,5 +1,5 @@
 """The HTTP request's span (OpenTelemetry's ASGI middleware), the root of a command's trace, when tracing
-is on (``infrastructure/tracing.py``). Probes, scrapes and static assets are not traced; headers are never
+is on (``Commitline.tracing``). Probes, scrapes and static assets are not traced; headers are never
 recorded as attributes unless an operator asks for them (``OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_*``),
 and even then the API key and the idempotency key are redacted."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from commitline.infrastructure.tracing import EXCLUDED_ROUTES, Tracing
+from commitline.composition.observability import EXCLUDED_ROUTES, Tracing
 
 REDACTED_HEADERS = ["authorization", "idempotency-key", "cookie", "proxy-authorization"]
 

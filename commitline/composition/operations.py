@@ -1,0 +1,124 @@
+"""The operator's store-level work, as ``Commitline`` does it for the CLI and the HTTP server: readiness,
+schema migrations, skipping or retrying a poison event (the publisher's in the bucket it stopped),
+expiring idempotency records, verifying the hash chains with a record of each run, and the Prometheus text
+of this process.
+
+``Operations`` is a part of ``Commitline`` (``root.py``): its methods use the root's settings, datastore,
+connection parameters and status."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from uuid import UUID
+
+import psycopg
+
+from commitline.application.audit import Progress, VerificationReport
+from commitline.infrastructure import migrations
+from commitline.infrastructure.followers import interventions
+from commitline.infrastructure.followers.group import stopped_buckets, write_summary
+from commitline.infrastructure.followers.positions import Positions
+from commitline.infrastructure.kafka.publisher import PUBLISHER
+from commitline.infrastructure.metrics import render
+from commitline.infrastructure.store.audit_runs import ALL, AuditRun, AuditRuns
+from commitline.infrastructure.store.datastore import describe_failure
+from commitline.infrastructure.store.retention import expire_idempotency_records
+
+READY_PROBE_TIMEOUT_S = 0.8  # /readyz answers within a second, the database up or not
+
+
+@dataclass(frozen=True)
+class MigrationReport:
+    """What ``migrate`` found and did: the schema's version before and after, what was pending, what it applied."""
+
+    schema: str
+    was: int
+    version: int
+    latest: int
+    pending: list[migrations.Migration]
+    applied: list[migrations.Migration]
+
+
+class Operations:
+    """What an operator asks of the store (a part of ``Commitline``)."""
+
+    def unready(self) -> list[str]:
+        """Why this process cannot serve now ([] when it can): the database does not answer, or its schema
+        is not at the version this commitline needs."""
+        try:
+            with self.datastore.probe_connection(READY_PROBE_TIMEOUT_S) as conn:
+                missing = migrations.pending(conn, self.settings.schema_name)
+        except migrations.SchemaTooNew as e:
+            return [str(e)]
+        except Exception as e:
+            return [f"database unreachable: {describe_failure(e, self.conninfo)}"]
+        return [f"schema {self.settings.schema_name} lacks migration {m.version} ({m.description}); "
+                "run commitline migrate" for m in missing]
+
+    def migrate(self, *, apply: bool = True) -> MigrationReport:
+        """Bring the schema to the version this commitline needs (with ``apply`` False, only say how far behind
+        it is); under the schema's advisory lock, so any number of processes may do it at once."""
+        schema = self.settings.schema_name
+        with psycopg.connect(**self.conninfo, autocommit=True) as conn:
+            before = migrations.schema_version(conn, schema)
+            todo = migrations.pending(conn, schema)
+            applied = migrations.migrate(conn, schema) if apply else []
+            after = migrations.schema_version(conn, schema)
+        return MigrationReport(schema, before, after, migrations.LATEST, todo, applied)
+
+    def intervene(self, name: str, action: str, position: int | None = None, reason: str = "") -> str:
+        """``skip`` (exactly the event at ``position``, for ``reason``) or ``retry`` the poison event follower
+        ``name`` stopped at; what was done, as a sentence. InterventionRefused when it is not stopped there."""
+        if name == PUBLISHER:
+            return self._intervene_in_buckets(action, position, reason)
+        if action == "skip":
+            return interventions.skip(self.datastore, name, position, reason)
+        return interventions.retry(self.datastore, name)
+
+    def _intervene_in_buckets(self, action: str, position: int | None, reason: str) -> str:
+        """A poison record stops only its publisher bucket: ``skip`` finds the bucket stopped at ``position``,
+        ``retry`` retries every stopped bucket; then the publisher's own row is brought up to date."""
+        schema = self.datastore.schema
+        with self.datastore.get_connection() as conn:
+            stopped = stopped_buckets(conn, schema, PUBLISHER)
+        if not stopped:  # nothing stopped in a bucket: the publisher's own row says why (or that nothing is)
+            return (interventions.skip(self.datastore, PUBLISHER, position, reason) if action == "skip"
+                    else interventions.retry(self.datastore, PUBLISHER))
+        if action == "skip":
+            bucket = next((n for n, error in stopped if error.get("position") == position), stopped[0][0])
+            message = interventions.skip(self.datastore, bucket, position, reason)
+        else:
+            message = "\n".join(interventions.retry(self.datastore, bucket) for bucket, _ in stopped)
+        with self.datastore.get_connection() as conn:
+            _, status, _ = Positions(schema).read(conn, PUBLISHER)
+            write_summary(conn, schema, PUBLISHER, self.settings.publish_buckets, None,
+                          "stopped" if status in ("failed", "retrying", "never run") else status)
+        return message
+
+    def expire_idempotency_records(self, older_than: timedelta, *, dry_run: bool = False) -> int:
+        """Delete (or, with ``dry_run``, count) the idempotency records recorded more than ``older_than`` ago."""
+        return expire_idempotency_records(self.datastore, older_than, dry_run=dry_run)
+
+    def verify_chains(self, aggregate_id: UUID | None = None, *, tenant: str = "default",
+                      progress: Progress | None = None) -> VerificationReport:
+        """Verify one stream's hash chain (or, without ``aggregate_id``, every tenant's), and record the run for
+        the status page's "last verification"; a verification that raised (not found, interrupted) is none."""
+        started_at = datetime.now(timezone.utc)
+        report = self.auditor().verify(aggregate_id, progress=progress, tenant=tenant)
+        self._audit_runs().record(started_at=started_at, ok=report.ok, streams=report.streams, events=report.events,
+                                  broken=len(report.broken), seconds=report.seconds, aggregate_id=aggregate_id,
+                                  tenant=tenant)
+        return report
+
+    def last_verifications(self) -> tuple[AuditRun | None, AuditRun | None]:
+        """The last recorded verification of anything, and the last of every stream (``verify --all``)."""
+        runs = self._audit_runs()
+        return runs.last(), runs.last(ALL)
+
+    def _audit_runs(self) -> AuditRuns:
+        return AuditRuns(self.datastore.get_connection, self.settings.schema_name)
+
+    def metrics_text(self) -> bytes:
+        """This process's metrics and every follower's position and lag, in Prometheus' text format."""
+        return render(self.status)

@@ -1,0 +1,66 @@
+"""The domain's projections as ``Commitline`` builds them: a projector per read model, rebuilds (one, several
+reading the log once, or an abandoned one discarded), and whether each one's tables still have the shape
+its declaration gives them (``commitline projections list``).
+
+``Projections`` is a part of ``Commitline`` (``root.py``): its methods use the root's settings, codec,
+recorder, connection parameters and domain."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import psycopg
+
+from commitline.composition.errors import UnknownProjection
+from commitline.projections.base import Projection
+from commitline.projections.projector import Projector
+from commitline.projections.rebuild import Progress, RebuildResult, rebuild, rebuild_many
+from commitline.projections.rebuild import abort as abort_rebuild
+from commitline.projections.storage import check_shape, rebuild_command
+
+
+class Projections:
+    """Building, rebuilding and checking the domain's projections (a part of ``Commitline``)."""
+
+    def projector(self, name: str, **options: Any) -> Projector:
+        options.setdefault("batch_size", self.settings.project_batch_size)
+        return Projector(self.projection(name), self.codec, self.recorder, self.conninfo, **options)
+
+    def projectors(self, names: Iterable[str] = (), **options: Any) -> list[Projector]:
+        return [self.projector(name, **options) for name in (list(names) or sorted(self.domain.projections))]
+
+    def projection(self, name: str) -> Projection:
+        known = self.domain.projections
+        if name not in known:
+            raise UnknownProjection([name], known)
+        return known[name]()
+
+    def rebuild(self, name: str, *, batch_size: int | None = None, progress: Progress | None = None,
+                skip: dict[int, str] | None = None) -> RebuildResult:
+        """Rebuild projection ``name``; ``skip``: poison positions to pass with the operator's reason."""
+        return rebuild(self.projection(name), self.codec, self.recorder, self.conninfo,
+                       batch_size=batch_size or self.settings.project_batch_size, progress=progress, skip=skip)
+
+    def rebuild_many(self, names: Iterable[str], *, batch_size: int | None = None,
+                     progress: Progress | None = None) -> list[RebuildResult]:
+        """Rebuild the named projections (all, if none are named), reading the log once for all of them."""
+        projections = [self.projection(name) for name in (list(names) or sorted(self.domain.projections))]
+        return rebuild_many(projections, self.codec, self.recorder, self.conninfo,
+                            batch_size=batch_size or self.settings.project_batch_size, progress=progress)
+
+    def abort_rebuild(self, name: str) -> bool:
+        """Discard an abandoned rebuild of ``name``; False if there was none."""
+        return abort_rebuild(self.projection(name), self.recorder, self.conninfo)
+
+    def projection_shapes(self) -> dict[str, list[str]]:
+        """Per projection, how its tables differ from its declaration ([] when they match), judged from the
+        tables themselves, so a projection whose projector has not run since shows it too."""
+        with psycopg.connect(**self.conninfo) as conn:
+            return {name: check_shape(conn, self.settings.schema_name, projection)
+                    for name, projection in self.domain.projections.items()}
+
+    @staticmethod
+    def rebuild_command(name: str) -> str:
+        """The command an operator runs to rebuild projection ``name``."""
+        return rebuild_command(name)
