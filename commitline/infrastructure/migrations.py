@@ -28,7 +28,7 @@ from psycopg.sql import SQL, Composed, Identifier
 
 from commitline.infrastructure.followers.positions import Positions
 from commitline.infrastructure.store import api_keys, audit_runs, event_versions, hash_backfill
-from commitline.infrastructure.store.recorder import store_append_function_statements, store_schema_statements
+from commitline.infrastructure.store.schema import lock_key, store_append_function_statements, store_schema_statements
 
 log = logging.getLogger(__name__)
 MIGRATIONS_TABLE = "schema_migrations"
@@ -65,10 +65,6 @@ LATEST = MIGRATIONS[-1].version
 
 class SchemaTooNew(RuntimeError):
     """The store was migrated by a newer commitline than this one."""
-
-
-def lock_key(schema: str) -> str:
-    return f"commitline-schema-{schema}"
 
 
 def schema_version(conn: Connection, schema: str) -> int:

@@ -57,7 +57,6 @@ from eventsourcing.persistence import Notification
 from commitline.application.errors import StoreUnavailable
 from commitline.domain import EventRegistry
 from commitline.infrastructure.config import Settings
-from commitline.infrastructure.followers.buckets import BucketLog, BucketPage
 from commitline.infrastructure.followers.group import GroupLease, GroupState
 from commitline.infrastructure.followers.lease import LeaseLost, instance_id
 from commitline.infrastructure.followers.outage import Outage
@@ -76,6 +75,7 @@ from commitline.infrastructure.kafka.producer import (
 )
 from commitline.infrastructure.kafka.publisher import PUBLISHER, PublisherMetrics
 from commitline.infrastructure.kafka.publisher import log as publisher_log
+from commitline.infrastructure.store.log import BucketLog, BucketPage
 from commitline.infrastructure.store.recorder import EventRecorder
 
 log = publisher_log  # one logger for the publisher, with or without buckets
