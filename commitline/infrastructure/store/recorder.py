@@ -41,8 +41,9 @@ from commitline.application.ports import IdempotencyRecord, KeyAlreadyRecorded, 
 from commitline.infrastructure.store import pipelined
 from commitline.infrastructure.store.datastore import StoreDatastore
 from commitline.infrastructure.store.log import NotificationLog, first_id
-from commitline.infrastructure.store.pipelined import SYNC, Statement
+from commitline.infrastructure.store.pipelined import SYNC
 from commitline.infrastructure.store.schema import EventTables, lock_schema
+from commitline.infrastructure.store.statements import Statements
 from commitline.infrastructure.store.streams import StreamReads
 from commitline.infrastructure.store.subscription import PollingSubscription
 
@@ -80,7 +81,7 @@ class EventRecorder(StreamReads, PostgresApplicationRecorder):
         """``tables``: commitline's own (``events``, ``idempotency_keys``, ``snapshots``) unless given."""
         self.tables = tables or EventTables(datastore.schema)
         super().__init__(datastore, events_table_name=self.tables.events)
-        self._q = _Statements(self.tables)
+        self._q = Statements(self.tables)
         self.sql_create_statements = self.tables.create_statements()
         self.channel_name = self.tables.channel
         self.log = NotificationLog(self.tables, self._connection)
@@ -312,28 +313,3 @@ def _append_params(pending: PendingAppend, one: bool) -> tuple[Any, ...]:
 
 def _idempotency_params(row: IdempotencyRecord) -> tuple[Any, ...]:
     return (row.tenant, row.key, row.fingerprint, row.command_type, row.aggregate_id, row.stream_version, row.outcome)
-
-
-class _Statements:
-    """The recorder's statements on its tables (the log's are in ``log.py``)."""
-
-    def __init__(self, tables: EventTables):
-        q = tables.sql
-        self.assign_xid = q("SELECT pg_current_xact_id()::text")
-        self.insert_events = q(
-            "INSERT INTO {events} (originator_id, originator_version, topic, state, prev_hash, event_hash) "
-            "SELECT * FROM unnest(%s::{id_type}[], %s::int8[], %s::text[], %s::bytea[], %s::bytea[], %s::bytea[]) "
-            "RETURNING notification_id"
-        )
-        self.insert_idempotency = q(
-            "INSERT INTO {idem} (tenant, key, fingerprint, command_type, aggregate_id, stream_version, outcome) "
-            "VALUES (%s, %s, %s, %s, %s, %s, %s)"
-        )
-        self.notify = q("NOTIFY {channel}")
-        self.notify_bytes = self.notify.as_bytes(None)
-        key_types = ("text", "text", "bytea", "text", "uuid", "int8", "bytea")
-        call = "SELECT ids, refused, detail FROM {%s}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
-        self.append_command = Statement.of(
-            q(call % "append"), (*key_types, "uuid[]", "int8[]", "text[]", "bytea[]", "bytea[]", "bytea[]"))
-        self.append_one = Statement.of(  # the common case, a command with one event: no arrays to build
-            q(call % "append_one"), (*key_types, "uuid", "int8", "text", "bytea", "bytea", "bytea"))

@@ -1,14 +1,13 @@
 """Per-stream access to the event tables: a stream's events read with its latest snapshot and head hash, the
 read before a command (the key's record and the stream, one round trip), one event's stored hash, a stream's
 version, snapshots saved, idempotency records found. ``StreamReads`` is a part of ``EventRecorder``
-(``recorder.py``), on the recorder's tables and connections.
+(``recorder.py``), with the recorder's statements and connections.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
 from uuid import UUID
 
@@ -18,8 +17,8 @@ from psycopg.rows import tuple_row
 from commitline.application.chain import GENESIS
 from commitline.application.ports import IdempotencyRecord
 from commitline.infrastructure.store import pipelined
-from commitline.infrastructure.store.pipelined import SYNC, Statement
-from commitline.infrastructure.store.schema import EventTables
+from commitline.infrastructure.store.pipelined import SYNC
+from commitline.infrastructure.store.statements import Statements
 
 
 @dataclass(frozen=True)
@@ -48,18 +47,14 @@ class CommandRead:
 class StreamReads:
     """The per-stream part of ``EventRecorder``."""
 
-    tables: EventTables
+    _q: Statements
     _connection: Callable[[], Any]
-
-    @cached_property
-    def _stream_sql(self) -> _StreamStatements:
-        return _StreamStatements(self.tables)
 
     def load_stream(self, aggregate_id: UUID, after_snapshot: bool) -> tuple[Snapshot | None, list[StoredEvent], bytes]:
         """The latest snapshot (if wanted, with the state of the stream's first event, which names its
         tenant), the events after it, and the stream's head hash: one statement, so the snapshot and the
         events come from the same database snapshot."""
-        query = self._stream_sql.stream_after_snapshot if after_snapshot else self._stream_sql.stream_from_start
+        query = self._q.stream_after_snapshot if after_snapshot else self._q.stream_from_start
         with self._connection() as conn:
             rows = conn.cursor(row_factory=tuple_row).execute(query, {"id": aggregate_id}, prepare=True).fetchall()
         snapshot = None
@@ -75,7 +70,7 @@ class StreamReads:
                          key: str) -> CommandRead:
         """One round trip before a command: the key's record, and the stream after ``known_version``
         (from its latest snapshot above that version if ``use_snapshot``): one statement, one snapshot."""
-        steps = [(self._stream_sql.read_for_command, (aggregate_id, known_version, tenant, key, use_snapshot)), SYNC]
+        steps = [(self._q.read_for_command, (aggregate_id, known_version, tenant, key, use_snapshot)), SYNC]
         with self._connection() as conn:
             (result, _) = pipelined.run(conn, steps)
             if pipelined.statements_lost(conn, [result]):
@@ -110,66 +105,25 @@ class StreamReads:
             return GENESIS
         with self._connection() as conn:
             row = conn.cursor(row_factory=tuple_row).execute(
-                self._stream_sql.select_hash, (aggregate_id, version), prepare=True).fetchone()
+                self._q.select_hash, (aggregate_id, version), prepare=True).fetchone()
         return bytes(row[0]) if row else GENESIS
 
     def stream_version(self, aggregate_id: UUID) -> int:
         with self._connection() as conn:
-            row = conn.cursor(row_factory=tuple_row).execute(self._stream_sql.stream_head, (aggregate_id,)).fetchone()
+            row = conn.cursor(row_factory=tuple_row).execute(self._q.stream_head, (aggregate_id,)).fetchone()
         return int(row[0]) if row and row[0] is not None else 0
 
     def save_snapshot(self, snapshot: Snapshot) -> None:
         with self._connection() as conn:
             conn.execute(
-                self._stream_sql.insert_snapshot,
+                self._q.insert_snapshot,
                 (snapshot.aggregate_id, snapshot.version, snapshot.aggregate_type, snapshot.state, snapshot.event_hash),
             )
 
     def find_idempotency(self, tenant: str, key: str) -> IdempotencyRecord | None:
         with self._connection() as conn:
             row = conn.cursor(row_factory=tuple_row).execute(
-                self._stream_sql.select_idempotency, (tenant, key), prepare=True).fetchone()
+                self._q.select_idempotency, (tenant, key), prepare=True).fetchone()
         if row is None:
             return None
         return IdempotencyRecord(tenant, key, bytes(row[0]), row[1], row[2], row[3], bytes(row[4]))
-
-
-class _StreamStatements:
-    def __init__(self, tables: EventTables):
-        q = tables.sql
-        self.select_hash = q("SELECT event_hash FROM {events} WHERE originator_id = %s AND originator_version = %s")
-        self.select_idempotency = q(
-            "SELECT fingerprint, command_type, aggregate_id, stream_version, outcome FROM {idem} "
-            "WHERE tenant = %s AND key = %s"
-        )
-        self.stream_after_snapshot = q(
-            "WITH s AS (SELECT version, aggregate_type, state, event_hash FROM {snaps} WHERE aggregate_id = %(id)s "
-            "ORDER BY version DESC LIMIT 1) "
-            "SELECT true, version, aggregate_type, state, event_hash, (SELECT state FROM {events} "
-            "WHERE originator_id = %(id)s AND originator_version = 1) FROM s UNION ALL "
-            "SELECT false, originator_version, topic, state, event_hash, NULL FROM {events} "
-            "WHERE originator_id = %(id)s AND originator_version > coalesce((SELECT version FROM s), 0) "
-            "ORDER BY 1 DESC, 2"
-        )
-        self.stream_from_start = q(
-            "SELECT false, originator_version, topic, state, event_hash, NULL FROM {events} "
-            "WHERE originator_id = %(id)s ORDER BY originator_version"
-        )
-        self.stream_head = q("SELECT max(originator_version) FROM {events} WHERE originator_id = %s")
-        self.insert_snapshot = q(
-            "INSERT INTO {snaps} (aggregate_id, version, aggregate_type, state, event_hash) "
-            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"
-        )
-        # The command hot path (``pipelined``): one read per command, appends batched in one transaction.
-        # Read: the key's record (kind 2), the latest snapshot if asked for (kind 1, with the first event's
-        # state, which names the owner), and the events after both it and the version the caller knows (kind 0).
-        self.read_for_command = Statement.of(q(
-            "WITH s AS (SELECT version, aggregate_type, state, event_hash FROM {snaps} "
-            "WHERE $5 AND aggregate_id = $1 AND version > $2 ORDER BY version DESC LIMIT 1) "
-            "SELECT 2, stream_version, command_type, outcome, fingerprint, NULL::bytea, aggregate_id FROM {idem} "
-            "WHERE tenant = $3 AND key = $4 UNION ALL "
-            "SELECT 1, version, aggregate_type, state, event_hash, (SELECT state FROM {events} "
-            "WHERE originator_id = $1 AND originator_version = 1), NULL::uuid FROM s UNION ALL "
-            "SELECT 0, originator_version, topic, state, event_hash, NULL::bytea, NULL::uuid FROM {events} "
-            "WHERE originator_id = $1 AND originator_version > greatest($2, coalesce((SELECT version FROM s), 0)) "
-            "ORDER BY 1 DESC, 2"), ("uuid", "int8", "text", "text", "bool"))
