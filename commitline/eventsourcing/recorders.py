@@ -15,6 +15,9 @@
   writers), creating the schema when missing.
 - ``CommitlineAggregateRecorder``: a plain table for snapshots (no notification ids, no chain).
 
+Every table is defined by ``EventTables`` (``infrastructure/store/schema.py``, in its eventsourcing layouts), the
+definition of the store's own tables, so an application's events table cannot differ from commitline's.
+
 Connections come from eventsourcing's ``PostgresDatastore.get_connection``, which turns every
 psycopg error into eventsourcing's type (``IntegrityError`` for a conflicting version, ...).
 """

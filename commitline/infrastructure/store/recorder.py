@@ -1,4 +1,6 @@
-"""The append-only PostgreSQL event store's recorder: appends, per-stream reads, and the notification log.
+"""The append-only PostgreSQL event store's recorder: its appends; its per-stream reads (``streams.py``) and
+its notification log (``log.py``) are parts of it, on its tables (``schema.py``) and statements
+(``statements.py``).
 
 Built on ``eventsourcing``'s ``PostgresApplicationRecorder`` (its datastore, pool, event and notification
 types, LISTEN subscription), with three changes:
