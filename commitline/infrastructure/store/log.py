@@ -49,7 +49,7 @@ from eventsourcing.persistence import Notification
 from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Composed, Identifier
 
-from commitline.infrastructure.store.schema import EVENTS_TABLE, EventTables
+from commitline.infrastructure.store.schema import EventTables
 
 if TYPE_CHECKING:
     from commitline.infrastructure.store.recorder import EventRecorder
@@ -154,10 +154,10 @@ class NotificationLog:
         be passed. A gap seen for the first time is noted with a fresh xid: its proof starts now."""
         cutoff, new_gap = None, None
         with self._gaps_lock:
+            # A gap passed stays noted: xmin only grows, so its proof holds for every later read too.
             for gap in sorted(gaps):
                 bound = self._gaps.get(gap)
                 if bound is None or xmin < bound:
-                    # Passed ones stay noted: xmin only grows, so the proof holds for every later read too.
                     cutoff, new_gap = gap, (gap if bound is None else None)
                     break
         if new_gap is not None:
@@ -211,13 +211,12 @@ def bucket_sql(column: str = "originator_id") -> Composed:
 def bucket_positions_sql(schema: str) -> Composed:
     """For each (bucket, position) of ``%(bucket_list)s``/``%(positions)s`` (of ``%(buckets)s`` buckets): the
     count of the bucket's events after the position and the id of the first of them, in one scan (status lag)."""
-    return SQL(
+    return EventTables(schema).sql(
         "WITH p AS (SELECT * FROM unnest(%(bucket_list)s::int[], %(positions)s::int8[]) AS p(bucket, position)), "
         "e AS (SELECT notification_id, {bucket} AS bucket FROM {events} "
         " WHERE notification_id > (SELECT coalesce(min(position), 0) FROM p)) "
         "SELECT p.bucket, count(e.notification_id), min(e.notification_id) FROM p "
-        "LEFT JOIN e ON e.bucket = p.bucket AND e.notification_id > p.position GROUP BY p.bucket"
-    ).format(bucket=bucket_sql(), events=Identifier(schema, EVENTS_TABLE))
+        "LEFT JOIN e ON e.bucket = p.bucket AND e.notification_id > p.position GROUP BY p.bucket", bucket=bucket_sql())
 
 
 @dataclass(frozen=True)
@@ -234,6 +233,7 @@ class BucketLog:
 
     def __init__(self, recorder: EventRecorder, buckets: int):
         self.recorder = recorder
+        self.datastore = recorder.datastore
         self.log = recorder.log
         self.buckets = buckets
         self._bucket_of: dict[int, int] = {}

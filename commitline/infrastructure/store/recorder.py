@@ -132,14 +132,7 @@ class EventRecorder(StreamReads, PostgresApplicationRecorder):
         ``in_transaction`` runs in the same transaction before the inserts (statement by statement)."""
         if links is None:
             links = chain_streams(stored_events, self.event_hash)
-        params = (
-            [e.originator_id for e in stored_events],
-            [e.originator_version for e in stored_events],
-            [e.topic for e in stored_events],
-            [e.state for e in stored_events],
-            [p for p, _ in links],
-            [h for _, h in links],
-        )
+        params = _event_arrays(stored_events, links)
         size = sum(len(e.state) for e in stored_events)
         one_trip = size <= PIPELINE_MAX_BYTES and in_transaction is None
 
@@ -305,12 +298,13 @@ def _append_params(pending: PendingAppend, one: bool) -> tuple[Any, ...]:
     if one:
         e, (prev, this) = pending.events[0], pending.links[0]
         return (*key, e.originator_id, e.originator_version, e.topic, e.state, prev, this)
-    events = pending.events
-    return (
-        *key,
-        [e.originator_id for e in events], [e.originator_version for e in events], [e.topic for e in events],
-        [e.state for e in events], [p for p, _ in pending.links], [h for _, h in pending.links],
-    )
+    return (*key, *_event_arrays(pending.events, pending.links))
+
+
+def _event_arrays(events: Sequence[StoredEvent], links: Sequence[tuple[bytes, bytes]]) -> tuple[list[Any], ...]:
+    """Events and their chain links as the six arrays of an insert (``unnest``)."""
+    return ([e.originator_id for e in events], [e.originator_version for e in events], [e.topic for e in events],
+            [e.state for e in events], [p for p, _ in links], [h for _, h in links])
 
 
 def _idempotency_params(row: IdempotencyRecord) -> tuple[Any, ...]:
