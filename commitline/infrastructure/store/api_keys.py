@@ -41,19 +41,19 @@ class ApiKey:
         return self.revoked_at is None
 
 
+_KEY = re.compile(r"clk_([0-9a-f]{12})_[A-Za-z0-9_-]{43}")
+
+
+def digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
+
+
 @dataclass(frozen=True)
 class NewApiKey:
     """A key just made: ``secret`` is the whole key, never stored and never shown again."""
 
     key: ApiKey
     secret: str
-
-
-_KEY = re.compile(r"clk_([0-9a-f]{12})_[A-Za-z0-9_-]{43}")
-
-
-def digest(key: str) -> bytes:
-    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
 
 
 def create_statements(schema: str) -> list[Composed]:
