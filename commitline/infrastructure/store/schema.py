@@ -63,9 +63,10 @@ class EventTables:
             raise ValueError(f"originator_id_type must be 'uuid' or 'text', not {self.id_type!r}")
 
     @classmethod
-    def of_application(cls, schema: str, events: str, id_type: str, snapshots: str = SNAPSHOTS_TABLE) -> EventTables:
-        """The tables of an ``eventsourcing`` application whose events table is ``events``."""
-        return cls(schema, events, f"{events}_idempotency", snapshots, id_type, eventsourcing=True)
+    def of_application(cls, schema: str, events: str, id_type: str) -> EventTables:
+        """The tables of an ``eventsourcing`` application whose events table is ``events`` (its snapshots table
+        is its aggregate recorder's: ``EventTables(schema, snapshots=..., eventsourcing=True)``)."""
+        return cls(schema, events, f"{events}_idempotency", id_type=id_type, eventsourcing=True)
 
     @property
     def channel(self) -> str:
