@@ -82,7 +82,7 @@ from commitline.infrastructure.followers.thread import FollowerThread
 from commitline.infrastructure.kafka.producer import ensure_topics, new_producer
 from commitline.infrastructure.kafka.publisher import Publisher
 from commitline.infrastructure.kafka.publisher import PUBLISHER
-from commitline.infrastructure.followers.buckets import BucketLog, BucketPage
+from commitline.infrastructure.store.log import BucketLog, BucketPage
 from commitline.infrastructure.store.recorder import EventRecorder
 
 AGGREGATE_COUNT = 1_000

@@ -9,13 +9,16 @@ verifier can tell a changed event (its content no longer matches its hash) from 
 link (its prev_hash no longer matches the event before it: something was removed,
 inserted or reordered). Removing the *last* events of a stream leaves a valid chain; the
 verifier detects that with the idempotency records, which keep each command's version.
+
+``chain`` links the events of one stream; ``chain_streams`` the events of any streams, each continuing from
+the hash of the event before it, wherever that is known (both recorders' appends use it).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 from uuid import UUID
 
 GENESIS = bytes(32)
@@ -43,4 +46,18 @@ def chain(prev_hash: bytes, events: Sequence[Chainable]) -> list[tuple[bytes, by
         event_hash = link(prev_hash, content(e.originator_id, e.originator_version, e.topic, e.state))
         links.append((prev_hash, event_hash))
         prev_hash = event_hash
+    return links
+
+
+def chain_streams(events: Sequence[Chainable], stored_hash: Callable[[Any, int], bytes]) -> list[tuple[bytes, bytes]]:
+    """(prev_hash, event_hash) for each of ``events`` (of any streams, each stream's in version order): an event
+    continues from the one before it in ``events``, else from ``stored_hash(originator_id, version - 1)``."""
+    links: list[tuple[bytes, bytes]] = []
+    heads: dict[Any, tuple[int, bytes]] = {}
+    for e in events:
+        known = heads.get(e.originator_id)
+        prev = known[1] if known and known[0] == e.originator_version - 1 else stored_hash(
+            e.originator_id, e.originator_version - 1)
+        links.append(chain(prev, [e])[0])
+        heads[e.originator_id] = (e.originator_version, links[-1][1])
     return links

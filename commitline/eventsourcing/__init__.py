@@ -9,8 +9,8 @@ eventsourcing's own (``POSTGRES_*``, ``POSTGRES_SCHEMA``, ``CREATE_TABLE``, ``OR
 ``<app>_tracking``), and so are its exception types.
 
 Modules: ``factory`` (the infrastructure factory eventsourcing finds here), ``recorders``
-(application, process, tracking and snapshot recorders), ``schema`` (their tables),
-``errors`` (the one exception type of ours, an eventsourcing ``IntegrityError``).
+(application, process, tracking and snapshot recorders, on the tables ``infrastructure/store/schema.py``
+defines for the store too), ``errors`` (the one exception type of ours, an eventsourcing ``IntegrityError``).
 """
 
 from commitline.eventsourcing.errors import IdempotencyKeyUsed

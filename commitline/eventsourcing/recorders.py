@@ -15,6 +15,9 @@
   writers), creating the schema when missing.
 - ``CommitlineAggregateRecorder``: a plain table for snapshots (no notification ids, no chain).
 
+Every table is defined by ``EventTables`` (``infrastructure/store/schema.py``, in its eventsourcing layouts), the
+definition of the store's own tables, so an application's events table cannot differ from commitline's.
+
 Connections come from eventsourcing's ``PostgresDatastore.get_connection``, which turns every
 psycopg error into eventsourcing's type (``IntegrityError`` for a conflicting version, ...).
 """
@@ -32,41 +35,36 @@ from eventsourcing.persistence import ProcessRecorder, StoredEvent, Tracking
 from eventsourcing.postgres import PostgresAggregateRecorder, PostgresDatastore, PostgresTrackingRecorder
 from psycopg import errors as pg_errors
 from psycopg.rows import dict_row, tuple_row
-from psycopg.sql import SQL, Composed, Identifier
+from psycopg.sql import SQL, Composed
 
-from commitline.application.chain import chain
-from commitline.eventsourcing import schema as tables
+from commitline.application.chain import chain_streams
 from commitline.eventsourcing.errors import IdempotencyKeyUsed
+from commitline.infrastructure.store.log import first_id
 from commitline.infrastructure.store.recorder import EventRecorder, InTransaction
+from commitline.infrastructure.store.schema import EventTables, lock_schema
 
 _REMEMBERED_HEADS = 100_000
 GAP_WAIT_S = 2.0  # appends are short transactions: one below a read's ids ends well within this
 GAP_POLL_S = 0.01
 
 
-def _related_name(events_table_name: str, suffix: str) -> str:
-    name = f"{events_table_name}_{suffix}"
-    PostgresAggregateRecorder.check_identifier_length(name)
-    return name
+def _create_tables(recorder: PostgresAggregateRecorder) -> None:
+    """The recorder's tables, under the schema's DDL lock (the schema created when missing)."""
+    with recorder.datastore.transaction(commit=True) as curs:
+        lock_schema(curs, recorder.datastore.schema)
+        recorder._create_table(curs)
 
 
 class CommitlineApplicationRecorder(EventRecorder):
     def __init__(self, datastore: PostgresDatastore, *, events_table_name: str = "stored_events", **kwargs: Any):
-        idempotency = _related_name(events_table_name, "idempotency")
-        super().__init__(datastore, events_table=events_table_name, idempotency_table=idempotency,
-                         originator_id_type=datastore.originator_id_type, **kwargs)
-        schema, id_type = datastore.schema, datastore.originator_id_type
-        self.sql_create_statements = [
-            tables.events_table(schema, events_table_name, id_type),
-            tables.notification_id_index(schema, events_table_name),
-            *self._q.append_only_statements(),
-            tables.idempotency_table(schema, idempotency),
-        ]
-        self._insert_key = SQL("INSERT INTO {} (key) VALUES (%s)").format(Identifier(schema, idempotency))
-        self._select_key = SQL("SELECT 1 FROM {} WHERE key = %s").format(Identifier(schema, idempotency))
-        self._select_events = SQL(
-            "SELECT originator_id, originator_version, topic, state, event_hash FROM {} WHERE originator_id = %s"
-        ).format(Identifier(schema, events_table_name))
+        tables = EventTables.of_application(datastore.schema, events_table_name, datastore.originator_id_type)
+        PostgresAggregateRecorder.check_identifier_length(tables.idempotency)
+        super().__init__(datastore, tables=tables, **kwargs)
+        self.sql_create_statements = tables.event_statements()  # snapshots are the aggregate recorder's
+        self._insert_key = tables.sql("INSERT INTO {idem} (key) VALUES (%s)")
+        self._select_key = tables.sql("SELECT 1 FROM {idem} WHERE key = %s")
+        self._select_events = tables.sql(
+            "SELECT originator_id, originator_version, topic, state, event_hash FROM {events} WHERE originator_id = %s")
         self._heads: OrderedDict[Any, tuple[int, bytes]] = OrderedDict()
         self._heads_lock = threading.Lock()
 
@@ -77,15 +75,13 @@ class CommitlineApplicationRecorder(EventRecorder):
                              topics: Sequence[str] = (), *, inclusive_of_start: bool = True) -> Sequence[Any]:
         deadline = time.monotonic() + GAP_WAIT_S
         while True:
-            found, blocked = self.read_notifications(start, limit, stop, topics, inclusive_of_start=inclusive_of_start)
+            found, blocked = self.log.read(first_id(start, inclusive_of_start), limit, stop, topics)
             if blocked is None or time.monotonic() >= deadline:
                 return found
             time.sleep(GAP_POLL_S)
 
     def create_table(self) -> None:
-        with self.datastore.transaction(commit=True) as curs:
-            tables.lock_schema(curs, self.datastore.schema)
-            self._create_table(curs)
+        _create_tables(self)
 
     # -- writes -------------------------------------------------------------------
 
@@ -94,7 +90,7 @@ class CommitlineApplicationRecorder(EventRecorder):
         hooks = [h for h in (self._tracking_hook(tracking), self._idempotency_hook(idempotency_key)) if h]
         if not stored_events and not hooks:
             return None
-        links = self._links(stored_events)
+        links = chain_streams(stored_events, self._head_hash)
         ids = self.append(stored_events, links=links, in_transaction=_all(hooks) if hooks else None)
         for event, (_, event_hash) in zip(stored_events, links, strict=True):
             self._remember(event.originator_id, event.originator_version, event_hash)
@@ -118,17 +114,6 @@ class CommitlineApplicationRecorder(EventRecorder):
                 raise IdempotencyKeyUsed(key) from None
 
         return record_key
-
-    def _links(self, stored_events: Sequence[StoredEvent]) -> list[tuple[bytes, bytes]]:
-        links: list[tuple[bytes, bytes]] = []
-        heads: dict[Any, tuple[int, bytes]] = {}
-        for e in stored_events:
-            known = heads.get(e.originator_id)
-            prev = known[1] if known and known[0] == e.originator_version - 1 else self._head_hash(
-                e.originator_id, e.originator_version - 1)
-            links.append(chain(prev, [e])[0])
-            heads[e.originator_id] = (e.originator_version, links[-1][1])
-        return links
 
     def _head_hash(self, originator_id: UUID | str, version: int) -> bytes:
         with self._heads_lock:
@@ -180,7 +165,8 @@ def _all(hooks: list[InTransaction]) -> InTransaction:
 
 class CommitlineTrackingRecorder(PostgresTrackingRecorder):
     def create_table(self) -> None:
-        tables.ensure_schema(self.datastore)
+        with self.datastore.transaction(commit=True) as curs:
+            lock_schema(curs, self.datastore.schema)
         super().create_table()
 
 
@@ -205,17 +191,14 @@ class CommitlineAggregateRecorder(PostgresAggregateRecorder):
 
     def __init__(self, datastore: PostgresDatastore, *, events_table_name: str = "stored_events"):
         super().__init__(datastore, events_table_name=events_table_name)
-        schema, id_type = datastore.schema, datastore.originator_id_type
-        self.sql_create_statements = [tables.snapshots_table(schema, events_table_name, id_type)]
-        self._insert = SQL(
-            "INSERT INTO {} (originator_id, originator_version, topic, state) "
-            "SELECT * FROM unnest(%s::{}[], %s::int8[], %s::text[], %s::bytea[])"
-        ).format(Identifier(schema, events_table_name), SQL(id_type))
+        tables = EventTables(datastore.schema, snapshots=events_table_name, id_type=datastore.originator_id_type,
+                             eventsourcing=True)
+        self.sql_create_statements = [tables.snapshots_table()]
+        self._insert = tables.sql("INSERT INTO {snaps} (originator_id, originator_version, topic, state) "
+                                  "SELECT * FROM unnest(%s::{id_type}[], %s::int8[], %s::text[], %s::bytea[])")
 
     def create_table(self) -> None:
-        with self.datastore.transaction(commit=True) as curs:
-            tables.lock_schema(curs, self.datastore.schema)
-            self._create_table(curs)
+        _create_tables(self)
 
     def insert_events(self, stored_events: Sequence[StoredEvent], **_: Any) -> Sequence[int] | None:
         if stored_events:

@@ -20,23 +20,22 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-import psycopg
 from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Composed, Identifier
 
-from commitline.infrastructure.followers.positions import Positions
+from commitline.infrastructure.followers.positions import Connection, Positions
 from commitline.infrastructure.store import api_keys, audit_runs, event_versions, hash_backfill
-from commitline.infrastructure.store.recorder import store_append_function_statements, store_schema_statements
+from commitline.infrastructure.store.schema import lock_key, store_append_function_statements, store_schema_statements
 
 log = logging.getLogger(__name__)
 MIGRATIONS_TABLE = "schema_migrations"
-Connection = psycopg.Connection[Any]
 
 
 @dataclass(frozen=True)
 class Migration:
+    """One step: its DDL (``statements``, for a schema), applied with its row in ``schema_migrations``."""
+
     version: int
     description: str
     statements: Callable[[str], Sequence[Composed]] = lambda schema: ()
@@ -65,10 +64,6 @@ LATEST = MIGRATIONS[-1].version
 
 class SchemaTooNew(RuntimeError):
     """The store was migrated by a newer commitline than this one."""
-
-
-def lock_key(schema: str) -> str:
-    return f"commitline-schema-{schema}"
 
 
 def schema_version(conn: Connection, schema: str) -> int:

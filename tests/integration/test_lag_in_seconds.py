@@ -19,9 +19,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from commitline.composition import bootstrap
 from commitline.http.status_page import status_document
-from commitline.infrastructure.followers.buckets import bucket_of
 from commitline.infrastructure.kafka.publisher import PUBLISHER
 from commitline.infrastructure.metrics import render
+from commitline.infrastructure.store.log import bucket_of
 from tests.integration.http.conftest import start_server
 from tests.integration.http.test_status_page import Rendered, chromium
 from tests.support import FollowerThread, kafka_settings, wait_for

@@ -23,11 +23,11 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 
 from commitline.composition import Commitline, bootstrap
 from tests.support import AGGREGATES
-from commitline.infrastructure.followers.buckets import BucketLog, BucketPage, bucket_of
 from commitline.infrastructure.followers.group_status import GroupStatus, group_status
 from commitline.infrastructure.kafka.envelope import topic_for
 from commitline.infrastructure.kafka.publisher import Publisher
 from commitline.infrastructure.kafka.publisher import PUBLISHER
+from commitline.infrastructure.store.log import BucketLog, BucketPage, bucket_of
 from commitline.infrastructure.store.recorder import EventRecorder
 from tests.support import FollowerThread, kafka_settings, wait_for
 

@@ -297,7 +297,7 @@ def test_a_late_commit_is_published(pg_dsn: str, schema: str, kafka_bootstrap: s
         # The gap is recorded by the read, before event 1 is acknowledged and its position saved:
         # wait for both, then the position must still be 1 (the later commits were not published).
         deadline = time.monotonic() + 20
-        while 2 not in app.recorder.gaps_seen() or background.follower.metrics.position < 1:
+        while 2 not in app.recorder.log.gaps_seen() or background.follower.metrics.position < 1:
             assert time.monotonic() < deadline, "the publisher never reached the later commits"
             time.sleep(0.02)
         assert background.follower.metrics.position == 1

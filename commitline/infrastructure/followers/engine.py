@@ -43,7 +43,6 @@ from typing import Any
 from eventsourcing.persistence import Notification
 
 from commitline.application.errors import StoreUnavailable
-from commitline.infrastructure.followers.buckets import BucketLog  # MERGE: store.log
 from commitline.infrastructure.followers.fenced import LeaseLost, instance_id
 from commitline.infrastructure.followers.group import GroupLease
 from commitline.infrastructure.followers.lease import Lease
@@ -52,6 +51,7 @@ from commitline.infrastructure.followers.reading import Page, PageReader
 from commitline.infrastructure.followers.shared import SharedWakeup
 from commitline.infrastructure.followers.slots import OwnedSlots
 from commitline.infrastructure.followers.wakeup import wait_or_stop
+from commitline.infrastructure.store.log import BucketLog
 from commitline.infrastructure.store.recorder import EventRecorder
 
 log = logging.getLogger(__name__)

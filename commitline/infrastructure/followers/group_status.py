@@ -14,7 +14,7 @@ import orjson
 from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Identifier
 
-from commitline.infrastructure.followers.buckets import bucket_name, bucket_positions_sql, sequence_of
+from commitline.infrastructure.followers.buckets import bucket_name, sequence_of
 from commitline.infrastructure.followers.positions import Positions
 from commitline.infrastructure.followers.status import (
     NEVER_RUN,
@@ -23,7 +23,9 @@ from commitline.infrastructure.followers.status import (
     derive_status,
     lease_holders,
 )
-from commitline.infrastructure.store.recorder import EVENTS_TABLE, EventRecorder
+from commitline.infrastructure.store.log import bucket_positions_sql
+from commitline.infrastructure.store.recorder import EventRecorder
+from commitline.infrastructure.store.schema import EVENTS_TABLE
 
 _MEMBERS = SQL("""
 SELECT l.pid, a.application_name, a.backend_start, a.client_addr::text

@@ -18,7 +18,7 @@ from typing import Any
 
 from eventsourcing.persistence import Notification
 
-from commitline.infrastructure.followers.buckets import BucketLog  # MERGE: store.log
+from commitline.infrastructure.store.log import BucketLog
 from commitline.infrastructure.store.recorder import EventRecorder
 
 

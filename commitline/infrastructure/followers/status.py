@@ -19,7 +19,8 @@ from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Identifier
 
 from commitline.infrastructure.followers.positions import Positions
-from commitline.infrastructure.store.recorder import EVENTS_TABLE, EventRecorder
+from commitline.infrastructure.store.recorder import EventRecorder
+from commitline.infrastructure.store.schema import EVENTS_TABLE
 
 NEVER_RUN, DEAD = "never run", "dead"
 _OWNED = {"running", "retrying", "failed"}  # recorded statuses that a live lock holder keeps as they are

@@ -18,19 +18,19 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import psycopg
-from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Composed, Identifier
 
 from commitline.application.boundary import check_tenant
+from commitline.infrastructure.store.small_table import SmallTable
 
 API_KEYS_TABLE = "api_keys"
 PREFIX = "clk_"
-_KEY = re.compile(r"clk_([0-9a-f]{12})_[A-Za-z0-9_-]{43}")
 
 
 @dataclass(frozen=True)
 class ApiKey:
+    """A key as listed: its public id, never its secret or hash."""
+
     key_id: str
     tenant: str
     created_at: datetime
@@ -41,16 +41,19 @@ class ApiKey:
         return self.revoked_at is None
 
 
+_KEY = re.compile(r"clk_([0-9a-f]{12})_[A-Za-z0-9_-]{43}")
+
+
+def digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
+
+
 @dataclass(frozen=True)
 class NewApiKey:
     """A key just made: ``secret`` is the whole key, never stored and never shown again."""
 
     key: ApiKey
     secret: str
-
-
-def digest(key: str) -> bytes:
-    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
 
 
 def create_statements(schema: str) -> list[Composed]:
@@ -65,18 +68,10 @@ def create_statements(schema: str) -> list[Composed]:
                 Identifier(f"{API_KEYS_TABLE}_tenant"), Identifier(schema, API_KEYS_TABLE))]
 
 
-class ApiKeys:
+class ApiKeys(SmallTable):
     """The API keys of one schema, over any source of connections (``datastore.get_connection``)."""
 
-    def __init__(self, connection: Any, schema: str):
-        self._connection = connection
-        self.table = Identifier(schema, API_KEYS_TABLE)
-
-    def _run(self, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        conn: psycopg.Connection[Any]
-        with self._connection() as conn:
-            cur = conn.cursor(row_factory=tuple_row).execute(SQL(query).format(t=self.table), params)
-            return cur.fetchall() if cur.description else []
+    table_name = API_KEYS_TABLE
 
     def add(self, tenant: str) -> NewApiKey:
         """A new key for ``tenant`` (InvalidTenant for an unusable name)."""

@@ -13,9 +13,9 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-import psycopg
-from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Composed, Identifier
+
+from commitline.infrastructure.store.small_table import SmallTable
 
 AUDIT_RUNS_TABLE = "audit_runs"
 ALL, AGGREGATE = "all", "aggregate"
@@ -58,18 +58,10 @@ class AuditRun:
                 "aggregate_id": str(self.aggregate_id) if self.aggregate_id else None}
 
 
-class AuditRuns:
+class AuditRuns(SmallTable):
     """The verification runs of one schema, over any source of connections (``datastore.get_connection``)."""
 
-    def __init__(self, connection: Any, schema: str):
-        self._connection = connection
-        self.table = Identifier(schema, AUDIT_RUNS_TABLE)
-
-    def _run(self, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        conn: psycopg.Connection[Any]
-        with self._connection() as conn:
-            cur = conn.cursor(row_factory=tuple_row).execute(SQL(query).format(t=self.table), params)
-            return cur.fetchall() if cur.description else []
+    table_name = AUDIT_RUNS_TABLE
 
     def record(self, *, started_at: datetime, ok: bool, streams: int, events: int, broken: int, seconds: float,
                aggregate_id: UUID | None = None, tenant: str | None = None) -> AuditRun:

@@ -11,7 +11,8 @@ from psycopg.sql import SQL, Identifier
 
 from commitline.application.audit import ChainRecord, StoredHistoryEvent
 from commitline.infrastructure.store.codec import EventCodec
-from commitline.infrastructure.store.recorder import EVENTS_TABLE, IDEMPOTENCY_TABLE, EventRecorder
+from commitline.infrastructure.store.recorder import EventRecorder
+from commitline.infrastructure.store.schema import EVENTS_TABLE, IDEMPOTENCY_TABLE
 
 PAGE = 10_000
 

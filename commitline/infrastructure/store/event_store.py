@@ -37,7 +37,8 @@ from commitline.infrastructure.store.aggregate_cache import AggregateCache, Entr
 from commitline.infrastructure.store.codec import EventCodec, decode_snapshot, encode_event, encode_snapshot
 from commitline.infrastructure.store.event_versions import EventVersions
 from commitline.infrastructure.store.group_commit import GroupCommitter
-from commitline.infrastructure.store.recorder import CommandRead, EventRecorder, PendingAppend, Snapshot
+from commitline.infrastructure.store.recorder import EventRecorder, PendingAppend
+from commitline.infrastructure.store.streams import CommandRead, Snapshot
 
 A = TypeVar("A", bound=Aggregate)
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from psycopg.errors import UndefinedTable
 from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Composed, Identifier
 
-from commitline.infrastructure.store.recorder import EVENTS_TABLE
+from commitline.infrastructure.store.schema import EVENTS_TABLE
 
 EVENT_VERSIONS_TABLE = "event_versions"
 Pair = tuple[str, int]  # (stored event type, class version)

@@ -40,7 +40,7 @@ from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Composed, Identifier
 
 from commitline.application.chain import GENESIS, content, link
-from commitline.infrastructure.store.recorder import EVENTS_TABLE, IDEMPOTENCY_TABLE, SNAPSHOTS_TABLE
+from commitline.infrastructure.store.schema import EVENTS_TABLE, IDEMPOTENCY_TABLE, SNAPSHOTS_TABLE
 
 log = logging.getLogger(__name__)
 Connection = psycopg.Connection[Any]

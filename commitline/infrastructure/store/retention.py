@@ -15,7 +15,7 @@ from eventsourcing.postgres import PostgresDatastore
 from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Identifier
 
-from commitline.infrastructure.store.recorder import IDEMPOTENCY_TABLE
+from commitline.infrastructure.store.schema import IDEMPOTENCY_TABLE
 
 BATCH = 5_000
 

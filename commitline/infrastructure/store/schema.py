@@ -1,0 +1,226 @@
+"""The event store's tables, defined once, for one schema and one set of names.
+
+``EventTables`` holds the names (schema, events, idempotency and snapshots tables, the originator id type)
+and writes every statement that creates them: the events table (identity notification ids drawn in order
+(CACHE 1), the writer's xid, the hash chain), its notification-id index, the append-only triggers, the
+idempotency and snapshots tables, and the append functions of the group commit. Statements on the tables
+(``sql``) are written with the same names by their users (``recorder.py``, ``log.py``).
+
+Two users, one definition, so their events tables cannot differ:
+
+- commitline's store: migration steps 1 and 6 (``store_schema_statements``,
+  ``store_append_function_statements``), and ``EventRecorder.create_table``;
+- the ``eventsourcing`` module (``commitline.eventsourcing``), one set of tables per application
+  (``EventTables.of_application``). Its tables differ only where eventsourcing requires it: originator ids
+  of its ``ORIGINATOR_ID_TYPE`` (uuid or text), versions from 0 (the library's aggregates may start there;
+  commitline's streams start at 1, a CHECK), an idempotency table of keys alone (its callers name a key, not
+  a command with an outcome), and snapshots in the library's aggregate layout (what its aggregate recorder
+  reads).
+
+``lock_schema`` serialises all of this DDL per schema (one advisory key, shared with the migrations):
+concurrent ``CREATE ... IF NOT EXISTS`` and ``CREATE OR REPLACE`` race otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from psycopg.sql import SQL, Composed, Identifier
+
+EVENTS_TABLE = "events"
+IDEMPOTENCY_TABLE = "idempotency_keys"
+SNAPSHOTS_TABLE = "snapshots"
+ID_TYPES = ("uuid", "text")
+
+
+def lock_key(schema: str) -> str:
+    """The advisory lock key of a schema's DDL (migrations hold it for a session, table creation for a transaction)."""
+    return f"commitline-schema-{schema}"
+
+
+def lock_schema(conn: Any, schema: str) -> None:
+    """In the caller's transaction (a connection or a cursor): take the schema's DDL lock, create the schema."""
+    conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (lock_key(schema),))
+    conn.execute(SQL("CREATE SCHEMA IF NOT EXISTS {}").format(Identifier(schema)))
+
+
+@dataclass(frozen=True)
+class EventTables:
+    """The event store's tables in one schema: their names, and every statement creating them."""
+
+    schema: str
+    events: str = EVENTS_TABLE
+    idempotency: str = IDEMPOTENCY_TABLE
+    snapshots: str = SNAPSHOTS_TABLE
+    id_type: str = "uuid"  # of originator ids
+    #: eventsourcing's layouts (module docstring): versions from 0, keys alone, the library's snapshots
+    eventsourcing: bool = False
+
+    def __post_init__(self) -> None:
+        if self.id_type not in ID_TYPES:
+            raise ValueError(f"originator_id_type must be 'uuid' or 'text', not {self.id_type!r}")
+
+    @classmethod
+    def of_application(cls, schema: str, events: str, id_type: str) -> EventTables:
+        """The tables of an ``eventsourcing`` application whose events table is ``events`` (its snapshots table
+        is its aggregate recorder's: ``EventTables(schema, snapshots=..., eventsourcing=True)``)."""
+        return cls(schema, events, f"{events}_idempotency", id_type=id_type, eventsourcing=True)
+
+    @property
+    def channel(self) -> str:
+        """The NOTIFY channel of the events table's wake-ups."""
+        return f"{self.schema}_{self.events}"
+
+    def sql(self, text: str, **more: Any) -> Composed:
+        """``text`` with the names filled in: ``{events}``, ``{idem}``, ``{snaps}``, ``{channel}``, ``{id_type}``,
+        ``{append}``, ``{append_one}`` (the append functions), ``{reject}`` (the trigger function); and ``more``."""
+        return SQL(text).format(**self._names, **more)
+
+    @cached_property
+    def _names(self) -> dict[str, Any]:
+        schema = self.schema
+        return {
+            "events": Identifier(schema, self.events),
+            # commitline's own spelling unquoted, so migration step 1's DDL stays byte for byte as released
+            "events_id_idx": SQL("events_notification_id_idx") if self.events == EVENTS_TABLE
+            else Identifier(f"{self.events}_notification_id_idx"),
+            "idem": Identifier(schema, self.idempotency),
+            "snaps": Identifier(schema, self.snapshots),
+            "reject": Identifier(schema, "reject_event_change"),
+            "channel": Identifier(self.channel),
+            "id_type": SQL(self.id_type),
+            "append": Identifier(schema, f"append_to_{self.events}"),
+            "append_one": Identifier(schema, f"append_one_to_{self.events}"),
+        }
+
+    # -- the tables ---------------------------------------------------------------
+
+    def _stream_columns(self) -> str:
+        """The columns every event and eventsourcing snapshot has, the first of their primary key."""
+        check = "" if self.eventsourcing else " CHECK (originator_version > 0)"
+        return (" originator_id {id_type} NOT NULL,"
+                " originator_version bigint NOT NULL" + check + ","
+                " topic text NOT NULL,"
+                " state bytea NOT NULL,")
+
+    def events_table(self) -> list[Composed]:
+        """The events table, its notification-id index and its append-only triggers."""
+        return [
+            self.sql(
+                "CREATE TABLE IF NOT EXISTS {events} ("
+                " notification_id bigint GENERATED ALWAYS AS IDENTITY (CACHE 1)," + self._stream_columns() +
+                " txid xid8 NOT NULL DEFAULT pg_current_xact_id(),"
+                " prev_hash bytea NOT NULL,"
+                " event_hash bytea NOT NULL,"
+                " PRIMARY KEY (originator_id, originator_version))"
+            ),
+            self.sql("CREATE UNIQUE INDEX IF NOT EXISTS {events_id_idx} ON {events} (notification_id)"),
+            *self.append_only(),
+        ]
+
+    def append_only(self) -> list[Composed]:
+        """The trigger function and the triggers that reject UPDATE, DELETE and TRUNCATE on the events table."""
+        return [
+            self.sql(
+                "CREATE OR REPLACE FUNCTION {reject}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                "RAISE EXCEPTION 'events are append-only: % on %.% rejected', TG_OP, TG_TABLE_SCHEMA, TG_TABLE_NAME "
+                "USING ERRCODE = 'restrict_violation'; END $$"
+            ),
+            self.sql(
+                "CREATE OR REPLACE TRIGGER events_append_only BEFORE UPDATE OR DELETE ON {events} "
+                "FOR EACH ROW EXECUTE FUNCTION {reject}()"
+            ),
+            self.sql(
+                "CREATE OR REPLACE TRIGGER events_no_truncate BEFORE TRUNCATE ON {events} "
+                "FOR EACH STATEMENT EXECUTE FUNCTION {reject}()"
+            ),
+        ]
+
+    def idempotency_table(self) -> Composed:
+        if self.eventsourcing:
+            return self.sql("CREATE TABLE IF NOT EXISTS {idem} (key text PRIMARY KEY, "
+                            "recorded_at timestamptz NOT NULL DEFAULT now())")
+        return self.sql(
+            "CREATE TABLE IF NOT EXISTS {idem} ("
+            " tenant text NOT NULL,"
+            " key text NOT NULL,"
+            " fingerprint bytea NOT NULL,"
+            " command_type text NOT NULL,"
+            " aggregate_id uuid NOT NULL,"
+            " stream_version bigint NOT NULL,"
+            " outcome bytea NOT NULL,"
+            " recorded_at timestamptz NOT NULL DEFAULT now(),"
+            " PRIMARY KEY (tenant, key))"
+        )
+
+    def snapshots_table(self) -> Composed:
+        if self.eventsourcing:
+            return self.sql("CREATE TABLE IF NOT EXISTS {snaps} (" + self._stream_columns() +
+                            " PRIMARY KEY (originator_id, originator_version))")
+        return self.sql(
+            "CREATE TABLE IF NOT EXISTS {snaps} ("
+            " aggregate_id uuid NOT NULL,"
+            " version bigint NOT NULL,"
+            " aggregate_type text NOT NULL,"
+            " state bytea NOT NULL,"
+            " event_hash bytea NOT NULL,"
+            " taken_at timestamptz NOT NULL DEFAULT now(),"
+            " PRIMARY KEY (aggregate_id, version))"
+        )
+
+    def event_statements(self) -> list[Composed]:
+        """What an application recorder creates: the events table (with index and triggers) and the idempotency table."""
+        return [*self.events_table(), self.idempotency_table()]
+
+    def create_statements(self) -> list[Composed]:
+        """Every table: ``event_statements`` and the snapshots table."""
+        return [*self.event_statements(), self.snapshots_table()]
+
+    def append_functions(self) -> list[Composed]:
+        """One command's append as one statement that never fails: the key's record, then its events (their
+        notification ids in ``ids``). On any error its exception block (a subtransaction) undoes both
+        and returns the error's SQLSTATE in ``refused`` and, in ``detail``, the constraint of a unique
+        violation or else the message. Two variants: events as arrays, or one event as scalars."""
+        def function(name: str, event_params: str, insert: str) -> Composed:
+            return self.sql(
+                "CREATE OR REPLACE FUNCTION " + name + "("
+                " p_tenant text, p_key text, p_fingerprint bytea, p_command_type text, p_aggregate_id uuid,"
+                " p_stream_version int8, p_outcome bytea, " + event_params + ","
+                " OUT ids int8[], OUT refused text, OUT detail text) LANGUAGE plpgsql AS $$"
+                " DECLARE one int8; BEGIN"
+                " PERFORM pg_current_xact_id();"  # the transaction's xid before any notification id: the gap proof
+                " IF p_key IS NOT NULL THEN"
+                "  INSERT INTO {idem} (tenant, key, fingerprint, command_type, aggregate_id, stream_version, outcome)"
+                "  VALUES (p_tenant, p_key, p_fingerprint, p_command_type, p_aggregate_id, p_stream_version,"
+                "  p_outcome);"
+                " END IF; " + insert +
+                " EXCEPTION WHEN OTHERS THEN"
+                "  GET STACKED DIAGNOSTICS refused = RETURNED_SQLSTATE, detail = CONSTRAINT_NAME;"
+                "  IF refused <> '23505' THEN detail := SQLERRM; END IF;"
+                "  ids := NULL;"
+                " END $$")
+
+        columns = "INSERT INTO {events} (originator_id, originator_version, topic, state, prev_hash, event_hash) "
+        return [
+            function("{append}", "p_ids {id_type}[], p_versions int8[], p_topics text[], p_states bytea[], "
+                     "p_prevs bytea[], p_hashes bytea[]",
+                     "WITH inserted AS (" + columns + "SELECT * FROM unnest(p_ids, p_versions, p_topics, p_states, "
+                     "p_prevs, p_hashes) RETURNING notification_id) "
+                     "SELECT array_agg(notification_id ORDER BY notification_id) INTO ids FROM inserted;"),
+            function("{append_one}", "p_id {id_type}, p_version int8, p_topic text, p_state bytea, p_prev bytea, "
+                     "p_hash bytea",
+                     columns + "VALUES (p_id, p_version, p_topic, p_state, p_prev, p_hash) "
+                     "RETURNING notification_id INTO one; ids := ARRAY[one];"),
+        ]
+
+
+def store_schema_statements(schema: str) -> list[Composed]:
+    """The DDL of the event store's tables (migration 1)."""
+    return EventTables(schema).create_statements()
+
+
+def store_append_function_statements(schema: str) -> list[Composed]:
+    """The DDL of the store's append functions (migration 6), used by ``EventRecorder.append_batch``."""
+    return EventTables(schema).append_functions()

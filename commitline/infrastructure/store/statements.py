@@ -1,0 +1,70 @@
+"""The recorder's statements on the event tables, for one set of names (``schema.EventTables``): the appends
+(one command's insert, the group commit's calls of the append functions), the wake-up, the per-stream reads,
+snapshots and idempotency lookups. (The notification log's reads are ``log.py``'s.)
+"""
+
+from __future__ import annotations
+
+from commitline.infrastructure.store.pipelined import Statement
+from commitline.infrastructure.store.schema import EventTables
+
+
+class Statements:
+    def __init__(self, tables: EventTables):
+        q = tables.sql
+        # -- writes
+        self.assign_xid = q("SELECT pg_current_xact_id()::text")
+        self.insert_events = q(
+            "INSERT INTO {events} (originator_id, originator_version, topic, state, prev_hash, event_hash) "
+            "SELECT * FROM unnest(%s::{id_type}[], %s::int8[], %s::text[], %s::bytea[], %s::bytea[], %s::bytea[]) "
+            "RETURNING notification_id"
+        )
+        self.insert_idempotency = q(
+            "INSERT INTO {idem} (tenant, key, fingerprint, command_type, aggregate_id, stream_version, outcome) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s)"
+        )
+        self.notify = q("NOTIFY {channel}")
+        self.notify_bytes = self.notify.as_bytes(None)
+        key_types = ("text", "text", "bytea", "text", "uuid", "int8", "bytea")
+        call = "SELECT ids, refused, detail FROM {%s}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+        self.append_command = Statement.of(
+            q(call % "append"), (*key_types, "uuid[]", "int8[]", "text[]", "bytea[]", "bytea[]", "bytea[]"))
+        self.append_one = Statement.of(  # the common case, a command with one event: no arrays to build
+            q(call % "append_one"), (*key_types, "uuid", "int8", "text", "bytea", "bytea", "bytea"))
+        # -- per-stream reads
+        self.select_hash = q("SELECT event_hash FROM {events} WHERE originator_id = %s AND originator_version = %s")
+        self.select_idempotency = q(
+            "SELECT fingerprint, command_type, aggregate_id, stream_version, outcome FROM {idem} "
+            "WHERE tenant = %s AND key = %s"
+        )
+        self.stream_after_snapshot = q(
+            "WITH s AS (SELECT version, aggregate_type, state, event_hash FROM {snaps} WHERE aggregate_id = %(id)s "
+            "ORDER BY version DESC LIMIT 1) "
+            "SELECT true, version, aggregate_type, state, event_hash, (SELECT state FROM {events} "
+            "WHERE originator_id = %(id)s AND originator_version = 1) FROM s UNION ALL "
+            "SELECT false, originator_version, topic, state, event_hash, NULL FROM {events} "
+            "WHERE originator_id = %(id)s AND originator_version > coalesce((SELECT version FROM s), 0) "
+            "ORDER BY 1 DESC, 2"
+        )
+        self.stream_from_start = q(
+            "SELECT false, originator_version, topic, state, event_hash, NULL FROM {events} "
+            "WHERE originator_id = %(id)s ORDER BY originator_version"
+        )
+        self.stream_head = q("SELECT max(originator_version) FROM {events} WHERE originator_id = %s")
+        self.insert_snapshot = q(
+            "INSERT INTO {snaps} (aggregate_id, version, aggregate_type, state, event_hash) "
+            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"
+        )
+        # The command hot path (``pipelined``): one read per command, appends batched in one transaction.
+        # Read: the key's record (kind 2), the latest snapshot if asked for (kind 1, with the first event's
+        # state, which names the owner), and the events after both it and the version the caller knows (kind 0).
+        self.read_for_command = Statement.of(q(
+            "WITH s AS (SELECT version, aggregate_type, state, event_hash FROM {snaps} "
+            "WHERE $5 AND aggregate_id = $1 AND version > $2 ORDER BY version DESC LIMIT 1) "
+            "SELECT 2, stream_version, command_type, outcome, fingerprint, NULL::bytea, aggregate_id FROM {idem} "
+            "WHERE tenant = $3 AND key = $4 UNION ALL "
+            "SELECT 1, version, aggregate_type, state, event_hash, (SELECT state FROM {events} "
+            "WHERE originator_id = $1 AND originator_version = 1), NULL::uuid FROM s UNION ALL "
+            "SELECT 0, originator_version, topic, state, event_hash, NULL::bytea, NULL::uuid FROM {events} "
+            "WHERE originator_id = $1 AND originator_version > greatest($2, coalesce((SELECT version FROM s), 0)) "
+            "ORDER BY 1 DESC, 2"), ("uuid", "int8", "text", "text", "bool"))

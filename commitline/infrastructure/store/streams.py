@@ -1,0 +1,129 @@
+"""Per-stream access to the event tables: a stream's events read with its latest snapshot and head hash, the
+read before a command (the key's record and the stream, one round trip), one event's stored hash, a stream's
+version, snapshots saved, idempotency records found. ``StreamReads`` is a part of ``EventRecorder``
+(``recorder.py``), with the recorder's statements and connections.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+from eventsourcing.persistence import StoredEvent
+from psycopg.rows import tuple_row
+
+from commitline.application.chain import GENESIS
+from commitline.application.ports import IdempotencyRecord
+from commitline.infrastructure.store import pipelined
+from commitline.infrastructure.store.pipelined import SYNC
+from commitline.infrastructure.store.statements import Statements
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    aggregate_id: UUID
+    version: int
+    aggregate_type: str
+    state: bytes
+    event_hash: bytes  # the chain hash of the event at ``version``
+    # Read with the snapshot (never stored in it): the stored state of the stream's first event, which
+    # names the tenant that owns the stream, so a snapshot-based load knows the owner in the same round trip.
+    first_event_state: bytes | None = None
+
+
+@dataclass
+class CommandRead:
+    """What ``read_for_command`` found: the key's record, the snapshot, the events after it or after the
+    version the caller knew, and the hash of the last of them (None if it read neither)."""
+
+    idempotency: IdempotencyRecord | None = None
+    snapshot: Snapshot | None = None
+    events: list[StoredEvent] = field(default_factory=list)
+    head_hash: bytes | None = None
+
+
+class StreamReads:
+    """The per-stream part of ``EventRecorder``."""
+
+    _q: Statements
+    _connection: Callable[[], Any]
+
+    def load_stream(self, aggregate_id: UUID, after_snapshot: bool) -> tuple[Snapshot | None, list[StoredEvent], bytes]:
+        """The latest snapshot (if wanted, with the state of the stream's first event, which names its
+        tenant), the events after it, and the stream's head hash: one statement, so the snapshot and the
+        events come from the same database snapshot."""
+        query = self._q.stream_after_snapshot if after_snapshot else self._q.stream_from_start
+        with self._connection() as conn:
+            rows = conn.cursor(row_factory=tuple_row).execute(query, {"id": aggregate_id}, prepare=True).fetchall()
+        snapshot = None
+        if rows and rows[0][0]:
+            _, version, aggregate_type, state, event_hash, first = rows.pop(0)
+            snapshot = Snapshot(aggregate_id, version, aggregate_type, bytes(state), bytes(event_hash),
+                                bytes(first) if first is not None else None)
+        events = [StoredEvent(aggregate_id, v, t, bytes(s)) for _, v, t, s, _, _ in rows]
+        head_hash = bytes(rows[-1][4]) if rows else snapshot.event_hash if snapshot else GENESIS
+        return snapshot, events, head_hash
+
+    def read_for_command(self, aggregate_id: UUID, known_version: int, use_snapshot: bool, tenant: str,
+                         key: str) -> CommandRead:
+        """One round trip before a command: the key's record, and the stream after ``known_version``
+        (from its latest snapshot above that version if ``use_snapshot``): one statement, one snapshot."""
+        steps = [(self._q.read_for_command, (aggregate_id, known_version, tenant, key, use_snapshot)), SYNC]
+        with self._connection() as conn:
+            (result, _) = pipelined.run(conn, steps)
+            if pipelined.statements_lost(conn, [result]):
+                (result, _) = pipelined.run(conn, steps)
+            if not pipelined.ok(result):
+                raise pipelined.error_of(result, conn.pgconn)  # type: ignore[arg-type]
+        assert result is not None
+        value = result.get_value
+        read = CommandRead()
+        int8, text = pipelined.int8, pipelined.text
+        for row in range(result.ntuples):
+            kind = int.from_bytes(value(row, 0), "big")  # type: ignore[arg-type]
+            version, name, state, hashed = int8(value(row, 1)), text(value(row, 2)), bytes(value(row, 3)), bytes(
+                value(row, 4))  # type: ignore[arg-type]
+            if kind == 0:
+                read.events.append(StoredEvent(aggregate_id, version, name, state))
+                read.head_hash = hashed
+            elif kind == 1:
+                first = value(row, 5)
+                read.snapshot = Snapshot(aggregate_id, version, name, state, hashed,
+                                         bytes(first) if first is not None else None)
+                read.head_hash = hashed
+            else:
+                read.idempotency = IdempotencyRecord(tenant, key, hashed, name, pipelined.uuid(value(row, 6)),
+                                                     version, state)  # type: ignore[arg-type]
+        return read
+
+    def event_hash(self, aggregate_id: UUID, version: int) -> bytes:
+        """The stored hash of one event; GENESIS for version 0 and for an event that does not exist
+        (then the insert of the next version conflicts anyway)."""
+        if version <= 0:
+            return GENESIS
+        with self._connection() as conn:
+            row = conn.cursor(row_factory=tuple_row).execute(
+                self._q.select_hash, (aggregate_id, version), prepare=True).fetchone()
+        return bytes(row[0]) if row else GENESIS
+
+    def stream_version(self, aggregate_id: UUID) -> int:
+        with self._connection() as conn:
+            row = conn.cursor(row_factory=tuple_row).execute(self._q.stream_head, (aggregate_id,)).fetchone()
+        return int(row[0]) if row and row[0] is not None else 0
+
+    def save_snapshot(self, snapshot: Snapshot) -> None:
+        with self._connection() as conn:
+            conn.execute(
+                self._q.insert_snapshot,
+                (snapshot.aggregate_id, snapshot.version, snapshot.aggregate_type, snapshot.state, snapshot.event_hash),
+            )
+
+    def find_idempotency(self, tenant: str, key: str) -> IdempotencyRecord | None:
+        with self._connection() as conn:
+            row = conn.cursor(row_factory=tuple_row).execute(
+                self._q.select_idempotency, (tenant, key), prepare=True).fetchone()
+        if row is None:
+            return None
+        return IdempotencyRecord(tenant, key, bytes(row[0]), row[1], row[2], row[3], bytes(row[4]))
