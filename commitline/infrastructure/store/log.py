@@ -123,11 +123,16 @@ class NotificationLog:
             else:
                 rows = conn.cursor(row_factory=tuple_row).execute(
                     self._select_until, (first, stop, limit), prepare=True).fetchall()
-        if not rows:
-            return [], None
-        gaps = gaps_in((row[1] for row in rows), first)
-        cutoff = self.first_unproven_gap(gaps, int(rows[0][0])) if gaps else None
-        return _notifications((row[1:] for row in rows), cutoff), cutoff
+        # One pass over the rows (every follower's hot path): a gap met is judged where it is met.
+        page: list[Notification] = []
+        expected, xmin = first, int(rows[0][0]) if rows else 0
+        for _, nid, originator_id, version, topic, state in rows:
+            if nid != expected and self.first_unproven_gap((expected,), xmin) is not None:
+                return page, expected
+            expected = nid + 1
+            page.append(Notification(id=nid, originator_id=originator_id, originator_version=version, topic=topic,
+                                     state=bytes(state)))
+        return page, None
 
     def _read_topics(self, first: int, limit: int, stop: int | None,
                      topics: list[str]) -> tuple[list[Notification], int | None]:
