@@ -15,14 +15,19 @@ The command path (``load_for_command`` then ``append``): at most one read round 
 key's record and the stream's new events in one statement), none when the processor may decide on the
 cached copy (``trust_cache``); the decoded aggregate kept between commands (``aggregate_cache``), and
 appends coalesced with those of concurrent commands (``group_commit``).
+
+Personal fields (``domain.personal``) are sealed by the codec before the chain hashes the stored bytes, and the
+idempotency record's outcome holds them sealed too (``personal/outcomes.py``). An aggregate type whose events
+have personal fields is never snapshotted: a snapshot would hold its state in plain text.
 """
 
 from __future__ import annotations
 
 import logging
+import dataclasses
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -33,8 +38,10 @@ from commitline.application.chain import GENESIS, chain
 from commitline.application.errors import EventTooLarge, WrongAggregateType
 from commitline.application.ports import CommandLoad, ForeignStream, IdempotencyRecord
 from commitline.domain import Aggregate, Event
+from commitline.domain.personal import personal_fields
+from commitline.infrastructure.personal import outcomes
 from commitline.infrastructure.store.aggregate_cache import AggregateCache, Entry
-from commitline.infrastructure.store.codec import EventCodec, decode_snapshot, encode_event, encode_snapshot
+from commitline.infrastructure.store.codec import EventCodec, decode_snapshot, encode_snapshot
 from commitline.infrastructure.store.event_versions import EventVersions
 from commitline.infrastructure.store.group_commit import GroupCommitter
 from commitline.infrastructure.store.recorder import EventRecorder, PendingAppend
@@ -63,6 +70,10 @@ class PostgresEventStore:
         self._heads: OrderedDict[UUID, tuple[int, bytes]] = OrderedDict()
         self._heads_limit = remembered_heads
         self._heads_lock = threading.Lock()
+        self._personal_aggregates = frozenset(a for a in codec.registry.aggregates
+                                              if any(personal_fields(e) for e in a.EVENTS))
+        if self._personal_aggregates and codec.personal is None:
+            raise ValueError("the domain declares personal fields: the event store's codec needs keys to seal them")
 
     def load(self, cls: type[A], aggregate_id: UUID, *, tenant: str | None = None, use_snapshot: bool = True) -> A:
         """The aggregate as of its latest event (blank if it has none). With ``tenant``, a stream another
@@ -106,7 +117,7 @@ class PostgresEventStore:
         if read.idempotency is not None:
             if entry is not None:
                 self.cache.put(entry)
-            return CommandLoad(None, False, read.idempotency)
+            return CommandLoad(None, False, self._revealed(read.idempotency))
         if entry is not None and read.events and read.events[0].originator_version != known + 1:
             entry = None  # cannot happen with an append-only store: trust nothing, read it all again
             read = self.recorder.read_for_command(aggregate_id, 0, self.snapshot_interval > 0, tenant, key)
@@ -153,7 +164,9 @@ class PostgresEventStore:
     def _append(self, aggregate: Aggregate, events: Sequence[Event], tenant: str,
                 idempotency: IdempotencyRecord | None, trace: Any) -> None:
         traceparent = trace.traceparent if trace is not None else None
-        stored = [encode_event(e, tenant, traceparent) for e in events]
+        stored = [self.codec.encode(e, tenant, traceparent, aggregate) for e in events]
+        if idempotency is not None and type(aggregate) in self._personal_aggregates:
+            idempotency = dataclasses.replace(idempotency, outcome=outcomes.protect(idempotency.outcome, stored))
         for s in stored:
             if len(s.state) > self.max_event_bytes:
                 raise EventTooLarge(idempotency.command_type if idempotency else "the command", s.topic, len(s.state),
@@ -169,7 +182,7 @@ class PostgresEventStore:
         else:
             self.recorder.append(stored, idempotency, links=links)
         self._remember(aggregate.id, aggregate.version, links[-1][1])
-        if self._snapshot_due(before, aggregate.version):
+        if self._snapshot_due(before, aggregate.version) and type(aggregate) not in self._personal_aggregates:
             self._take_snapshot(aggregate)
         self.cache.put(Entry(aggregate, tenant))
 
@@ -177,7 +190,18 @@ class PostgresEventStore:
         self.cache.distrust(aggregate_id)
 
     def find_outcome(self, tenant: str, key: str) -> IdempotencyRecord | None:
-        return self.recorder.find_idempotency(tenant, key)
+        record = self.recorder.find_idempotency(tenant, key)
+        return self._revealed(record) if record is not None else None
+
+    def _revealed(self, record: IdempotencyRecord) -> IdempotencyRecord:
+        outcome = outcomes.reveal(record.outcome, self.codec.personal)
+        return record if outcome is record.outcome else dataclasses.replace(record, outcome=outcome)
+
+    def forget(self, key_ids: Iterable[UUID]) -> None:
+        """After an erasure: the erased data keys are never used again here, and no aggregate stays decoded."""
+        if self.codec.personal is not None:
+            self.codec.personal.forget(key_ids)
+        self.cache.clear()
 
     def stream_version(self, aggregate_id: UUID) -> int:
         return self.recorder.stream_version(aggregate_id)
