@@ -180,7 +180,7 @@ def test_a_wrong_master_key_is_refused_without_showing_any_key() -> None:
         other.decode_event(stored.topic, stored.originator_id, 1, stored.state)
     message = str(refused.value) + repr(refused.value.to_dict())
     assert refused.value.variable == "COMMITLINE_MASTER_KEY" and refused.value.code == "wrong_master_key"
-    assert right not in message and wrong not in message and MasterKey.parse(right).key_id in message
+    assert right not in message and wrong not in message and MasterKey.parse(wrong).key_id in message
     assert right not in repr(MasterKey.parse(right))
 
 

@@ -26,6 +26,7 @@ import orjson
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from commitline.application.errors import WrongMasterKey
 from commitline.domain.personal import ERASED, ERASED_JSON, Erased
 from commitline.infrastructure.personal.keys import DataKeys, KeyRow
 from commitline.infrastructure.personal.master import KEY_BYTES, NONCE_BYTES, MasterKey
@@ -66,8 +67,17 @@ class PersonalData:
         self._lock = threading.Lock()
 
     def master(self) -> MasterKey:
+        """The master key, once checked against the key table: refused (WrongMasterKey) when the table holds keys
+        and none is wrapped under it, so a process with a wrong key never adds keys of its own. Mid-rotation
+        both the old and the new key pass."""
         if self._master is None:
-            self._master = self._master_source()
+            master = self._master_source()
+            mine, any_key = self.keys.wrapped_under(master.key_id)
+            if any_key and not mine:
+                raise WrongMasterKey(reason=f"no data key is wrapped under the configured master key {master.key_id}: "
+                                     "configure the key that wrapped them (mid-rotation, the old or the new one); "
+                                     "nothing was written")
+            self._master = master
         return self._master
 
     # -- sealing ---------------------------------------------------------------------------

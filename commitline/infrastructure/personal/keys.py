@@ -33,6 +33,7 @@ def create_statements(schema: str) -> list[Composed]:
         "CREATE TABLE IF NOT EXISTS {keys} (key_id uuid PRIMARY KEY, tenant text NOT NULL, subject text NOT NULL,"
         " wrapped bytea NOT NULL, master_key_id text NOT NULL, created_at timestamptz NOT NULL DEFAULT now(),"
         " UNIQUE (tenant, subject))",
+        "CREATE INDEX IF NOT EXISTS data_keys_master_key_id ON {keys} (master_key_id)",
         "CREATE TABLE IF NOT EXISTS {erasures} (erasure_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
         " tenant text NOT NULL, subject text NOT NULL, key_id uuid NOT NULL,"
         " erased_at timestamptz NOT NULL DEFAULT now(), erased_by text NOT NULL)",
@@ -101,6 +102,12 @@ class DataKeys(SmallTable):
             rows = self._run("SELECT " + _COLUMNS + " FROM {t} WHERE tenant = %s AND subject = %s",
                              (new.tenant, new.subject))
         return _row(rows[0])
+
+    def wrapped_under(self, master_key_id: str) -> tuple[bool, bool]:
+        """(Is any key wrapped under ``master_key_id``, is there any key at all): two index probes."""
+        ((mine, any_key),) = self._run("SELECT EXISTS (SELECT FROM {t} WHERE master_key_id = %s), "
+                                       "EXISTS (SELECT FROM {t})", (master_key_id,))
+        return bool(mine), bool(any_key)
 
     def get(self, key_id: UUID) -> KeyRow | None:
         rows = self._run("SELECT " + _COLUMNS + " FROM {t} WHERE key_id = %s", (key_id,))
