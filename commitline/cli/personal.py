@@ -64,24 +64,28 @@ def cmd_keys(args: argparse.Namespace) -> int:
             return error_exit(e, EXIT_UNAVAILABLE)
     print_json({"rewrapped": done.rewrapped, "already": done.already, "master_key_id": done.master_key_id})
     print(f"data keys are wrapped under master key {done.master_key_id}: set COMMITLINE_MASTER_KEY to the new key "
-          "in every process, then run this again to rewrap keys made meanwhile", file=sys.stderr)
+          "in every process", file=sys.stderr)
     return EXIT_OK
+
+
+ERASE = ("Delete the data key of SUBJECT (of TENANT): every personal value sealed under it reads as erased from now "
+         "on, in loads, audit history and replayed outcomes; the hash chains stay verifiable. Recorded in the "
+         "erasures table (no personal value).")
+ROTATE = ("With the current master key still in COMMITLINE_MASTER_KEY, rewrap every data key under the new one, read "
+          "from standard input (base64 of 32 bytes); then configure the new key everywhere. Run again to finish a "
+          "rotation cut short.")
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     erase = sub.add_parser("erase", help="forget a data subject: delete its data key, record the erasure",
-                           description="Delete the data key of SUBJECT (of TENANT): every personal value sealed "
-                           "under it reads as erased from now on, in loads, audit history and replayed outcomes; "
-                           "the hash chains stay verifiable. Recorded in the erasures table (no personal value).")
+                           description=ERASE)
     erase.add_argument("--tenant", required=True, help="the tenant whose subject it is")
     erase.add_argument("--subject", required=True, help="the data subject's id, as the domain's events name it")
     erase.add_argument("--json", action="store_true", help="machine-readable output")
     erase.set_defaults(run=cmd_erase)
     ksub = actions(sub, "keys", "the master key and the data keys: rotate, list erasures")
     rotate = ksub.add_parser("rotate", help="rewrap every data key under a new master key (read from stdin)",
-                             description="With the current master key still in COMMITLINE_MASTER_KEY, rewrap every "
-                             "data key under the new one, read from standard input (base64 of 32 bytes). Then "
-                             "configure the new key everywhere and run it again.")
+                             description=ROTATE)
     rotate.add_argument("--new-key-env", metavar="VARIABLE", help="read the new key from this environment variable")
     erasures = ksub.add_parser("erasures", help="every erasure recorded (when, tenant, subject, key id, by whom)")
     erasures.add_argument("--tenant", help="only this tenant's")

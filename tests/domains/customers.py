@@ -9,9 +9,6 @@ from typing import Annotated
 
 from commitline import Aggregate, Command, Domain, Event, Id, NonBlankText, Personal, Stream, transitions
 
-domain = Domain("customers")
-
-
 class CustomerState(str, Enum):
     ACTIVE = "ACTIVE"
     CLOSED = "CLOSED"
@@ -24,6 +21,9 @@ class CustomerRegistered(Event):
 
 class CustomerClosed(Event):
     pass
+
+
+domain = Domain("customers")
 
 
 @domain.aggregate

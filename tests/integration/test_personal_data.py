@@ -45,9 +45,9 @@ def stored_bytes(pg_dsn: str, schema: str) -> bytes:
 
 
 def cli(pg_dsn: str, schema: str, *args: str, stdin: str = "", **env: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn, "COMMITLINE_SCHEMA": schema, **env}
     return subprocess.run([sys.executable, "-m", "commitline.cli", *args], capture_output=True, text=True, timeout=120,
-                          input=stdin, env={**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn, "COMMITLINE_SCHEMA": schema,
-                                            **env})
+                          input=stdin, env=env)
 
 
 @pytest.fixture
@@ -132,12 +132,12 @@ def test_erase_and_audit_from_the_command_line(app: Commitline, pg_dsn: str, sch
 
 def test_an_erasure_leaves_another_tenants_subject_of_the_same_id_untouched(customers_app: Commitline) -> None:
     app = customers_app
-    ids = {tenant: app.dispatch({"type": "register_customer", "customer_id": "c-1", "email": f"ann@{tenant}.example"},
+    ids = {tenant: app.dispatch({"type": "register_customer", "customer_id": "c-1", "email": f"ann@{tenant}.test"},
                                 idempotency_key="register", tenant=tenant).aggregate_id for tenant in ("acme", "globex")}
     assert [e.subject for e in app.erase("acme", "c-1")] == ["c-1"]
     acme, globex = (app.load(customers.Customer, ids[t]) for t in ("acme", "globex"))
     assert acme.email is ERASED and acme.customer_id == "c-1"
-    assert globex.email == "ann@globex.example"
+    assert globex.email == "ann@globex.test"
     closed = app.dispatch({"type": "close_customer", "customer": str(ids["acme"])}, idempotency_key="close",
                           tenant="acme")
     assert closed.version == 2 and app.verify_chains().ok
