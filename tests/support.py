@@ -17,7 +17,8 @@ from commitline.infrastructure.kafka.reader import ConsumedRecord, read_topics
 from commitline.infrastructure.personal.master import generate as generate_master_key
 
 __all__ = ["AGGREGATES", "COMMAND_TYPES", "EXAMPLES", "MASTER_KEY", "PROJECTIONS", "RUNNER", "SAGA_COMMANDS",
-           "ConsumedRecord", "FollowerThread", "count_rows", "kafka_settings", "parse_command", "read_topics", "settings_for", "wait_for"]
+           "ConsumedRecord", "FollowerThread", "count_rows", "kafka_settings", "parse_command", "read_topics",
+           "settings_for", "wait_for"]
 
 
 #: The master key of this test run's personal data, also in the environment of every process a test starts
