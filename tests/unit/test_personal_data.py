@@ -197,3 +197,27 @@ def test_the_master_key_is_a_secret_setting() -> None:
     settings = load_settings({"COMMITLINE_MASTER_KEY": key})
     assert key not in repr(settings) and key not in str(settings.model_dump())
     assert settings.master_key is not None and settings.master_key.get_secret_value() == key
+
+
+# -- stored outcomes ---------------------------------------------------------------------------------------
+
+def test_a_stored_outcome_holds_the_sealed_form_and_replays_the_same_answer() -> None:
+    from commitline.application.dispatching import applied
+    from commitline.application.results import DispatchResult
+    from commitline.examples.payments import CreatePayment
+    from commitline.infrastructure.personal import outcomes
+
+    events, keys = codec()
+    event, payment = payment_created()
+    payment.apply(event)
+    command = CreatePayment(amount=Decimal("12.50"), currency="EUR", account=event.account)
+    answer = applied(command, "acme", payment, [event])
+    stored = events.encode(event, "acme", aggregate=payment)
+    kept = outcomes.protect(answer.outcome_bytes(), [stored])
+    assert b"GB33BUKB" not in kept and b'"pd":["account"]' in kept
+    replayed = DispatchResult.from_outcome(outcomes.reveal(kept, events.personal))
+    assert replayed.model_dump(exclude={"replayed"}) == answer.model_dump(exclude={"replayed"})
+    assert outcomes.reveal(b'{"events": []}', None) == b'{"events": []}'  # nothing personal: as it is
+    events.personal.forget([keys.erase("acme", str(payment.id))])  # type: ignore[union-attr]
+    erased = DispatchResult.from_outcome(outcomes.reveal(kept, events.personal))
+    assert erased.events[0].payload == {"amount": "12.50", "currency": "EUR", "account": {"erased": True}}
