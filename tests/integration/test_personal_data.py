@@ -60,12 +60,12 @@ def test_the_store_holds_no_plain_personal_value_and_a_load_opens_it(app: Commit
     first = app.dispatch({"type": "create_payment", "amount": "12.50", "currency": "EUR", "account": ACCOUNT},
                          idempotency_key="create")
     pid = first.aggregate_id
-    for move in range(150):  # a long stream: past the snapshot interval, and never snapshotted
+    for move in range(150):  # a long stream: past the snapshot interval (its snapshot is sealed too)
         app.dispatch({"type": "fail_payment" if move % 2 else "submit_payment", "payment_id": str(pid),
                       **({"reason": "declined"} if move % 2 else {})}, idempotency_key=f"move-{move}")
     kept = stored_bytes(pg_dsn, schema)
     assert ACCOUNT.encode() not in kept and b"20201555555555" not in kept
-    assert count_rows(pg_dsn, schema)["snapshots"] == 0
+    assert count_rows(pg_dsn, schema)["snapshots"] == 1
     with psycopg.connect(pg_dsn) as conn:
         (state,) = conn.execute(f'SELECT state FROM "{schema}".events WHERE originator_version = 1').fetchone()
         (key_id, tenant, subject) = conn.execute(f'SELECT key_id, tenant, subject FROM "{schema}".data_keys').fetchone()
@@ -112,6 +112,21 @@ def test_an_erased_subject_reads_as_erased_while_states_commands_and_chains_hold
         assert conn.execute(f'SELECT count(*) FROM "{schema}".data_keys').fetchone() == (1,)
         with pytest.raises(psycopg.errors.RestrictViolation):
             conn.execute(f'DELETE FROM "{schema}".erasures')
+
+
+def test_a_snapshot_of_an_erased_subject_is_passed_over(pg_dsn: str, schema: str) -> None:
+    with bootstrap(settings_for(pg_dsn, schema, snapshot_interval=2)) as app:
+        pid = create(app)
+        app.dispatch({"type": "submit_payment", "payment_id": str(pid)}, idempotency_key="submit")
+        assert count_rows(pg_dsn, schema)["snapshots"] == 1 and ACCOUNT.encode() not in stored_bytes(pg_dsn, schema)
+        with bootstrap(settings_for(pg_dsn, schema, snapshot_interval=2)) as fresh:
+            assert fresh.load(PaymentTransaction, pid).account == ACCOUNT  # from the sealed snapshot
+        app.erase("default", str(pid))
+    with bootstrap(settings_for(pg_dsn, schema, snapshot_interval=2)) as fresh:  # nothing cached
+        payment = fresh.load(PaymentTransaction, pid)
+        assert payment.account is ERASED and payment.state is PaymentState.PENDING and payment.version == 2
+        done = fresh.dispatch({"type": "complete_payment", "payment_id": str(pid)}, idempotency_key="complete")
+        assert done.version == 3 and fresh.verify_chains().ok
 
 
 def test_erase_and_audit_from_the_command_line(app: Commitline, pg_dsn: str, schema: str) -> None:

@@ -17,8 +17,9 @@ cached copy (``trust_cache``); the decoded aggregate kept between commands (``ag
 appends coalesced with those of concurrent commands (``group_commit``).
 
 Personal fields (``domain.personal``) are sealed by the codec before the chain hashes the stored bytes, and the
-idempotency record's outcome holds them sealed too (``personal/outcomes.py``). An aggregate type whose events
-have personal fields is never snapshotted: a snapshot would hold its state in plain text.
+idempotency record's outcome holds them sealed too (``personal/outcomes.py``), and so do the snapshots of an
+aggregate type whose events have personal fields (``personal/snapshots.py``): a snapshot whose subject was erased
+is passed over, and the stream replayed from its first event.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from commitline.application.errors import EventTooLarge, WrongAggregateType
 from commitline.application.ports import CommandLoad, ForeignStream, IdempotencyRecord
 from commitline.domain import Aggregate, Event
 from commitline.domain.personal import personal_fields
-from commitline.infrastructure.personal import outcomes
+from commitline.infrastructure.personal import outcomes, snapshots
 from commitline.infrastructure.store.aggregate_cache import AggregateCache, Entry
 from commitline.infrastructure.store.codec import EventCodec, decode_snapshot, encode_snapshot
 from commitline.infrastructure.store.event_versions import EventVersions
@@ -70,8 +71,10 @@ class PostgresEventStore:
         self._heads: OrderedDict[UUID, tuple[int, bytes]] = OrderedDict()
         self._heads_limit = remembered_heads
         self._heads_lock = threading.Lock()
-        self._personal_aggregates = frozenset(a for a in codec.registry.aggregates
-                                              if any(personal_fields(e) for e in a.EVENTS))
+        #: each aggregate type whose events have personal fields, with the names of their subjects
+        self._personal_aggregates = {a: subjects for a in codec.registry.aggregates
+                                     if (subjects := tuple(dict.fromkeys(s for e in a.EVENTS
+                                                                         for _, s in personal_fields(e))))}
         if self._personal_aggregates and codec.personal is None:
             raise ValueError("the domain declares personal fields: the event store's codec needs keys to seal them")
 
@@ -80,15 +83,14 @@ class PostgresEventStore:
         tenant owns raises ForeignStream before anything of it is decoded (not even its type is checked)."""
         snapshot, stored, head_hash = self.recorder.load_stream(
             aggregate_id, after_snapshot=use_snapshot and self.snapshot_interval > 0)
-        if tenant is not None:
-            owner = stream_owner(snapshot, stored)
-            if owner is not None and owner != tenant:
-                raise ForeignStream(aggregate_id)
+        owner = stream_owner(snapshot, stored) if tenant is not None or snapshot is not None else None
+        if tenant is not None and owner is not None and owner != tenant:
+            raise ForeignStream(aggregate_id)
         start: A | None = None
         if snapshot is not None:
-            if snapshot.aggregate_type != cls.__name__:
-                raise WrongAggregateType(aggregate_id, cls.__name__, snapshot.aggregate_type)
-            start = decode_snapshot(cls, snapshot.state)  # type: ignore[assignment]
+            start = self._snapshot_start(cls, snapshot, owner)
+            if start is None:  # its subject was erased: from the first event
+                _, stored, head_hash = self.recorder.load_stream(aggregate_id, after_snapshot=False)
         recorded = [self.codec.decode_event(s.topic, s.originator_id, s.originator_version, s.state) for s in stored]
         if recorded and recorded[0].aggregate_type != cls.__name__:
             raise WrongAggregateType(aggregate_id, cls.__name__, recorded[0].aggregate_type)
@@ -140,15 +142,23 @@ class PostgresEventStore:
         if owner is not None and owner != tenant:
             raise ForeignStream(aggregate_id)
         start: A | None = None
+        events = read.events
         if read.snapshot is not None:
-            if read.snapshot.aggregate_type != cls.__name__:
-                raise WrongAggregateType(aggregate_id, cls.__name__, read.snapshot.aggregate_type)
-            start = decode_snapshot(cls, read.snapshot.state)  # type: ignore[assignment]
+            start = self._snapshot_start(cls, read.snapshot, owner)
+            if start is None:  # its subject was erased: from the first event
+                _, events, _ = self.recorder.load_stream(aggregate_id, after_snapshot=False)
         recorded = [self.codec.decode_event(s.topic, s.originator_id, s.originator_version, s.state)
-                    for s in read.events]
+                    for s in events]
         if recorded and recorded[0].aggregate_type != cls.__name__:
             raise WrongAggregateType(aggregate_id, cls.__name__, recorded[0].aggregate_type)
         return cls.replay(aggregate_id, [r.event for r in recorded], start)
+
+    def _snapshot_start(self, cls: type[A], snapshot: Snapshot, owner: str | None) -> A | None:
+        if snapshot.aggregate_type != cls.__name__:
+            raise WrongAggregateType(snapshot.aggregate_id, cls.__name__, snapshot.aggregate_type)
+        state = snapshots.open_state(self.codec.personal, owner or "", snapshot.aggregate_id, snapshot.version,
+                                     snapshot.state)
+        return decode_snapshot(cls, state) if state is not None else None  # type: ignore[return-value]
 
     def append(
         self, aggregate: Aggregate, events: Sequence[Event], *, tenant: str, idempotency: IdempotencyRecord | None
@@ -182,8 +192,8 @@ class PostgresEventStore:
         else:
             self.recorder.append(stored, idempotency, links=links)
         self._remember(aggregate.id, aggregate.version, links[-1][1])
-        if self._snapshot_due(before, aggregate.version) and type(aggregate) not in self._personal_aggregates:
-            self._take_snapshot(aggregate)
+        if self._snapshot_due(before, aggregate.version):
+            self._take_snapshot(aggregate, tenant)
         self.cache.put(Entry(aggregate, tenant))
 
     def distrust(self, aggregate_id: UUID) -> None:
@@ -224,11 +234,17 @@ class PostgresEventStore:
         n = self.snapshot_interval
         return n > 0 and after // n > before // n
 
-    def _take_snapshot(self, aggregate: Aggregate) -> None:
+    def _take_snapshot(self, aggregate: Aggregate, tenant: str) -> None:
         # Best effort, after the commit: a missing snapshot only costs a longer replay.
         try:
+            state: bytes | None = encode_snapshot(aggregate)
+            subjects = self._personal_aggregates.get(type(aggregate))
+            if subjects is not None and self.codec.personal is not None:
+                state = snapshots.seal(self.codec.personal, tenant, aggregate, subjects, state)  # type: ignore[arg-type]
+            if state is None:
+                return
             self.recorder.save_snapshot(Snapshot(
-                aggregate.id, aggregate.version, type(aggregate).__name__, encode_snapshot(aggregate),
+                aggregate.id, aggregate.version, type(aggregate).__name__, state,
                 self._head_hash(aggregate.id, aggregate.version)))
         except Exception:
             log.warning("snapshot of %s at version %d not saved", aggregate.id, aggregate.version, exc_info=True)
