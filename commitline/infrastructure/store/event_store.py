@@ -234,12 +234,16 @@ class PostgresEventStore:
         n = self.snapshot_interval
         return n > 0 and after // n > before // n
 
-    def _take_snapshot(self, aggregate: Aggregate, tenant: str) -> None:
+    def _take_snapshot(self, aggregate: Aggregate, tenant: str | None = None) -> None:
+        """``tenant``: the stream's owner, whose subject's key seals the snapshot of an aggregate with personal
+        fields (without it, such an aggregate is not snapshotted)."""
         # Best effort, after the commit: a missing snapshot only costs a longer replay.
         try:
             state: bytes | None = encode_snapshot(aggregate)
             subjects = self._personal_aggregates.get(type(aggregate))
-            if subjects is not None and self.codec.personal is not None:
+            if subjects is not None:
+                if tenant is None or self.codec.personal is None:
+                    return
                 state = snapshots.seal(self.codec.personal, tenant, aggregate, subjects, state)  # type: ignore[arg-type]
             if state is None:
                 return
