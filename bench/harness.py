@@ -25,6 +25,7 @@ from psycopg import sql
 
 from commitline.composition import Commitline, bootstrap
 from commitline.infrastructure.config import Settings
+from commitline.infrastructure.personal.master import generate as generate_master_key
 
 T = TypeVar("T")
 
@@ -93,9 +94,13 @@ def fresh_schema(dsn: str, prefix: str = "bench") -> Iterator[str]:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
 
 
+#: The master key of the examples' personal fields (payments' accounts), also for the processes a bench starts
+MASTER_KEY = os.environ.setdefault("COMMITLINE_MASTER_KEY", generate_master_key())
+
+
 def commitline_app(dsn: str, schema: str, **overrides: Any) -> Commitline:
     values: dict[str, Any] = {
-        "database_url": dsn, "schema_name": schema,
+        "database_url": dsn, "schema_name": schema, "master_key": MASTER_KEY,
         "pool_size": POOL_SIZE, "pool_max_overflow": POOL_MAX_OVERFLOW,
     }
     values.update(overrides)

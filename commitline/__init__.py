@@ -3,7 +3,7 @@
 The public API is what this module exports (and ``commitline.testing``); a team's own package declares
 its domain with it and runs it with ``bootstrap(domain=...)`` or ``commitline --app module:domain``::
 
-    from commitline import Aggregate, Command, Domain, Event, Stream, transitions
+    from commitline import Aggregate, Command, Domain, Event, Personal, Stream, transitions
 
 Everything else is commitline's own: it may change between versions. Names are imported lazily, so
 importing the domain building blocks does not load the database and Kafka clients.
@@ -27,6 +27,9 @@ _EXPORTS: dict[str, str] = {
     "DomainError": "commitline.domain.errors",
     "IllegalTransition": "commitline.domain.errors",
     "InvalidValue": "commitline.domain.errors",
+    "Personal": "commitline.domain.personal",
+    "Erased": "commitline.domain.personal",
+    "ERASED": "commitline.domain.personal",
     # commands, their handling, process managers
     "Command": "commitline.application.commands",
     "VersionedCommand": "commitline.application.commands",
@@ -50,6 +53,7 @@ _EXPORTS: dict[str, str] = {
     "InvalidApp": "commitline.application.errors",
     "InvalidCommand": "commitline.application.errors",
     "InvalidDomain": "commitline.application.errors",
+    "WrongMasterKey": "commitline.application.errors",
     "StoreUnavailable": "commitline.application.errors",
     "UnknownCommandType": "commitline.application.errors",
     # read models
@@ -104,6 +108,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time the names a
         InvalidDomain,
         StoreUnavailable,
         UnknownCommandType,
+        WrongMasterKey,
     )
     from commitline.application.process import InstanceRow, ProcessManager, StuckInstance
     from commitline.application.results import DispatchResult
@@ -111,6 +116,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time the names a
     from commitline.domain.aggregate import Aggregate, Event
     from commitline.domain.errors import CommitlineError, DomainError, IllegalTransition, InvalidValue
     from commitline.domain.fsm import TransitionTable, table, transitions
+    from commitline.domain.personal import ERASED, Erased, Personal
     from commitline.framework.domain import Domain, PortContext
     from commitline.infrastructure.store.codec import RecordedEvent
     from commitline.projections.base import Changes, Projection, Table, on

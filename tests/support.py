@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -13,14 +14,20 @@ from commitline.examples import domain as examples_domain
 from commitline.infrastructure.config import Settings
 from commitline.infrastructure.followers.thread import FollowerThread
 from commitline.infrastructure.kafka.reader import ConsumedRecord, read_topics
+from commitline.infrastructure.personal.master import generate as generate_master_key
 
-__all__ = ["AGGREGATES", "COMMAND_TYPES", "EXAMPLES", "PROJECTIONS", "RUNNER", "SAGA_COMMANDS", "ConsumedRecord",
-           "FollowerThread", "count_rows", "kafka_settings", "parse_command", "read_topics", "settings_for", "wait_for"]
+__all__ = ["AGGREGATES", "COMMAND_TYPES", "EXAMPLES", "MASTER_KEY", "PROJECTIONS", "RUNNER", "SAGA_COMMANDS",
+           "ConsumedRecord", "FollowerThread", "count_rows", "kafka_settings", "parse_command", "read_topics",
+           "settings_for", "wait_for"]
+
+
+#: The master key of this test run's personal data, also in the environment of every process a test starts
+MASTER_KEY = os.environ.setdefault("COMMITLINE_MASTER_KEY", generate_master_key())
 
 
 def settings_for(dsn: str, schema: str, **overrides: object) -> Settings:
     values: dict[str, object] = {
-        "database_url": dsn, "schema_name": schema, "pool_size": 4, "pool_max_overflow": 76,
+        "database_url": dsn, "schema_name": schema, "pool_size": 4, "pool_max_overflow": 76, "master_key": MASTER_KEY,
     }
     values.update(overrides)
     return Settings(**values)  # type: ignore[arg-type]

@@ -172,6 +172,14 @@ class InvalidDomain(ConfigurationError):
         return f"{source}domain {self.domain!r} cannot be used: {count} problem{'s' if count != 1 else ''}:{lines}"
 
 
+class WrongMasterKey(ConfigurationError):
+    """The configured master key (``COMMITLINE_MASTER_KEY``) cannot unwrap a data key: another master key
+    wrapped it. Nothing was written. The message names key ids only, never key material."""
+
+    code = "wrong_master_key"
+    variable = "COMMITLINE_MASTER_KEY"
+
+
 class StoreUnavailable(CommitlineError):
     """The event store could not be reached or used (refused or lost connection, no pooled connection
     within ``COMMITLINE_POOL_TIMEOUT_S``); retry with the same key. The command was not applied, or,

@@ -5,8 +5,8 @@ the built-in examples by default).
 It gives what a program runs: the command processor, the auditor, the read models, the API keys and the
 status report (here); the publisher and running followers (``followers.py``); projectors and rebuilds
 (``projections.py``); process managers and their runners (``sagas.py``); the operator's store-level work
-(``operations.py``). The CLI, the HTTP server, the demo, the tests and the benchmarks only call it and
-render what it returns.
+(``operations.py``); erasing data subjects and rotating the master key (``personal.py``). The CLI, the HTTP
+server, the demo, the tests and the benchmarks only call it and render what it returns.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from commitline.application.audit import Auditor
 from commitline.application.processor import CommandProcessor
 from commitline.composition.followers import Followers
 from commitline.composition.operations import Operations
+from commitline.composition.personal import PersonalDataOperations
 from commitline.composition.projections import Projections
 from commitline.composition.sagas import Sagas
 from commitline.composition.status import StatusReport
@@ -49,7 +50,7 @@ A = TypeVar("A", bound=Aggregate)
 
 
 @dataclass
-class Commitline(Followers, Projections, Sagas, Operations):
+class Commitline(Followers, Projections, Sagas, Operations, PersonalDataOperations):
     """Everything wired together for one domain; close it to release connections and stop embedded services."""
 
     settings: Settings

@@ -4,6 +4,7 @@ PostgreSQL), a checked and migrated schema, the store and the command processor,
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -23,6 +24,9 @@ from commitline.infrastructure.embedded.local import shared_postgres
 from commitline.infrastructure.embedded.postgres import EmbeddedPostgres
 from commitline.infrastructure.embedded.shared import SharedServer
 from commitline.infrastructure.metrics import CommandMetrics
+from commitline.infrastructure.personal.cipher import PersonalData
+from commitline.infrastructure.personal.keys import DataKeys
+from commitline.infrastructure.personal.master import VARIABLE, MasterKey, development_key
 from commitline.infrastructure.store import event_versions
 from commitline.infrastructure.store.codec import EventCodec
 from commitline.infrastructure.store.datastore import StoreDatastore, connect_options, describe_failure
@@ -47,6 +51,23 @@ def connection_parts(settings: Settings) -> tuple[dict[str, Any], SharedServer[E
     log.info("%s embedded PostgreSQL at %s", "started" if shared.started_here else "using the running",
              embedded.dsn)
     return Settings(database_url=embedded.dsn).connection_parts(), shared
+
+
+def master_key_source(settings: Settings) -> Callable[[], MasterKey]:
+    """Where the master key comes from: ``COMMITLINE_MASTER_KEY``; else, with the embedded PostgreSQL, the data
+    folder's development key; else nowhere, which fails (``ConfigurationError``) when a personal field is first
+    written or read, before anything is written."""
+    if settings.master_key is not None:
+        key = MasterKey.parse(settings.master_key.get_secret_value())  # validated by Settings already
+        return lambda: key
+    if settings.database_url is None:
+        return lambda: development_key(settings.data_dir)
+
+    def missing() -> MasterKey:
+        raise ConfigurationError(VARIABLE, "is not set, and the domain's personal fields are encrypted under it: set "
+                                 "it to the base64 of 32 random bytes (`openssl rand -base64 32`); nothing was written")
+
+    return missing
 
 
 def bootstrap(settings: Settings | None = None, *, domain: Domain | str | None = None, apply_migrations: bool = True,
@@ -104,7 +125,8 @@ def bootstrap(settings: Settings | None = None, *, domain: Domain | str | None =
             shared.release()
         variable, spec = domain.loaded_as
         raise InvalidDomain(variable, domain.name, unreadable, spec)
-    store = PostgresEventStore(recorder, EventCodec(domain.registry), settings.snapshot_interval,
+    personal = PersonalData(DataKeys(datastore.get_connection, settings.schema_name), master_key_source(settings))
+    store = PostgresEventStore(recorder, EventCodec(domain.registry, personal), settings.snapshot_interval,
                                max_event_bytes=settings.max_event_bytes, cache_size=settings.aggregate_cache_size,
                                group_commit=settings.group_commit_max,
                                versions=EventVersions(datastore.get_connection, settings.schema_name, stored),

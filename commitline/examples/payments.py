@@ -2,16 +2,21 @@
 
 The whole slice: the transition table, the events, the aggregate, its commands and their handlers, and
 the ``payment_states`` read model (payments per tenant, state and currency, with their sums).
+
+The account is personal data: sealed in the store under the key of its holder, the data subject, which
+``commitline erase --tenant T --subject S`` forgets. Until payments name their holder, each payment is its own
+holder: ``S`` is the payment's id.
 """
 
 from __future__ import annotations
 
 from decimal import Decimal
 from enum import Enum
+from typing import Annotated
 from uuid import UUID
 
-from commitline import (Aggregate, Changes, Domain, Event, Id, InvalidValue, NonBlankText, Projection, RecordedEvent,
-                        Stream, Table, Text, VersionedCommand, on, transitions)
+from commitline import (Aggregate, Changes, Domain, Event, Id, InvalidValue, NonBlankText, Personal, Projection,
+                        RecordedEvent, Stream, Table, Text, VersionedCommand, on, transitions)
 from commitline.examples.money import PricedCommand, check_amount, check_currency
 from commitline.examples.reads import ExampleReads, PaymentTotalsOut
 
@@ -32,7 +37,7 @@ PAYMENT_TRANSITIONS = transitions({C: {P}, P: {OK, KO}, OK: set(), KO: {P}})
 class PaymentCreated(Event):
     amount: Decimal
     currency: str
-    account: str
+    account: Annotated[str, Personal(subject="holder")]  # the aggregate's ``holder``
 
 
 class PaymentSubmitted(Event):
@@ -61,6 +66,11 @@ class PaymentTransaction(Aggregate):
     EVENTS = (PaymentCreated, PaymentSubmitted, PaymentCompleted, PaymentFailed)
     TRANSITIONS = PAYMENT_TRANSITIONS
     MACHINE = ("payment", "state")
+
+    @property
+    def holder(self) -> str:
+        """The data subject of the account: the payment's id, until payments name their account holder."""
+        return str(self.id)
 
     @classmethod
     def create(cls, payment_id: UUID, *, amount: Decimal, currency: str, account: str) -> PaymentTransaction:

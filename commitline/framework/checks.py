@@ -6,7 +6,8 @@ them together in one ``InvalidDomain``, before anything is written. Checked here
 - aggregates: each an ``Aggregate`` subclass with events, ``_evolve`` and a sound transition table on a
   field it has; no two with one name (the name is the Kafka topic and the stored aggregate type);
 - events: each an ``Event`` subclass of one aggregate only, type names unique, an upcaster for every
-  step from version 1 to ``class_version``;
+  step from version 1 to ``class_version``; each personal field (``Personal``) tied to a subject that is
+  another field of the event or an attribute of its aggregate;
 - commands: each a ``Command`` subclass with one handler, type names unique, its aggregate held by the
   domain, its id field present;
 - errors: ``DomainError`` subclasses with their own code (unique, not one of commitline's) and an HTTP
@@ -19,6 +20,7 @@ them together in one ``InvalidDomain``, before anything is written. Checked here
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import re
@@ -31,6 +33,7 @@ from commitline.application.commands import Command
 from commitline.application.process import ProcessManager
 from commitline.domain.aggregate import Aggregate, Event
 from commitline.domain.errors import DomainError
+from commitline.domain.personal import personal_fields
 from commitline.application.catalog import Stream
 from commitline.framework.declared import Declared, derived_id, shown_path
 from commitline.projections.base import Projection
@@ -45,7 +48,7 @@ CORE_CODES = frozenset({
     "error", "domain_error", "illegal_transition", "invalid_value", "invalid_command", "unknown_command_type",
     "missing_idempotency_key", "invalid_idempotency_key", "invalid_tenant", "idempotency_key_reused",
     "concurrency_conflict", "aggregate_not_found", "aggregate_already_exists", "wrong_aggregate_type",
-    "event_too_large", "configuration_error", "invalid_app", "invalid_domain", "store_unavailable",
+    "event_too_large", "configuration_error", "wrong_master_key", "invalid_app", "invalid_domain", "store_unavailable",
     "audit_query_error", "version_beyond_head", "before_creation", "malformed_json", "invalid_query",
     "unauthorized", "not_found", "method_not_allowed", "body_too_large", "unsupported_media_type", "not_ready",
     "internal_error",
@@ -83,6 +86,7 @@ def problems(domain: Domain) -> list[str]:
             "(give Domain(..., schema=...) when the name is not one)")
     aggregates = _aggregates(domain, say)
     events = _events(aggregates, say)
+    _personal(events, aggregates, say)
     _commands(domain, aggregates, say)
     _errors(domain, say)
     _read_models(domain, events, say)
@@ -183,6 +187,29 @@ def _events(aggregates: dict[type[Aggregate], str], say: Any) -> dict[type[Event
         for place in places[1:]:
             say(place, f"two events have the type name {name} (also {places[0]})")
     return owner
+
+
+def _personal(events: dict[type[Event], type[Aggregate]], aggregates: dict[type[Aggregate], str], say: Any) -> None:
+    for event, aggregate in events.items():
+        where = where_defined(event, aggregates[aggregate])
+        try:
+            fields = personal_fields(event)
+        except Exception as e:
+            say(where, f"event {event.__name__}'s annotations cannot be resolved ({type(e).__name__}: {e}), so its "
+                "personal fields cannot be found")
+            continue
+        own = {f.name for f in dataclasses.fields(event)}
+        for name, subject in fields:
+            if subject in {n for n, _ in fields}:
+                say(where, f"event {event.__name__}'s personal field {name} names {subject!r} as its data subject, "
+                    "a personal field itself: the subject must be an identifier kept in plain text")
+            elif subject not in own and not hasattr(aggregate, subject) and subject not in _field_names(aggregate):
+                say(where, f"event {event.__name__}'s personal field {name} names the data subject {subject!r}, "
+                    f"which is neither a field of {event.__name__} nor an attribute of {aggregate.__name__}")
+
+
+def _field_names(cls: type) -> set[str]:
+    return set(getattr(cls, "__dataclass_fields__", {}))
 
 
 def _commands(domain: Domain, aggregates: dict[type[Aggregate], str], say: Any) -> None:

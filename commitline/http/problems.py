@@ -56,6 +56,7 @@ STATUS: dict[str, int] = {
     "store_unavailable": 503,
     "not_ready": 503,
     "configuration_error": 503,
+    "wrong_master_key": 503,
     "invalid_app": 503,
     "invalid_domain": 503,
     "internal_error": 500,

@@ -52,6 +52,11 @@ class Settings(BaseSettings):
     database_url: SecretStr | None = Field(None, validation_alias="COMMITLINE_DATABASE_URL",
                                            json_schema_extra={"unset": "embedded PostgreSQL"})
     """PostgreSQL URL, e.g. `postgresql://user:pw@host/db?sslmode=verify-full`; all its libpq parameters apply (secret)"""
+    master_key: SecretStr | None = Field(None, validation_alias="COMMITLINE_MASTER_KEY",
+                                         json_schema_extra={"unset": "with the embedded PostgreSQL, a development "
+                                                            "key kept in `COMMITLINE_DATA_DIR`; with a configured "
+                                                            "database, personal fields cannot be written or read"})
+    """base64 of 32 random bytes (`openssl rand -base64 32`): the master key wrapping each data subject's data key, which encrypts the domain's personal fields; its id is derived from it; rotated with `commitline keys rotate` (secret: never printed)"""
     data_dir: Path = Field(Path(".commitline"), validation_alias="COMMITLINE_DATA_DIR")
     """folder of the local services every process using it shares: the embedded PostgreSQL's data, the broker's log"""
     app: str | None = Field(None, validation_alias="COMMITLINE_APP",
@@ -229,6 +234,15 @@ class Settings(BaseSettings):
             if "connect_timeout" in parts and not str(parts["connect_timeout"]).isdigit():
                 raise ValueError(f"has connect_timeout={parts['connect_timeout']}: a whole number of seconds")
         return url
+
+    @field_validator("master_key")
+    @classmethod
+    def _master_key_bytes(cls, key: SecretStr | None) -> SecretStr | None:
+        if key is not None:
+            from commitline.infrastructure.personal.master import MasterKey
+
+            MasterKey.parse(key.get_secret_value())  # ValueError naming no part of the value
+        return key
 
     @model_validator(mode="after")
     def _consistent_kafka_security(self) -> Settings:

@@ -25,6 +25,7 @@ from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Composed, Identifier
 
 from commitline.infrastructure.followers.positions import Connection, Positions
+from commitline.infrastructure.personal import keys as data_keys
 from commitline.infrastructure.store import api_keys, audit_runs, event_versions, hash_backfill
 from commitline.infrastructure.store.schema import lock_key, store_append_function_statements, store_schema_statements
 
@@ -58,6 +59,8 @@ MIGRATIONS: tuple[Migration, ...] = (
               event_versions.create_statements),
     Migration(8, "followers: the process owning each one (host, pid, kind, started at), for status",
               lambda schema: Positions(schema).owner_statements()),
+    Migration(9, "personal data: each data subject's wrapped data key (the one table whose rows are deleted), and "
+              "the append-only record of erasures", data_keys.create_statements),
 )
 LATEST = MIGRATIONS[-1].version
 

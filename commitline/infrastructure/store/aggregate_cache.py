@@ -55,6 +55,11 @@ class AggregateCache:
             while len(self._entries) > self.size:
                 self._entries.popitem(last=False)
 
+    def clear(self) -> None:
+        """Drop every entry (after an erasure: a decoded aggregate may hold the erased values)."""
+        with self._lock:
+            self._entries.clear()
+
     def trusted(self, aggregate_id: UUID) -> bool:
         """May a cached copy of this stream be decided on without a read?"""
         return aggregate_id not in self._distrusted

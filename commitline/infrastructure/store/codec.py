@@ -6,7 +6,10 @@ classes' own annotations (a cached pydantic ``TypeAdapter`` per class), so a sto
 payload is readable by any consumer and decodes to values equal to what was written.
 
 Stored event state layout: ``{"id", "at", "tenant", "data"}`` plus ``"v"`` (the event
-class version) when it is above 1; old versions are upcast on read.
+class version) when it is above 1; old versions are upcast on read. An event with personal fields
+(``domain.personal``) holds each of them sealed in ``data`` (``personal/cipher.py``) and their names in
+``"pd"``; they are sealed here, before the chain hashes the stored bytes, and opened on decode, before
+upcasting (an erased one as ``ERASED``).
 
 Decoding needs the domain's event classes: an ``EventCodec`` holds one domain's ``EventRegistry``.
 """
@@ -16,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import Decimal
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import orjson
@@ -25,6 +28,11 @@ from pydantic import TypeAdapter
 
 from commitline.application.errors import ConfigurationError
 from commitline.domain import Aggregate, Event, EventRegistry
+from commitline.domain.errors import InvalidValue
+from commitline.domain.personal import ERASED_JSON, Erased, personal_fields, subject_of
+
+if TYPE_CHECKING:
+    from commitline.infrastructure.personal.cipher import PersonalData
 
 _OPTIONS = orjson.OPT_SORT_KEYS
 
@@ -34,6 +42,8 @@ def _default(value: Any) -> Any:
         return str(value)
     if isinstance(value, (set, frozenset)):
         return sorted(value)
+    if isinstance(value, Erased):
+        return ERASED_JSON
     raise TypeError(f"cannot encode {type(value).__name__}")
 
 
@@ -77,10 +87,17 @@ class UnknownEventType(LookupError):
     pass
 
 
-def encode_event(event: Event, tenant: str, traceparent: str | None = None) -> StoredEvent:
+def encode_event(event: Event, tenant: str, traceparent: str | None = None, *, personal: PersonalData | None = None,
+                 aggregate: Aggregate | None = None) -> StoredEvent:
     """``traceparent``: the W3C trace context of the append that writes it (tracing on), kept so that its
-    publication continues the command's trace."""
-    state: dict[str, Any] = {"id": event.event_id, "at": event.occurred_at, "tenant": tenant, "data": event.payload()}
+    publication continues the command's trace. ``personal`` seals the event's personal fields, each under the
+    data key of the subject its declaration names (a field of the event, else an attribute of ``aggregate``);
+    without it they are written as they are (tests and tools writing events directly: the event store's codec
+    always has it)."""
+    data = event.payload()
+    state: dict[str, Any] = {"id": event.event_id, "at": event.occurred_at, "tenant": tenant, "data": data}
+    if personal is not None and (fields := personal_fields(type(event))):
+        state["pd"] = _seal(event, tenant, data, fields, personal, aggregate)
     if event.class_version != 1:
         state["v"] = event.class_version
     if traceparent:
@@ -93,6 +110,17 @@ def encode_event(event: Event, tenant: str, traceparent: str | None = None) -> S
     )
 
 
+def _seal(event: Event, tenant: str, data: dict[str, Any], fields: tuple[tuple[str, str], ...],
+          personal: PersonalData, aggregate: Aggregate | None) -> list[str]:
+    event_id = str(event.event_id)
+    for name, subject in fields:
+        who = subject_of(event, aggregate, subject)
+        if who is None or who == "":
+            raise InvalidValue(subject, who, f"names the data subject of {event.type_name()}.{name}: it must be set")
+        data[name] = personal.seal(tenant, str(who), event_id, name, data[name], dumps(data[name]))
+    return [name for name, _ in fields]
+
+
 def stored_version(state: dict[str, Any]) -> int:
     """The class version a stored event state was written at."""
     return int(state.get("v", 1))
@@ -101,8 +129,24 @@ def stored_version(state: dict[str, Any]) -> int:
 class EventCodec:
     """Decoding stored events into one domain's event classes (upcast to their current version)."""
 
-    def __init__(self, registry: EventRegistry):
+    def __init__(self, registry: EventRegistry, personal: PersonalData | None = None):
         self.registry = registry
+        self.personal = personal
+
+    def encode(self, event: Event, tenant: str, traceparent: str | None = None,
+               aggregate: Aggregate | None = None) -> StoredEvent:
+        """``encode_event`` with this codec's keys for personal fields."""
+        return encode_event(event, tenant, traceparent, personal=self.personal, aggregate=aggregate)
+
+    def opened(self, stored: dict[str, Any]) -> dict[str, Any]:
+        """A stored state's ``data`` with its personal fields opened (plain JSON values, or ERASED)."""
+        if self.personal is None:
+            raise ConfigurationError("COMMITLINE_MASTER_KEY", "stored events hold personal fields, and this store "
+                                     "has no key for them")
+        data, tenant, event_id = dict(stored["data"]), stored["tenant"], stored["id"]
+        for name in stored["pd"]:
+            data[name] = self.personal.open(tenant, event_id, name, data[name])
+        return data
 
     def decode_event(self, topic: str, originator_id: UUID, originator_version: int, state: bytes) -> RecordedEvent:
         cls = self.registry.event_class(topic)
@@ -114,7 +158,7 @@ class EventCodec:
             raise ConfigurationError("COMMITLINE_APP", f"{topic} event {originator_id} v{originator_version} was stored "
                                      f"at class version {version}, newer than this release's {cls.class_version}: "
                                      "run the release that wrote it (or a newer one)")
-        data = cls.upcast(stored["data"], version)
+        data = cls.upcast(self.opened(stored) if "pd" in stored else stored["data"], version)
         event = _adapter(cls).validate_python(
             {**data, "event_id": stored["id"], "aggregate_id": originator_id, "version": originator_version,
              "occurred_at": stored["at"]}

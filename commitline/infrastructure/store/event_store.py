@@ -15,14 +15,20 @@ The command path (``load_for_command`` then ``append``): at most one read round 
 key's record and the stream's new events in one statement), none when the processor may decide on the
 cached copy (``trust_cache``); the decoded aggregate kept between commands (``aggregate_cache``), and
 appends coalesced with those of concurrent commands (``group_commit``).
+
+Personal fields (``domain.personal``) are sealed by the codec before the chain hashes the stored bytes, and the
+idempotency record's outcome holds them sealed too (``personal/outcomes.py``), and so do the snapshots of an
+aggregate type whose events have personal fields (``personal/snapshots.py``): a snapshot whose subject was erased
+is passed over, and the stream replayed from its first event.
 """
 
 from __future__ import annotations
 
 import logging
+import dataclasses
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -33,8 +39,10 @@ from commitline.application.chain import GENESIS, chain
 from commitline.application.errors import EventTooLarge, WrongAggregateType
 from commitline.application.ports import CommandLoad, ForeignStream, IdempotencyRecord
 from commitline.domain import Aggregate, Event
+from commitline.domain.personal import personal_fields
+from commitline.infrastructure.personal import outcomes, snapshots
 from commitline.infrastructure.store.aggregate_cache import AggregateCache, Entry
-from commitline.infrastructure.store.codec import EventCodec, decode_snapshot, encode_event, encode_snapshot
+from commitline.infrastructure.store.codec import EventCodec, decode_snapshot, encode_snapshot
 from commitline.infrastructure.store.event_versions import EventVersions
 from commitline.infrastructure.store.group_commit import GroupCommitter
 from commitline.infrastructure.store.recorder import EventRecorder, PendingAppend
@@ -63,21 +71,26 @@ class PostgresEventStore:
         self._heads: OrderedDict[UUID, tuple[int, bytes]] = OrderedDict()
         self._heads_limit = remembered_heads
         self._heads_lock = threading.Lock()
+        #: each aggregate type whose events have personal fields, with the names of their subjects
+        self._personal_aggregates = {a: subjects for a in codec.registry.aggregates
+                                     if (subjects := tuple(dict.fromkeys(s for e in a.EVENTS
+                                                                         for _, s in personal_fields(e))))}
+        if self._personal_aggregates and codec.personal is None:
+            raise ValueError("the domain declares personal fields: the event store's codec needs keys to seal them")
 
     def load(self, cls: type[A], aggregate_id: UUID, *, tenant: str | None = None, use_snapshot: bool = True) -> A:
         """The aggregate as of its latest event (blank if it has none). With ``tenant``, a stream another
         tenant owns raises ForeignStream before anything of it is decoded (not even its type is checked)."""
         snapshot, stored, head_hash = self.recorder.load_stream(
             aggregate_id, after_snapshot=use_snapshot and self.snapshot_interval > 0)
-        if tenant is not None:
-            owner = stream_owner(snapshot, stored)
-            if owner is not None and owner != tenant:
-                raise ForeignStream(aggregate_id)
+        owner = stream_owner(snapshot, stored) if tenant is not None or snapshot is not None else None
+        if tenant is not None and owner is not None and owner != tenant:
+            raise ForeignStream(aggregate_id)
         start: A | None = None
         if snapshot is not None:
-            if snapshot.aggregate_type != cls.__name__:
-                raise WrongAggregateType(aggregate_id, cls.__name__, snapshot.aggregate_type)
-            start = decode_snapshot(cls, snapshot.state)  # type: ignore[assignment]
+            start = self._snapshot_start(cls, snapshot, owner)
+            if start is None:  # its subject was erased: from the first event
+                _, stored, head_hash = self.recorder.load_stream(aggregate_id, after_snapshot=False)
         recorded = [self.codec.decode_event(s.topic, s.originator_id, s.originator_version, s.state) for s in stored]
         if recorded and recorded[0].aggregate_type != cls.__name__:
             raise WrongAggregateType(aggregate_id, cls.__name__, recorded[0].aggregate_type)
@@ -106,7 +119,7 @@ class PostgresEventStore:
         if read.idempotency is not None:
             if entry is not None:
                 self.cache.put(entry)
-            return CommandLoad(None, False, read.idempotency)
+            return CommandLoad(None, False, self._revealed(read.idempotency))
         if entry is not None and read.events and read.events[0].originator_version != known + 1:
             entry = None  # cannot happen with an append-only store: trust nothing, read it all again
             read = self.recorder.read_for_command(aggregate_id, 0, self.snapshot_interval > 0, tenant, key)
@@ -129,15 +142,23 @@ class PostgresEventStore:
         if owner is not None and owner != tenant:
             raise ForeignStream(aggregate_id)
         start: A | None = None
+        events = read.events
         if read.snapshot is not None:
-            if read.snapshot.aggregate_type != cls.__name__:
-                raise WrongAggregateType(aggregate_id, cls.__name__, read.snapshot.aggregate_type)
-            start = decode_snapshot(cls, read.snapshot.state)  # type: ignore[assignment]
+            start = self._snapshot_start(cls, read.snapshot, owner)
+            if start is None:  # its subject was erased: from the first event
+                _, events, _ = self.recorder.load_stream(aggregate_id, after_snapshot=False)
         recorded = [self.codec.decode_event(s.topic, s.originator_id, s.originator_version, s.state)
-                    for s in read.events]
+                    for s in events]
         if recorded and recorded[0].aggregate_type != cls.__name__:
             raise WrongAggregateType(aggregate_id, cls.__name__, recorded[0].aggregate_type)
         return cls.replay(aggregate_id, [r.event for r in recorded], start)
+
+    def _snapshot_start(self, cls: type[A], snapshot: Snapshot, owner: str | None) -> A | None:
+        if snapshot.aggregate_type != cls.__name__:
+            raise WrongAggregateType(snapshot.aggregate_id, cls.__name__, snapshot.aggregate_type)
+        state = snapshots.open_state(self.codec.personal, owner or "", snapshot.aggregate_id, snapshot.version,
+                                     snapshot.state)
+        return decode_snapshot(cls, state) if state is not None else None  # type: ignore[return-value]
 
     def append(
         self, aggregate: Aggregate, events: Sequence[Event], *, tenant: str, idempotency: IdempotencyRecord | None
@@ -153,7 +174,9 @@ class PostgresEventStore:
     def _append(self, aggregate: Aggregate, events: Sequence[Event], tenant: str,
                 idempotency: IdempotencyRecord | None, trace: Any) -> None:
         traceparent = trace.traceparent if trace is not None else None
-        stored = [encode_event(e, tenant, traceparent) for e in events]
+        stored = [self.codec.encode(e, tenant, traceparent, aggregate) for e in events]
+        if idempotency is not None and type(aggregate) in self._personal_aggregates:
+            idempotency = dataclasses.replace(idempotency, outcome=outcomes.protect(idempotency.outcome, stored))
         for s in stored:
             if len(s.state) > self.max_event_bytes:
                 raise EventTooLarge(idempotency.command_type if idempotency else "the command", s.topic, len(s.state),
@@ -170,14 +193,25 @@ class PostgresEventStore:
             self.recorder.append(stored, idempotency, links=links)
         self._remember(aggregate.id, aggregate.version, links[-1][1])
         if self._snapshot_due(before, aggregate.version):
-            self._take_snapshot(aggregate)
+            self._take_snapshot(aggregate, tenant)
         self.cache.put(Entry(aggregate, tenant))
 
     def distrust(self, aggregate_id: UUID) -> None:
         self.cache.distrust(aggregate_id)
 
     def find_outcome(self, tenant: str, key: str) -> IdempotencyRecord | None:
-        return self.recorder.find_idempotency(tenant, key)
+        record = self.recorder.find_idempotency(tenant, key)
+        return self._revealed(record) if record is not None else None
+
+    def _revealed(self, record: IdempotencyRecord) -> IdempotencyRecord:
+        outcome = outcomes.reveal(record.outcome, self.codec.personal)
+        return record if outcome is record.outcome else dataclasses.replace(record, outcome=outcome)
+
+    def forget(self, key_ids: Iterable[UUID]) -> None:
+        """After an erasure: the erased data keys are never used again here, and no aggregate stays decoded."""
+        if self.codec.personal is not None:
+            self.codec.personal.forget(key_ids)
+        self.cache.clear()
 
     def stream_version(self, aggregate_id: UUID) -> int:
         return self.recorder.stream_version(aggregate_id)
@@ -200,11 +234,21 @@ class PostgresEventStore:
         n = self.snapshot_interval
         return n > 0 and after // n > before // n
 
-    def _take_snapshot(self, aggregate: Aggregate) -> None:
+    def _take_snapshot(self, aggregate: Aggregate, tenant: str | None = None) -> None:
+        """``tenant``: the stream's owner, whose subject's key seals the snapshot of an aggregate with personal
+        fields (without it, such an aggregate is not snapshotted)."""
         # Best effort, after the commit: a missing snapshot only costs a longer replay.
         try:
+            state: bytes | None = encode_snapshot(aggregate)
+            subjects = self._personal_aggregates.get(type(aggregate))
+            if subjects is not None:
+                if tenant is None or self.codec.personal is None:
+                    return
+                state = snapshots.seal(self.codec.personal, tenant, aggregate, subjects, state)  # type: ignore[arg-type]
+            if state is None:
+                return
             self.recorder.save_snapshot(Snapshot(
-                aggregate.id, aggregate.version, type(aggregate).__name__, encode_snapshot(aggregate),
+                aggregate.id, aggregate.version, type(aggregate).__name__, state,
                 self._head_hash(aggregate.id, aggregate.version)))
         except Exception:
             log.warning("snapshot of %s at version %d not saved", aggregate.id, aggregate.version, exc_info=True)

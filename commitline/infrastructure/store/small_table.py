@@ -19,9 +19,9 @@ class SmallTable:
         self._connection = connection
         self.table = Identifier(schema, self.table_name)
 
-    def _run(self, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        """``query`` (``{t}`` is the table) on a connection of its own; its rows, if it returns any."""
+    def _run(self, query: str, params: tuple[Any, ...] = (), **names: Identifier) -> list[tuple[Any, ...]]:
+        """``query`` (``{t}`` is the table, other names as given) on a connection of its own; its rows, if any."""
         conn: psycopg.Connection[Any]
         with self._connection() as conn:
-            cur = conn.cursor(row_factory=tuple_row).execute(SQL(query).format(t=self.table), params)
+            cur = conn.cursor(row_factory=tuple_row).execute(SQL(query).format(t=self.table, **names), params)
             return cur.fetchall() if cur.description else []

@@ -1,0 +1,93 @@
+"""``commitline erase`` and ``commitline keys rotate|erasures``: forgetting a data subject, and the master key.
+
+``erase --tenant T --subject S`` deletes the subject's data key and records the erasure; its personal values
+read as erased from then on, while every hash chain stays verifiable. ``keys rotate`` rewraps every data key
+under a new master key, read from standard input (or from the variable ``--new-key-env`` names: never from the
+command line, where other users of the machine could read it), with the current one still configured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import sys
+
+from commitline.application.errors import CommitlineError
+from commitline.cli.common import EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, actions, error_exit, print_json
+
+
+def _erasure(e) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    return {"tenant": e.tenant, "subject": e.subject, "key_id": str(e.key_id), "erased_at": e.erased_at.isoformat(),
+            "erased_by": e.erased_by}
+
+
+def _operator() -> str:
+    try:
+        return f"commitline erase ({getpass.getuser()})"
+    except Exception:  # no user name for this uid (a container)
+        return "commitline erase"
+
+
+def cmd_erase(args: argparse.Namespace) -> int:
+    from commitline.cli.common import bootstrap
+
+    with bootstrap() as app:
+        try:
+            done = app.erase(args.tenant, args.subject, by=_operator())
+        except CommitlineError as e:
+            return error_exit(e, EXIT_USAGE)
+    if args.json:
+        print_json({"tenant": args.tenant, "subject": args.subject, "erased": [_erasure(e) for e in done]})
+    elif done:
+        print(f"erased subject {args.subject} of tenant {args.tenant}: data key {done[0].key_id} deleted; its "
+              "personal values read as erased from now on")
+    else:
+        print(f"tenant {args.tenant} has no data key for subject {args.subject}: nothing to erase", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    from commitline.cli.common import bootstrap
+
+    with bootstrap() as app:
+        try:
+            if args.keys_command == "erasures":
+                print_json([_erasure(e) for e in app.erasures(args.tenant)])
+                return EXIT_OK
+            if args.new_key_env:
+                new = os.environ.get(args.new_key_env, "")
+            else:
+                new = sys.stdin.readline()
+            done = app.rotate_master_key(new)
+        except CommitlineError as e:
+            return error_exit(e, EXIT_UNAVAILABLE)
+    print_json({"rewrapped": done.rewrapped, "already": done.already, "master_key_id": done.master_key_id})
+    print(f"data keys are wrapped under master key {done.master_key_id}: set COMMITLINE_MASTER_KEY to the new key "
+          "in every process", file=sys.stderr)
+    return EXIT_OK
+
+
+ERASE = ("Delete the data key of SUBJECT (of TENANT): every personal value sealed under it reads as erased from now "
+         "on, in loads, audit history and replayed outcomes; the hash chains stay verifiable. Recorded in the "
+         "erasures table (no personal value).")
+ROTATE = ("With the current master key still in COMMITLINE_MASTER_KEY, rewrap every data key under the new one, read "
+          "from standard input (base64 of 32 bytes); then configure the new key everywhere. Run again to finish a "
+          "rotation cut short.")
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    erase = sub.add_parser("erase", help="forget a data subject: delete its data key, record the erasure",
+                           description=ERASE)
+    erase.add_argument("--tenant", required=True, help="the tenant whose subject it is")
+    erase.add_argument("--subject", required=True, help="the data subject's id, as the domain's events name it")
+    erase.add_argument("--json", action="store_true", help="machine-readable output")
+    erase.set_defaults(run=cmd_erase)
+    ksub = actions(sub, "keys", "the master key and the data keys: rotate, list erasures")
+    rotate = ksub.add_parser("rotate", help="rewrap every data key under a new master key (read from stdin)",
+                             description=ROTATE)
+    rotate.add_argument("--new-key-env", metavar="VARIABLE", help="read the new key from this environment variable")
+    erasures = ksub.add_parser("erasures", help="every erasure recorded (when, tenant, subject, key id, by whom)")
+    erasures.add_argument("--tenant", help="only this tenant's")
+    for parser_ in (rotate, erasures):
+        parser_.set_defaults(run=cmd_keys)

@@ -1,0 +1,156 @@
+"""``PersonalData``: sealing one personal value under its subject's data key, and opening it again.
+
+A sealed value is stored in place of the plain one as ``{"ciphertext": <base64 of nonce, ciphertext and tag>,
+"key_id": <the data key's id>}``; the key id is the only reference to the subject the value carries. A value
+whose data key is gone (its subject was erased) opens as ``ERASED``.
+
+Data keys are kept unwrapped in this process for ``ttl_s`` seconds (and erased ids for good: a key id never
+comes back), so most seals and opens cost no read. So another process's erasure reaches this one within
+``ttl_s``: until then it may still open the subject's values, and seal new ones under the deleted key (those
+read as erased). The master key is asked for only when a data key is to be wrapped or unwrapped: a missing
+one fails there with ``ConfigurationError``, a wrong one with ``WrongMasterKey``, before anything is written.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from typing import Any
+from uuid import UUID, uuid4
+
+import orjson
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from commitline.application.errors import WrongMasterKey
+from commitline.domain.personal import ERASED, ERASED_JSON, Erased
+from commitline.infrastructure.personal.keys import DataKeys, KeyRow
+from commitline.infrastructure.personal.master import KEY_BYTES, NONCE_BYTES, MasterKey
+
+CIPHERTEXT, KEY_ID = "ciphertext", "key_id"
+
+
+class SealBroken(ValueError):
+    """A sealed value does not open under its own data key: it was altered, or moved from another event, field,
+    subject or tenant (``commitline audit verify`` finds which stored bytes changed)."""
+
+
+def sealing_context(tenant: str, subject: str, event_id: str, field: str) -> bytes:
+    """The associated data of one sealed value."""
+    return "\x00".join(("commitline/personal/v1", tenant, subject, event_id, field)).encode("utf-8", "surrogatepass")
+
+
+class _Key:
+    __slots__ = ("key_id", "tenant", "subject", "aead", "expires")
+
+    def __init__(self, row: KeyRow, aead: AESGCM | None, expires: float):
+        self.key_id, self.tenant, self.subject, self.aead, self.expires = row.key_id, row.tenant, row.subject, aead, \
+            expires
+
+
+class PersonalData:
+    """Seals and opens personal values of one schema; ``master`` gives the master key (or raises)."""
+
+    def __init__(self, keys: DataKeys, master: Callable[[], MasterKey], *, ttl_s: float = 30.0,
+                 size: int = 100_000):
+        self.keys = keys
+        self._master_source = master
+        self._master: MasterKey | None = None
+        self.ttl_s = ttl_s
+        self.size = size
+        self._by_subject: OrderedDict[tuple[str, str], _Key] = OrderedDict()
+        self._by_id: OrderedDict[UUID, _Key] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def master(self) -> MasterKey:
+        """The master key, once checked against the key table: refused (WrongMasterKey) when the table holds keys
+        and none is wrapped under it, so a process with a wrong key never adds keys of its own. Mid-rotation
+        both the old and the new key pass."""
+        if self._master is None:
+            master = self._master_source()
+            mine, any_key = self.keys.wrapped_under(master.key_id)
+            if any_key and not mine:
+                raise WrongMasterKey(reason=f"no data key is wrapped under the configured master key {master.key_id}: "
+                                     "configure the key that wrapped them (mid-rotation, the old or the new one); "
+                                     "nothing was written")
+            self._master = master
+        return self._master
+
+    # -- sealing ---------------------------------------------------------------------------
+
+    def seal(self, tenant: str, subject: str, event_id: str, field: str, value: Any, plain: bytes) -> Any:
+        """The stored form of ``value`` (whose JSON is ``plain``), a field of the event ``event_id``."""
+        if isinstance(value, Erased):
+            return dict(ERASED_JSON)  # nothing left to seal
+        key = self._key_for(tenant, subject)
+        nonce = os.urandom(NONCE_BYTES)
+        aead: AESGCM = key.aead  # type: ignore[assignment]  # a key in use always has one
+        sealed = aead.encrypt(nonce, plain, sealing_context(tenant, subject, event_id, field))
+        return {CIPHERTEXT: base64.b64encode(nonce + sealed).decode(), KEY_ID: str(key.key_id)}
+
+    def open(self, tenant: str, event_id: str, field: str, stored: Any) -> Any:
+        """The JSON value sealed in ``stored``, or ERASED once its subject was erased."""
+        if not isinstance(stored, dict) or KEY_ID not in stored:
+            return ERASED
+        key = self._key_by_id(UUID(stored[KEY_ID]))
+        if key is None:
+            return ERASED
+        raw = base64.b64decode(stored[CIPHERTEXT])
+        try:
+            plain = key.aead.decrypt(raw[:NONCE_BYTES], raw[NONCE_BYTES:],  # type: ignore[union-attr]
+                                     sealing_context(tenant, key.subject, event_id, field))
+        except InvalidTag:
+            raise SealBroken(f"the personal field {field} of event {event_id} does not open under its data key "
+                             f"{key.key_id}: it was altered or moved") from None
+        return orjson.loads(plain)
+
+    def forget(self, key_ids: Iterable[UUID]) -> None:
+        """Erased keys: never used again by this process."""
+        with self._lock:
+            for key_id in key_ids:
+                held = self._by_id.get(key_id)
+                if held is not None:
+                    self._by_subject.pop((held.tenant, held.subject), None)
+                self._by_id[key_id] = _Key(KeyRow(key_id, "", ""), None, float("inf"))
+
+    # -- the keys ----------------------------------------------------------------------------
+
+    def _key_for(self, tenant: str, subject: str) -> _Key:
+        now = time.monotonic()
+        with self._lock:
+            held = self._by_subject.get((tenant, subject))
+        if held is not None and held.expires > now:
+            return held
+        master = self.master()  # before any write: a missing master key writes nothing
+        key_id, data_key = uuid4(), AESGCM.generate_key(bit_length=KEY_BYTES * 8)
+        row = self.keys.find_or_add(KeyRow(key_id, tenant, subject, master.wrap(data_key, str(key_id), tenant,
+                                                                                   subject), master.key_id))
+        if row.key_id != key_id:  # the subject has its key already
+            data_key = master.unwrap(row.wrapped, row.master_key_id, str(row.key_id), tenant, subject)
+        return self._keep(_Key(row, AESGCM(data_key), now + self.ttl_s))
+
+    def _key_by_id(self, key_id: UUID) -> _Key | None:
+        now = time.monotonic()
+        with self._lock:
+            held = self._by_id.get(key_id)
+        if held is not None and (held.aead is None or held.expires > now):
+            return held if held.aead is not None else None
+        row = self.keys.get(key_id)
+        if row is None:
+            self.forget([key_id])
+            return None
+        data_key = self.master().unwrap(row.wrapped, row.master_key_id, str(key_id), row.tenant, row.subject)
+        return self._keep(_Key(row, AESGCM(data_key), now + self.ttl_s))
+
+    def _keep(self, key: _Key) -> _Key:
+        with self._lock:
+            self._by_subject[(key.tenant, key.subject)] = key
+            self._by_id[key.key_id] = key
+            for cache in (self._by_subject, self._by_id):
+                while len(cache) > self.size:
+                    cache.popitem(last=False)
+        return key

@@ -1,0 +1,165 @@
+"""The data keys of each (tenant, data subject), wrapped under the master key, and the record of erasures.
+
+``data_keys`` is the one table of the store whose rows are deleted: erasing a subject deletes its key in the
+same transaction that appends its row to ``erasures`` (when, tenant, subject, key id, by whom; no personal
+value), which, like the events, rejects UPDATE, DELETE and TRUNCATE. A key's row holds only its wrapped form
+and the id of the master key that wrapped it; rotation rewraps the rows in batches (``rewrap``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from uuid import UUID
+
+from psycopg.rows import tuple_row
+from psycopg.sql import SQL, Composed, Identifier
+
+from commitline.application.errors import WrongMasterKey
+from commitline.infrastructure.personal.master import MasterKey
+from commitline.infrastructure.store.small_table import SmallTable
+
+DATA_KEYS_TABLE = "data_keys"
+ERASURES_TABLE = "erasures"
+_COLUMNS = "key_id, tenant, subject, wrapped, master_key_id"
+
+
+def create_statements(schema: str) -> list[Composed]:
+    """The DDL of both tables (a schema migration)."""
+    names = {"keys": Identifier(schema, DATA_KEYS_TABLE), "erasures": Identifier(schema, ERASURES_TABLE),
+             "reject": Identifier(schema, "reject_erasure_change")}
+    return [SQL(text).format(**names) for text in (
+        "CREATE TABLE IF NOT EXISTS {keys} (key_id uuid PRIMARY KEY, tenant text NOT NULL, subject text NOT NULL,"
+        " wrapped bytea NOT NULL, master_key_id text NOT NULL, created_at timestamptz NOT NULL DEFAULT now(),"
+        " UNIQUE (tenant, subject))",
+        "CREATE INDEX IF NOT EXISTS data_keys_master_key_id ON {keys} (master_key_id)",
+        "CREATE TABLE IF NOT EXISTS {erasures} (erasure_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+        " tenant text NOT NULL, subject text NOT NULL, key_id uuid NOT NULL,"
+        " erased_at timestamptz NOT NULL DEFAULT now(), erased_by text NOT NULL)",
+        "CREATE OR REPLACE FUNCTION {reject}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "RAISE EXCEPTION 'erasures are append-only: % on %.% rejected', TG_OP, TG_TABLE_SCHEMA, TG_TABLE_NAME "
+        "USING ERRCODE = 'restrict_violation'; END $$",
+        "CREATE OR REPLACE TRIGGER erasures_append_only BEFORE UPDATE OR DELETE ON {erasures} "
+        "FOR EACH ROW EXECUTE FUNCTION {reject}()",
+        "CREATE OR REPLACE TRIGGER erasures_no_truncate BEFORE TRUNCATE ON {erasures} "
+        "FOR EACH STATEMENT EXECUTE FUNCTION {reject}()",
+    )]
+
+
+@dataclass(frozen=True)
+class KeyRow:
+    key_id: UUID
+    tenant: str
+    subject: str
+    wrapped: bytes = b""
+    master_key_id: str = ""
+
+
+@dataclass(frozen=True)
+class Erasure:
+    """One erased data key: no personal value, only whose it was and when."""
+
+    tenant: str
+    subject: str
+    key_id: UUID
+    erased_at: datetime
+    erased_by: str
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """What ``rewrap`` did: rows rewrapped now, rows already under the new key, the new key's id."""
+
+    rewrapped: int
+    already: int
+    master_key_id: str
+
+
+def _row(values: tuple) -> KeyRow:  # type: ignore[type-arg]
+    key_id, tenant, subject, wrapped, master_key_id = values
+    return KeyRow(key_id, tenant, subject, bytes(wrapped), master_key_id)
+
+
+class DataKeys(SmallTable):
+    """The data keys of one schema, over any source of connections (``datastore.get_connection``)."""
+
+    table_name = DATA_KEYS_TABLE
+
+    def __init__(self, connection: Callable[[], object], schema: str):
+        super().__init__(connection, schema)  # type: ignore[arg-type]
+        self.erasures = Identifier(schema, ERASURES_TABLE)
+
+    def find_or_add(self, new: KeyRow) -> KeyRow:
+        """The subject's key: ``new`` inserted if it has none, else the one it has (one round trip, usually)."""
+        rows = self._run(
+            "WITH added AS (INSERT INTO {t} (" + _COLUMNS + ") VALUES (%s, %s, %s, %s, %s) "
+            "ON CONFLICT (tenant, subject) DO NOTHING RETURNING " + _COLUMNS + ") "
+            "SELECT " + _COLUMNS + " FROM added UNION ALL "
+            "SELECT " + _COLUMNS + " FROM {t} WHERE tenant = %s AND subject = %s AND NOT EXISTS (SELECT FROM added)",
+            (new.key_id, new.tenant, new.subject, new.wrapped, new.master_key_id, new.tenant, new.subject))
+        if not rows:  # another process added it after this statement's snapshot was taken
+            rows = self._run("SELECT " + _COLUMNS + " FROM {t} WHERE tenant = %s AND subject = %s",
+                             (new.tenant, new.subject))
+        return _row(rows[0])
+
+    def wrapped_under(self, master_key_id: str) -> tuple[bool, bool]:
+        """(Is any key wrapped under ``master_key_id``, is there any key at all): two index probes."""
+        ((mine, any_key),) = self._run("SELECT EXISTS (SELECT FROM {t} WHERE master_key_id = %s), "
+                                       "EXISTS (SELECT FROM {t})", (master_key_id,))
+        return bool(mine), bool(any_key)
+
+    def get(self, key_id: UUID) -> KeyRow | None:
+        rows = self._run("SELECT " + _COLUMNS + " FROM {t} WHERE key_id = %s", (key_id,))
+        return _row(rows[0]) if rows else None
+
+    def erase(self, tenant: str, subject: str, by: str) -> list[Erasure]:
+        """Delete the subject's key and record the erasure, in one transaction; nothing when it has no key."""
+        with self._connection() as conn, conn.transaction():
+            cur = conn.cursor(row_factory=tuple_row)
+            deleted = cur.execute(SQL("DELETE FROM {} WHERE tenant = %s AND subject = %s RETURNING key_id").format(
+                self.table), (tenant, subject)).fetchall()
+            done = []
+            for (key_id,) in deleted:
+                (at,) = cur.execute(SQL("INSERT INTO {} (tenant, subject, key_id, erased_by) VALUES (%s, %s, %s, %s) "
+                                        "RETURNING erased_at").format(self.erasures),
+                                    (tenant, subject, key_id, by)).fetchone()
+                done.append(Erasure(tenant, subject, key_id, at, by))
+        return done
+
+    def erased(self, tenant: str | None = None) -> list[Erasure]:
+        """Every erasure recorded (of ``tenant`` only, if given), oldest first."""
+        where, params = ("WHERE tenant = %s", (tenant,)) if tenant is not None else ("", ())
+        rows = self._run(f"SELECT tenant, subject, key_id, erased_at, erased_by FROM {{e}} {where} "
+                         "ORDER BY erasure_id", params, e=self.erasures)
+        return [Erasure(*row) for row in rows]
+
+    def rewrap(self, current: MasterKey, new: MasterKey, batch: int = 500) -> Rotation:
+        """Rewrap every key under ``current`` with ``new``, ``batch`` rows per transaction; rows already under
+        ``new`` are left as they are, so a rotation cut short is finished by running it again. Refused
+        (WrongMasterKey, before any row changes) while a row is under a third key."""
+        if new.key_id == current.key_id:
+            raise WrongMasterKey(reason=f"the new master key is the configured one ({current.key_id}): give another")
+        others = self._run("SELECT master_key_id, count(*) FROM {t} WHERE master_key_id NOT IN (%s, %s) "
+                           "GROUP BY master_key_id ORDER BY master_key_id", (current.key_id, new.key_id))
+        if others:
+            found = ", ".join(f"{n} under {key_id}" for key_id, n in others)
+            raise WrongMasterKey(reason=f"data keys are wrapped under a master key that is neither the configured "
+                                 f"{current.key_id} nor the new {new.key_id} ({found}): configure the key that "
+                                 "wrapped them first; nothing was rewrapped")
+        rewrapped = 0
+        while True:
+            with self._connection() as conn, conn.transaction():
+                cur = conn.cursor(row_factory=tuple_row)
+                rows = [_row(r) for r in cur.execute(SQL(
+                    "SELECT " + _COLUMNS + " FROM {} WHERE master_key_id = %s ORDER BY key_id LIMIT %s "
+                    "FOR UPDATE SKIP LOCKED").format(self.table), (current.key_id, batch)).fetchall()]
+                if not rows:
+                    break
+                cur.executemany(SQL("UPDATE {} SET wrapped = %s, master_key_id = %s WHERE key_id = %s").format(
+                    self.table), [(new.wrap(current.unwrap(r.wrapped, r.master_key_id, str(r.key_id), r.tenant,
+                                                           r.subject), str(r.key_id), r.tenant, r.subject),
+                                   new.key_id, r.key_id) for r in rows])
+                rewrapped += len(rows)
+        (already,) = self._run("SELECT count(*) FROM {t} WHERE master_key_id = %s", (new.key_id,))[0]
+        return Rotation(rewrapped, int(already) - rewrapped, new.key_id)

@@ -1,0 +1,63 @@
+"""A domain whose personal field names its data subject by a field of the event: a customer registered under
+the team's own customer id, with an email. Used by the personal-data tests: two tenants may each have a
+customer ``c-1``, and erasing one must leave the other's email readable."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated
+
+from commitline import Aggregate, Command, Domain, Event, Id, NonBlankText, Personal, Stream, transitions
+
+class CustomerState(str, Enum):
+    ACTIVE = "ACTIVE"
+    CLOSED = "CLOSED"
+
+
+class CustomerRegistered(Event):
+    customer_id: str
+    email: Annotated[str, Personal(subject="customer_id")]
+
+
+class CustomerClosed(Event):
+    pass
+
+
+domain = Domain("customers")
+
+
+@domain.aggregate
+class Customer(Aggregate):
+    state: CustomerState | None = None
+    customer_id: str = ""
+    email: str = ""
+
+    EVENTS = (CustomerRegistered, CustomerClosed)
+    TRANSITIONS = transitions({CustomerState.ACTIVE: {CustomerState.CLOSED}, CustomerState.CLOSED: set()})
+
+    def _evolve(self, event: Event) -> None:
+        match event:
+            case CustomerRegistered(customer_id=customer_id, email=email):
+                self.state, self.customer_id, self.email = CustomerState.ACTIVE, customer_id, email
+            case CustomerClosed():
+                self.state = CustomerState.CLOSED
+
+
+class RegisterCustomer(Command):
+    customer_id: NonBlankText
+    email: NonBlankText
+
+
+class CloseCustomer(Command):
+    customer: Id
+
+
+@domain.handles(RegisterCustomer, Customer, Stream.NEW)
+def register(c: Customer, cmd: RegisterCustomer) -> Customer:
+    c._emit(CustomerRegistered, customer_id=cmd.customer_id, email=cmd.email)
+    return c
+
+
+@domain.handles(CloseCustomer, Customer, id="customer")
+def close(c: Customer, cmd: CloseCustomer) -> None:
+    c._move(CustomerState.CLOSED, CustomerClosed)
