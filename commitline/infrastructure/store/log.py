@@ -42,7 +42,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from uuid import UUID
 
 from eventsourcing.persistence import Notification
@@ -50,9 +50,6 @@ from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Composed, Identifier
 
 from commitline.infrastructure.store.schema import EventTables
-
-if TYPE_CHECKING:
-    from commitline.infrastructure.store.recorder import EventRecorder
 
 _MAX_TRACKED_GAPS = 100_000
 _NO_STOP = 2**63 - 1
@@ -232,13 +229,17 @@ class BucketPage:
     full: bool = False  # the read hit its limit: there may be more right away
 
 
+class Logged(Protocol):
+    """What has a notification log (the recorder)."""
+
+    log: NotificationLog
+
+
 class BucketLog:
     """The gap-safe log of commitline's events table, for any set of buckets at once, each from its own
     position (thread-safe). It shares the recorder's ``NotificationLog`` gap bookkeeping."""
 
-    def __init__(self, recorder: EventRecorder, buckets: int):
-        self.recorder = recorder
-        self.datastore = recorder.datastore
+    def __init__(self, recorder: Logged, buckets: int):
         self.log = recorder.log
         self.buckets = buckets
         self._bucket_of: dict[int, int] = {}
