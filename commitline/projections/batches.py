@@ -33,6 +33,8 @@ def _decoded(projection: Projection, codec: EventCodec,
              notifications: Sequence[Notification]) -> list[tuple[Notification, Any]]:
     handled = {cls.type_name() for cls in projection._handlers}
     known = codec.registry.event_types
+    wanted = [n for n in notifications if n.topic in handled or n.topic not in known]
+    codec.preload_keys(n.state for n in wanted)  # one key read for the batch, not one per data subject
     out: list[tuple[Notification, Any]] = []
     for n in notifications:
         if n.topic in handled or n.topic not in known:

@@ -213,3 +213,17 @@ def test_rotation_rewraps_every_data_key_under_the_new_master_key(app: Commitlin
     with bootstrap(settings_for(pg_dsn, schema)) as old:  # a process still on the old key
         with pytest.raises(WrongMasterKey):
             old.load(PaymentTransaction, pids[0])
+
+
+def test_a_projection_reads_the_data_keys_of_a_batch_in_one_statement(app: Commitline, pg_dsn: str,
+                                                                       schema: str) -> None:
+    for n in range(40):  # forty payments: forty data subjects, forty keys
+        create(app, key=f"many-{n}", account=f"{ACCOUNT[:-2]}{n:02d}")
+    with bootstrap(settings_for(pg_dsn, schema)) as fresh:  # another process: no key held
+        keys = fresh.codec.personal.keys
+        reads: list[int] = []
+        one, many = keys.get, keys.get_many
+        keys.get = lambda key_id: reads.append(1) or one(key_id)  # type: ignore[method-assign]
+        keys.get_many = lambda key_ids: reads.append(len(key_ids)) or many(key_ids)  # type: ignore[method-assign]
+        fresh.rebuild("payment_states")
+        assert reads == [40]  # every key of the batch in one read, none one by one

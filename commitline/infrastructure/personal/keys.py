@@ -113,6 +113,10 @@ class DataKeys(SmallTable):
         rows = self._run("SELECT " + _COLUMNS + " FROM {t} WHERE key_id = %s", (key_id,))
         return _row(rows[0]) if rows else None
 
+    def get_many(self, key_ids: list[UUID]) -> list[KeyRow]:
+        """The rows of those of ``key_ids`` that exist (an erased key has none), in one statement."""
+        return [_row(r) for r in self._run("SELECT " + _COLUMNS + " FROM {t} WHERE key_id = ANY(%s)", (key_ids,))]
+
     def erase(self, tenant: str, subject: str, by: str) -> list[Erasure]:
         """Delete the subject's key and record the erasure, in one transaction; nothing when it has no key."""
         with self._connection() as conn, conn.transaction():

@@ -16,6 +16,8 @@ Decoding needs the domain's event classes: an ``EventCodec`` holds one domain's 
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from functools import cache
@@ -126,6 +128,10 @@ def stored_version(state: dict[str, Any]) -> int:
     return int(state.get("v", 1))
 
 
+# The data key id of a sealed value as it stands in a stored state's JSON (``personal/cipher.py``: KEY_ID).
+_SEALED_KEY_ID = re.compile(rb'"key_id":"([0-9a-f-]{36})"')
+
+
 class EventCodec:
     """Decoding stored events into one domain's event classes (upcast to their current version)."""
 
@@ -137,6 +143,15 @@ class EventCodec:
                aggregate: Aggregate | None = None) -> StoredEvent:
         """``encode_event`` with this codec's keys for personal fields."""
         return encode_event(event, tenant, traceparent, personal=self.personal, aggregate=aggregate)
+
+    def preload_keys(self, states: Iterable[bytes]) -> None:
+        """Read the data keys of a batch of stored states (those with personal fields) in one statement, before
+        the batch is decoded one event at a time."""
+        if self.personal is not None:
+            ids = {UUID(found.decode()) for state in states if b'"pd":' in state
+                   for found in _SEALED_KEY_ID.findall(state)}
+            if ids:
+                self.personal.preload(ids)
 
     def opened(self, stored: dict[str, Any]) -> dict[str, Any]:
         """A stored state's ``data`` with its personal fields opened (plain JSON values, or ERASED)."""
