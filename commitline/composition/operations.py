@@ -17,7 +17,7 @@ import psycopg
 from commitline.application.audit import Progress, VerificationReport
 from commitline.infrastructure import migrations
 from commitline.infrastructure.followers import interventions
-from commitline.infrastructure.followers.group import stopped_buckets, write_summary
+from commitline.infrastructure.followers.buckets import bucket_name
 from commitline.infrastructure.followers.positions import Positions
 from commitline.infrastructure.kafka.publisher import PUBLISHER
 from commitline.infrastructure.metrics import render
@@ -79,9 +79,9 @@ class Operations:
     def _intervene_in_buckets(self, action: str, position: int | None, reason: str) -> str:
         """A poison record stops only its publisher bucket: ``skip`` finds the bucket stopped at ``position``,
         ``retry`` retries every stopped bucket; then the publisher's own row is brought up to date."""
-        schema = self.datastore.schema
+        positions = Positions(self.datastore.schema)
         with self.datastore.get_connection() as conn:
-            stopped = stopped_buckets(conn, schema, PUBLISHER)
+            stopped = positions.stopped_in_group(conn, PUBLISHER)
         if not stopped:  # nothing stopped in a bucket: the publisher's own row says why (or that nothing is)
             return (interventions.skip(self.datastore, PUBLISHER, position, reason) if action == "skip"
                     else interventions.retry(self.datastore, PUBLISHER))
@@ -91,9 +91,10 @@ class Operations:
         else:
             message = "\n".join(interventions.retry(self.datastore, bucket) for bucket, _ in stopped)
         with self.datastore.get_connection() as conn:
-            _, status, _ = Positions(schema).read(conn, PUBLISHER)
-            write_summary(conn, schema, PUBLISHER, self.settings.publish_buckets, None,
-                          "stopped" if status in ("failed", "retrying", "never run") else status)
+            _, status, _ = positions.read(conn, PUBLISHER)
+            buckets = self.settings.publish_buckets
+            positions.write_summary(conn, PUBLISHER, [bucket_name(PUBLISHER, b, buckets) for b in range(buckets)], None,
+                                    "stopped" if status in ("failed", "retrying", "never run") else status)
         return message
 
     def expire_idempotency_records(self, older_than: timedelta, *, dry_run: bool = False) -> int:

@@ -35,7 +35,6 @@ from psycopg.sql import SQL
 
 from commitline.infrastructure.followers.buckets import bucket_name
 from commitline.infrastructure.followers.fenced import FencedConnection, LeaseLost
-from commitline.infrastructure.followers.positions import Positions
 from commitline.infrastructure.followers.status import lease_holders
 from commitline.infrastructure.store.datastore import store_failures
 
@@ -266,12 +265,3 @@ class GroupLease(FencedConnection):
         self._owned.clear()
         super()._drop()
 
-
-def write_summary(conn: Any, schema: str, name: str, buckets: int, owner: str | None, status: str) -> None:
-    """The group row of ``name`` from its ``buckets`` bucket rows (``Positions.write_summary``)."""
-    Positions(schema).write_summary(conn, name, [bucket_name(name, b, buckets) for b in range(buckets)], owner, status)
-
-
-def stopped_buckets(conn: Any, schema: str, name: str) -> list[tuple[str, dict[str, Any]]]:
-    """(bucket name, error) of every bucket of group ``name`` (of any count) stopped at a poison event."""
-    return Positions(schema).stopped_in_group(conn, name)
