@@ -188,6 +188,11 @@ class GroupLease(FencedConnection):
             return {}
         return {b: row for b, row in self.run(self.saved_rows).items() if b not in owned}
 
+    def handed_back(self, buckets: Sequence[int], summary: str) -> None:
+        """The owner of bucket 0 keeps the group's row, so it writes it as it lets go (status ``summary``)."""
+        if 0 in buckets:
+            self.summarise(summary)
+
     def summarise(self, status: str) -> None:
         """Write the group's row from its buckets' rows (the owner of bucket 0 does, see the docstring)."""
         self.run(lambda conn: self.positions.write_summary(conn, self.name, self.names, self.owner, status))

@@ -132,6 +132,9 @@ class Lease(FencedConnection):
         except (LeaseLost, psycopg.Error):
             pass
 
+    def handed_back(self, slots: Sequence[int], summary: str) -> None:
+        """Nothing besides its own row to write when it lets go."""
+
     def tick(self, owned: Iterable[int]) -> dict[int, tuple[int, str]]:
         """Nothing to keep besides the own row; no other slots."""
         return {}

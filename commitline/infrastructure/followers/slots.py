@@ -128,13 +128,12 @@ class OwnedSlots:
         ``summary``) if this instance kept it, and let go of the ownership."""
         self.reader.forget()
         if self.slots:
-            leader = 0 in self.slots and isinstance(self.lease, GroupLease)
-            await self.hand_back(sorted(self.slots), status)
-            if leader:
-                try:
-                    await asyncio.to_thread(self.lease.summarise, summary)  # type: ignore[union-attr]
-                except (LeaseLost, StoreUnavailable):
-                    pass
+            owned = sorted(self.slots)
+            await self.hand_back(owned, status)
+            try:
+                await asyncio.to_thread(self.lease.handed_back, owned, summary)
+            except (LeaseLost, StoreUnavailable):
+                pass
         await asyncio.to_thread(self.lease.leave, status)
 
     async def _save(self, rows: list[tuple[int, int, dict[str, Any] | None]]) -> None:
