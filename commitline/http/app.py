@@ -22,7 +22,7 @@ from starlette.responses import Response
 from commitline.application.errors import CommitlineError
 from commitline.composition import Commitline, Domain, bootstrap, load_domain, load_settings
 from commitline.composition.observability import tracing_from_environment
-from commitline.http import commands, docs, openapi, operations, queries, reads, status_page, tracing
+from commitline.http import commands, docs, erasures, openapi, operations, queries, reads, status_page, tracing
 from commitline.http.problems import (
     InternalError,
     InvalidQuery,
@@ -113,7 +113,7 @@ def create_app(commitline: Commitline | None, *, domain: Domain | None = None, l
     app.state.commitline = commitline
     app.state.domain = domain
     install_problem_handlers(app)
-    for module in (commands, reads, operations, status_page, docs):
+    for module in (commands, reads, erasures, operations, status_page, docs):
         app.include_router(module.router)
     app.include_router(queries.router_for(domain))
     operations.instrument(app)  # every request counted and timed in /metrics

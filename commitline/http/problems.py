@@ -34,6 +34,7 @@ STATUS: dict[str, int] = {
     "invalid_query": 400,
     "invalid_tenant": 400,
     "unauthorized": 401,
+    "admin_key_required": 403,
     "not_found": 404,
     "method_not_allowed": 405,
     "body_too_large": 413,
@@ -43,6 +44,7 @@ STATUS: dict[str, int] = {
     "unknown_command_type": 422,
     "idempotency_key_reused": 422,
     "invalid_value": 422,
+    "invalid_body": 422,
     # the state the command met
     "aggregate_not_found": 404,
     "version_beyond_head": 404,
@@ -73,6 +75,24 @@ class HttpProblem(CommitlineError):
 
 class Unauthorized(HttpProblem):
     code = "unauthorized"
+
+
+class AdminKeyRequired(HttpProblem):
+    """An ordinary API key on a route reserved for its tenant's administrative keys."""
+
+    code = "admin_key_required"
+    fields = ("tenant", "key_id")
+    message = ("API key {key_id} of tenant {tenant} is not an administrative key: erasing data subjects and listing "
+               "erasures need one (commitline tenants add {tenant} --admin)")
+
+
+class InvalidBody(HttpProblem):
+    """A JSON body that is not what the route takes (for a command, ``invalid_command`` says so instead)."""
+
+    code = "invalid_body"
+    fields = ("errors",)
+    message = "invalid request body: {summary}"
+    summary = joined("errors", at_location("<body>"))
 
 
 class BodyTooLarge(HttpProblem):
