@@ -10,6 +10,7 @@ environment when the worker starts, and closes on shutdown.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -32,6 +33,7 @@ from commitline.http.problems import (
 )
 
 log = logging.getLogger(__name__)
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 def _instance(request: Request) -> str:
     return request.url.path
@@ -52,7 +54,7 @@ def install_problem_handlers(app: FastAPI) -> None:
         assert isinstance(error, StarletteHTTPException)
         if error.status_code == 405:
             return problem_response(MethodNotAllowed(request.method, request.url.path), _instance(request),
-                                    allowed(error.headers))
+                                    allowed(_methods_at(request, error.headers)))
         return problem_response(RouteNotFound(request.url.path), _instance(request))
 
     async def unexpected(request: Request, error: Exception) -> Response:
@@ -84,6 +86,23 @@ class HeadAsGet:
         if scope["type"] == "http" and scope["method"] == "HEAD":
             scope = {**scope, "method": "GET"}
         await self.app(scope, receive, send)
+
+
+def _methods_at(request: Request, headers: Mapping[str, str] | None) -> dict[str, str]:
+    """A 405's headers with ``Allow`` naming every method of the path: the router names only the methods of the
+    first route that matched it (``/v1/erasures`` has one route for GET, another for POST), so those the
+    description gives for the path are added."""
+    out = dict(headers or {})
+    methods = {m.strip() for m in out.get("Allow", "").split(",") if m.strip()}
+    path = request.scope["path"]
+    for template, operations in request.app.openapi()["paths"].items():
+        pattern = "".join("[^/]+" if part.startswith("{") else re.escape(part)
+                          for part in re.split(r"(\{[^/}]+\})", template))
+        if re.fullmatch(pattern, path):
+            methods |= {m.upper() for m in operations if m.upper() in _METHODS}
+    if methods:
+        out["Allow"] = ", ".join(sorted(methods))
+    return out
 
 
 def allowed(headers: Mapping[str, str] | None) -> dict[str, str]:

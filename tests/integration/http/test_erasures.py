@@ -146,3 +146,7 @@ def test_the_description_documents_the_erasure_routes(served: Server) -> None:
     body = post["requestBody"]["content"]["application/json"]["schema"]
     assert body["required"] == ["subject"] and body["additionalProperties"] is False
     assert "422" in post["responses"] and "admin_key_required" in post["responses"]["403"]["description"]
+    with served.client("acme") as acme:  # two routes share the path: a 405 names the methods of both
+        for method in ("OPTIONS", "DELETE", "PUT"):
+            wrong = acme.request(method, "/v1/erasures")
+            assert wrong.status_code == 405 and wrong.headers["allow"] == "GET, HEAD, POST", wrong.headers
