@@ -13,7 +13,9 @@ import orjson
 import psycopg
 import pytest
 
+from commitline.composition import bootstrap
 from tests.integration.http.conftest import cli_env
+from tests.support import settings_for
 
 KEY = re.compile(r"clk_([0-9a-f]{12})_[A-Za-z0-9_-]{43}")
 
@@ -133,3 +135,16 @@ def test_add_admin_makes_an_administrative_key_and_list_says_which(pg_dsn: str, 
     assert listed == {orjson.loads(ordinary.stdout)["key_id"]: False, made["key_id"]: True}
     plain = tenants(pg_dsn, schema, "add", "acme", "--admin")
     assert "administrative API key" in plain.stderr and KEY.fullmatch(plain.stdout.strip())
+
+
+def test_keys_made_before_administrative_keys_existed_stay_ordinary_and_valid(pg_dsn: str, schema: str) -> None:
+    key = tenants(pg_dsn, schema, "add", "acme").stdout.strip()
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # the store as migration 9 left it
+        conn.execute(f'ALTER TABLE "{schema}".api_keys DROP COLUMN admin')
+        conn.execute(f'DELETE FROM "{schema}".schema_migrations WHERE version = 10')
+    listed = tenants(pg_dsn, schema, "list", "--json")  # a start applies migration 10
+    assert listed.returncode == 0, listed.stderr
+    assert [(row["tenant"], row["admin"]) for row in orjson.loads(listed.stdout)] == [("acme", False)]
+    with bootstrap(settings_for(pg_dsn, schema)) as app:
+        found = app.api_keys().resolve(key)
+    assert found is not None and (found.tenant, found.admin) == ("acme", False)
