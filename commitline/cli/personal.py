@@ -47,7 +47,7 @@ def cmd_erase(args: argparse.Namespace) -> int:
     with bootstrap() as app:
         holding = dict(app.domain.personal_projections)
         rebuild = not args.no_rebuild and bool(holding)
-        recompute = app.rebuild_command(" ".join(holding))
+        recompute = app.rebuild_command(" ".join(holding), fresh=True)
         try:
             reporter = progress_reporter(f"recompute {', '.join(holding)}") if rebuild else nullcontext()
             with reporter as progress:

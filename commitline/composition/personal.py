@@ -44,7 +44,7 @@ class ErasureReport(Sequence[Erasure]):
 
     @property
     def recompute(self) -> str | None:
-        return rebuild_command(" ".join(self.pending)) if self.pending else None
+        return rebuild_command(" ".join(self.pending), fresh=True) if self.pending else None
 
     @overload
     def __getitem__(self, index: int) -> Erasure: ...
@@ -87,7 +87,8 @@ class PersonalDataOperations:
         holding = dict(self.domain.personal_projections)  # type: ignore[attr-defined]
         rebuilt: list[RebuildResult] = []
         if rebuild and holding:
-            rebuilt = self.rebuild_many(holding, progress=progress)  # type: ignore[attr-defined]
+            # fresh: an interrupted rebuild's rows, written before the erasure, may hold the values
+            rebuilt = self.rebuild_many(holding, progress=progress, fresh=True)  # type: ignore[attr-defined]
         return ErasureReport(tenant, subject, tuple(done), holding, tuple(rebuilt))
 
     def erasures(self, tenant: str | None = None) -> list[Erasure]:

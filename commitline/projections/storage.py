@@ -57,8 +57,8 @@ class ProjectionNeedsRebuild(RuntimeError):
                          f"({'; '.join(differences)}); run `{self.command}`")
 
 
-def rebuild_command(projection: str) -> str:
-    return f"commitline projections rebuild {projection}"
+def rebuild_command(projection: str, *, fresh: bool = False) -> str:
+    return f"commitline projections rebuild {projection}" + (" --fresh" if fresh else "")
 
 
 Shape = dict[str, dict[str, str]]  # table -> column -> type (PostgreSQL's internal type name, e.g. int8)

@@ -85,11 +85,34 @@ def test_without_the_rebuild_the_erasure_names_what_may_still_hold_the_values(cu
 
     assert len(report) == 1 and report.rebuilt == ()
     assert report.pending == ("customer_contacts",)
-    assert report.recompute == "commitline projections rebuild customer_contacts"
+    assert report.recompute == "commitline projections rebuild customer_contacts --fresh"
     assert contacts(pg_dsn, schema)[("acme", "c-1")] == "ann@acme.test"  # what the report warns of
     again = app.erase("acme", "c-1")  # no key left: nothing erased, but the rebuild finishes the erasure
     assert len(again) == 0 and [r.projection for r in again.rebuilt] == ["customer_contacts"]
     assert contacts(pg_dsn, schema)[("acme", "c-1")] == ERASED_TEXT
+
+
+def test_an_interrupted_rebuild_from_before_the_erasure_is_not_resumed(customers_app: Commitline, pg_dsn: str,
+                                                                        schema: str) -> None:
+    app = customers_app
+    register(app)  # acme c-1 first: the interrupted rebuild copied its email in its first batch
+
+    class Interrupted(Exception):
+        pass
+
+    def interrupt(*_: int) -> None:
+        raise Interrupted
+
+    with pytest.raises(Interrupted):
+        app.rebuild("customer_contacts", batch_size=1, progress=interrupt)
+    with psycopg.connect(pg_dsn) as conn:
+        (left,) = conn.execute(f'SELECT email FROM "{schema}".rm_customer_contacts__next').fetchone()
+    assert left == "ann@acme.test"  # it would resume from there
+
+    app.erase("acme", "c-1")
+
+    assert contacts(pg_dsn, schema) == {("acme", "c-1"): ERASED_TEXT, ("acme", "c-2"): "bob@acme.test",
+                                        ("globex", "c-1"): "ann@globex.test"}
 
 
 def test_erase_from_the_command_line_while_the_projector_runs(customers_app: Commitline, pg_dsn: str,
@@ -107,7 +130,7 @@ def test_erase_from_the_command_line_while_the_projector_runs(customers_app: Com
         kept = cli(pg_dsn, schema, "erase", "--tenant", "globex", "--subject", "c-1", "--no-rebuild")
         assert kept.returncode == 0, kept.stderr
         assert "may still show the subject's values" in kept.stdout
-        assert "`commitline projections rebuild customer_contacts`" in kept.stdout
+        assert "`commitline projections rebuild customer_contacts --fresh`" in kept.stdout
         assert "CustomerRegistered.email" in kept.stdout
         assert contacts(pg_dsn, schema)[("globex", "c-1")] == "ann@globex.test"
 
