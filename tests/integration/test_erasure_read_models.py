@@ -51,14 +51,6 @@ def cli(pg_dsn: str, schema: str, *args: str) -> subprocess.CompletedProcess[str
                           env=env)
 
 
-def test_the_domain_knows_which_read_models_receive_personal_fields() -> None:
-    from commitline.examples import domain as examples
-
-    assert dict(customers.domain.check().personal_projections) == {"customer_contacts": ("CustomerRegistered.email",)}
-    # payment_states receives PaymentCreated.account but declares that it stores none of it
-    assert dict(examples.check().personal_projections) == {}
-
-
 def test_erase_rebuilds_the_read_model_that_copies_the_subjects_email(customers_app: Commitline, pg_dsn: str,
                                                                        schema: str) -> None:
     app = customers_app
