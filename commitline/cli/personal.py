@@ -77,7 +77,8 @@ def cmd_erase(args: argparse.Namespace) -> int:
         print(f"recomputed read model {result.projection} (receives {', '.join(report.read_models[result.projection])})"
               f": position {result.position}, {result.events_applied} events in {result.seconds:.1f} s")
     if report.recompute:
-        print(f"read models {', '.join(report.pending)} may still show the subject's values (they receive "
+        which = "read model" if len(report.pending) == 1 else "read models"
+        print(f"{which} {', '.join(report.pending)} may still show the subject's values (receiving "
               f"{', '.join(f for name in report.pending for f in report.read_models[name])}): run "
               f"`{report.recompute}`")
     return EXIT_OK
