@@ -1,7 +1,8 @@
 """``commitline erase`` and ``commitline keys rotate|erasures``: forgetting a data subject, and the master key.
 
 ``erase --tenant T --subject S`` deletes the subject's data key and records the erasure; its personal values
-read as erased from then on, while every hash chain stays verifiable. ``keys rotate`` rewraps every data key
+read as erased from then on, while every hash chain stays verifiable. It then rebuilds the read models that may
+have copied them (``--no-rebuild``: it names them and the command that does it). ``keys rotate`` rewraps every data key
 under a new master key, read from standard input (or from the variable ``--new-key-env`` names: never from the
 command line, where other users of the machine could read it), with the current one still configured.
 """
@@ -9,12 +10,21 @@ command line, where other users of the machine could read it), with the current 
 from __future__ import annotations
 
 import argparse
+from contextlib import nullcontext
 import getpass
 import os
 import sys
 
 from commitline.application.errors import CommitlineError
-from commitline.cli.common import EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, actions, error_exit, print_json
+from commitline.cli.common import (
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    actions,
+    error_exit,
+    print_json,
+)
 
 
 def _erasure(e) -> dict[str, object]:  # type: ignore[no-untyped-def]
@@ -31,19 +41,46 @@ def _operator() -> str:
 
 def cmd_erase(args: argparse.Namespace) -> int:
     from commitline.cli.common import bootstrap
+    from commitline.cli.progress import progress_reporter
+    from commitline.composition import RebuildError
 
     with bootstrap() as app:
+        holding = dict(app.domain.personal_projections)
+        rebuild = not args.no_rebuild and bool(holding)
+        recompute = app.rebuild_command(" ".join(holding), fresh=True)
         try:
-            done = app.erase(args.tenant, args.subject, by=_operator())
+            reporter = progress_reporter(f"recompute {', '.join(holding)}") if rebuild else nullcontext()
+            with reporter as progress:
+                report = app.erase(args.tenant, args.subject, by=_operator(), rebuild=rebuild, progress=progress)
+        except RebuildError as e:
+            print(f"the erasure of subject {args.subject} of tenant {args.tenant} is recorded, but recomputing the "
+                  f"read models {', '.join(holding)} failed: {e}. Until they are rebuilt they may still show its "
+                  f"values: run `{recompute}`", file=sys.stderr)
+            return EXIT_REFUSED
+        except KeyboardInterrupt:
+            print(f"interrupted: the erasure is recorded, but the read models {', '.join(holding)} may still show "
+                  f"the subject's values: run `{recompute}`", file=sys.stderr)
+            return 130
         except CommitlineError as e:
             return error_exit(e, EXIT_USAGE)
     if args.json:
-        print_json({"tenant": args.tenant, "subject": args.subject, "erased": [_erasure(e) for e in done]})
-    elif done:
-        print(f"erased subject {args.subject} of tenant {args.tenant}: data key {done[0].key_id} deleted; its "
+        print_json({"tenant": args.tenant, "subject": args.subject, "erased": [_erasure(e) for e in report],
+                    "read_models": {name: list(fields) for name, fields in report.read_models.items()},
+                    "rebuilt": [r.projection for r in report.rebuilt], "recompute": report.recompute})
+        return EXIT_OK
+    if report:
+        print(f"erased subject {args.subject} of tenant {args.tenant}: data key {report[0].key_id} deleted; its "
               "personal values read as erased from now on")
     else:
         print(f"tenant {args.tenant} has no data key for subject {args.subject}: nothing to erase", file=sys.stderr)
+    for result in report.rebuilt:
+        print(f"recomputed read model {result.projection} (receives {', '.join(report.read_models[result.projection])})"
+              f": position {result.position}, {result.events_applied} events in {result.seconds:.1f} s")
+    if report.recompute:
+        which = "read model" if len(report.pending) == 1 else "read models"
+        print(f"{which} {', '.join(report.pending)} may still show the subject's values (receiving "
+              f"{', '.join(f for name in report.pending for f in report.read_models[name])}): run "
+              f"`{report.recompute}`")
     return EXIT_OK
 
 
@@ -70,7 +107,8 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
 ERASE = ("Delete the data key of SUBJECT (of TENANT): every personal value sealed under it reads as erased from now "
          "on, in loads, audit history and replayed outcomes; the hash chains stay verifiable. Recorded in the "
-         "erasures table (no personal value).")
+         "erasures table (no personal value). Then rebuild the read models that receive personal fields, so none "
+         "still shows the subject's values (a running `commitline project` yields to the swap).")
 ROTATE = ("With the current master key still in COMMITLINE_MASTER_KEY, rewrap every data key under the new one, read "
           "from standard input (base64 of 32 bytes); then configure the new key everywhere. Run again to finish a "
           "rotation cut short.")
@@ -81,6 +119,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                            description=ERASE)
     erase.add_argument("--tenant", required=True, help="the tenant whose subject it is")
     erase.add_argument("--subject", required=True, help="the data subject's id, as the domain's events name it")
+    erase.add_argument("--no-rebuild", action="store_true",
+                       help="leave the read models that may hold the subject's values as they are, and print the "
+                       "command that recomputes them (to erase many subjects, then rebuild once)")
     erase.add_argument("--json", action="store_true", help="machine-readable output")
     erase.set_defaults(run=cmd_erase)
     ksub = actions(sub, "keys", "the master key and the data keys: rotate, list erasures")

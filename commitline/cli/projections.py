@@ -98,8 +98,8 @@ def cmd_projections_rebuild(args: argparse.Namespace) -> int:
     skip = dict.fromkeys(args.skip, args.reason)
     with bootstrap() as app, progress_reporter(f"rebuild {what}") as progress:
         try:
-            results = ([app.rebuild(names[0], progress=progress, skip=skip)] if len(names) == 1
-                       else app.rebuild_many(names, progress=progress))
+            results = ([app.rebuild(names[0], progress=progress, skip=skip, fresh=args.fresh)] if len(names) == 1
+                       else app.rebuild_many(names, progress=progress, fresh=args.fresh))
         except RebuildError as e:
             print(f"rebuild of {what} failed: {e}", file=sys.stderr)
             return EXIT_REFUSED
@@ -146,6 +146,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                           help="pass the poison event at position N (explicit, logged; repeatable). Events the live "
                           "projection skipped are skipped again without it")
     prebuild.add_argument("--reason", default="", help="why skipping is safe (kept in the intervention log)")
+    prebuild.add_argument("--fresh", action="store_true",
+                          help="start from the first event even where an interrupted rebuild could resume (after "
+                          "an erasure: rows it built before may hold the erased values)")
     prebuild.add_argument("--abort", action="store_true",
                           help="discard an abandoned rebuild (its tables and position) instead of running one")
     prebuild.add_argument("--json", action="store_true", help="each rebuild's result as JSON on stdout")

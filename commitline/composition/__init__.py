@@ -21,6 +21,7 @@ _PARTS: dict[str, tuple[str, ...]] = {  # each module of this package, with the 
     "wiring": ("bootstrap", "connection_parts"),
     "status": ("FOLLOWER_ALIASES", "PUBLISHER", "StatusReport", "UnknownFollower"),
     "operations": ("MigrationReport",),
+    "personal": ("ErasureReport",),
     "errors": ("InterventionRefused", "ProjectionNeedsRebuild", "RebuildError", "UnknownProcessManager",
                "UnknownProjection"),
     "setup": ("Domain", "Query", "Settings", "load_domain", "load_settings", "set_kind"),
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
         UnknownProjection,
     )
     from commitline.composition.operations import MigrationReport
+    from commitline.composition.personal import ErasureReport
     from commitline.composition.root import Commitline
     from commitline.composition.setup import Domain, Query, Settings, load_domain, load_settings, set_kind
     from commitline.composition.status import FOLLOWER_ALIASES, PUBLISHER, StatusReport, UnknownFollower

@@ -1,14 +1,65 @@
-"""The operator's work on personal data, as ``Commitline`` does it for the CLI: erasing a data subject,
-listing erasures, rotating the master key. ``PersonalDataOperations`` is a part of ``Commitline``
-(``root.py``), over its datastore, settings and store."""
+"""The operator's work on personal data, as ``Commitline`` does it for the CLI: erasing a data subject (and
+recomputing the read models that may have copied its values), listing erasures, rotating the master key.
+``PersonalDataOperations`` is a part of ``Commitline`` (``root.py``), over its datastore, settings, store,
+domain and projections.
+
+Which read models may copy personal values is known from the domain alone (``Domain.personal_projections``):
+those handling an event type with a ``Personal`` field. Erasing rebuilds them by default, so the erasure is
+complete when the call returns; ``rebuild=False`` (``--no-rebuild``) leaves that to one later rebuild, for a
+batch of erasures, and the report names the read models and the command that recomputes them."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import overload
 
 from commitline.application.boundary import check_tenant
 from commitline.application.errors import ConfigurationError
 from commitline.domain.errors import InvalidValue
 from commitline.infrastructure.personal.keys import DataKeys, Erasure, Rotation
 from commitline.infrastructure.personal.master import MasterKey
+from commitline.projections.rebuild import Progress, RebuildResult
+from commitline.projections.storage import rebuild_command
+
+
+@dataclass(frozen=True)
+class ErasureReport(Sequence[Erasure]):
+    """What ``erase`` did: the erasures recorded (the report is their sequence: [] when the subject had no
+    key), the read models that may have copied the subject's values (``read_models``: name -> the personal
+    fields it receives), and those rebuilt since (``rebuilt``). ``recompute`` is the command that still has
+    to run, None when nothing is left holding the subject's values."""
+
+    tenant: str
+    subject: str
+    erasures: tuple[Erasure, ...]
+    read_models: dict[str, tuple[str, ...]]
+    rebuilt: tuple[RebuildResult, ...] = ()
+
+    @property
+    def pending(self) -> tuple[str, ...]:
+        """The read models that may still show the subject's values."""
+        done = {r.projection for r in self.rebuilt}
+        return tuple(name for name in self.read_models if name not in done)
+
+    @property
+    def recompute(self) -> str | None:
+        return rebuild_command(" ".join(self.pending), fresh=True) if self.pending else None
+
+    @overload
+    def __getitem__(self, index: int) -> Erasure: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Erasure]: ...
+
+    def __getitem__(self, index: int | slice) -> Erasure | Sequence[Erasure]:
+        return self.erasures[index]
+
+    def __len__(self) -> int:
+        return len(self.erasures)
+
+    def __iter__(self) -> Iterator[Erasure]:
+        return iter(self.erasures)
 
 
 class PersonalDataOperations:
@@ -17,16 +68,28 @@ class PersonalDataOperations:
     def data_keys(self) -> DataKeys:
         return DataKeys(self.datastore.get_connection, self.settings.schema_name)  # type: ignore[attr-defined]
 
-    def erase(self, tenant: str, subject: str, *, by: str = "operator") -> list[Erasure]:
+    def erase(self, tenant: str, subject: str, *, by: str = "operator", rebuild: bool = True,
+              progress: Progress | None = None) -> ErasureReport:
         """Delete the data key of ``subject`` (of ``tenant``) and record the erasure: from now on its personal
         values read as ERASED everywhere. This process forgets the key and every decoded aggregate at once;
-        other processes within the key cache's lifetime (``PersonalData.ttl_s``). [] when it has no key."""
+        other processes within the key cache's lifetime (``PersonalData.ttl_s``). The report is empty when
+        the subject has no key.
+
+        Then, unless ``rebuild`` is False, rebuild the read models that may have copied its values, reading the
+        log once (a running projector yields to the swap, as for ``projections rebuild``); they are rebuilt even
+        when there was no key, so running the erasure again finishes one whose rebuild failed. A failing rebuild
+        raises ``RebuildError`` with the erasure already committed (``erasures()`` lists it)."""
         tenant = check_tenant(tenant)
         if not subject or not subject.strip():
             raise InvalidValue("subject", subject, "must name a data subject")
         done = self.data_keys().erase(tenant, subject, by)
         self.store.forget(e.key_id for e in done)  # type: ignore[attr-defined]
-        return done
+        holding = dict(self.domain.personal_projections)  # type: ignore[attr-defined]
+        rebuilt: list[RebuildResult] = []
+        if rebuild and holding:
+            # fresh: an interrupted rebuild's rows, written before the erasure, may hold the values
+            rebuilt = self.rebuild_many(holding, progress=progress, fresh=True)  # type: ignore[attr-defined]
+        return ErasureReport(tenant, subject, tuple(done), holding, tuple(rebuilt))
 
     def erasures(self, tenant: str | None = None) -> list[Erasure]:
         return self.data_keys().erased(check_tenant(tenant) if tenant is not None else None)

@@ -37,17 +37,20 @@ class Projections:
         return known[name]()
 
     def rebuild(self, name: str, *, batch_size: int | None = None, progress: Progress | None = None,
-                skip: dict[int, str] | None = None) -> RebuildResult:
-        """Rebuild projection ``name``; ``skip``: poison positions to pass with the operator's reason."""
+                skip: dict[int, str] | None = None, fresh: bool = False) -> RebuildResult:
+        """Rebuild projection ``name``; ``skip``: poison positions to pass with the operator's reason; ``fresh``:
+        from the first event, discarding what an interrupted rebuild built."""
         return rebuild(self.projection(name), self.codec, self.recorder, self.conninfo,
-                       batch_size=batch_size or self.settings.project_batch_size, progress=progress, skip=skip)
+                       batch_size=batch_size or self.settings.project_batch_size, progress=progress, skip=skip,
+                       fresh=fresh)
 
     def rebuild_many(self, names: Iterable[str], *, batch_size: int | None = None,
-                     progress: Progress | None = None) -> list[RebuildResult]:
-        """Rebuild the named projections (all, if none are named), reading the log once for all of them."""
+                     progress: Progress | None = None, fresh: bool = False) -> list[RebuildResult]:
+        """Rebuild the named projections (all, if none are named), reading the log once for all of them;
+        ``fresh``: from the first event, discarding what an interrupted rebuild built."""
         projections = [self.projection(name) for name in (list(names) or sorted(self.domain.projections))]
         return rebuild_many(projections, self.codec, self.recorder, self.conninfo,
-                            batch_size=batch_size or self.settings.project_batch_size, progress=progress)
+                            batch_size=batch_size or self.settings.project_batch_size, progress=progress, fresh=fresh)
 
     def abort_rebuild(self, name: str) -> bool:
         """Discard an abandoned rebuild of ``name``; False if there was none."""
@@ -61,6 +64,6 @@ class Projections:
                     for name, projection in self.domain.projections.items()}
 
     @staticmethod
-    def rebuild_command(name: str) -> str:
-        """The command an operator runs to rebuild projection ``name``."""
-        return rebuild_command(name)
+    def rebuild_command(name: str, *, fresh: bool = False) -> str:
+        """The command an operator runs to rebuild projection ``name`` (from the first event, with ``fresh``)."""
+        return rebuild_command(name, fresh=fresh)

@@ -143,6 +143,7 @@ class PaymentStates(Projection):
     """Payments per (tenant, state, currency) with their total amount, and each payment's current state."""
 
     name = "payment_states"
+    copies_personal_data = False  # it receives PaymentCreated.account but stores none of it
     tables = (
         Table("rm_payments", {"payment_id": "uuid", "tenant": "text", "state": "text", "amount": "numeric",
                               "currency": "text"}, key=("payment_id",)),

@@ -28,6 +28,7 @@ from commitline.application.errors import InvalidDomain
 from commitline.application.process import ProcessManager
 from commitline.domain.aggregate import Aggregate
 from commitline.domain.errors import DomainError
+from commitline.domain.personal import personal_fields
 from commitline.domain.registry import EventRegistry
 from commitline.framework.checks import problems
 from commitline.framework.declared import Declared, call_site, derived_id
@@ -203,8 +204,8 @@ class Domain:
             found = problems(self)
             if found:
                 raise InvalidDomain(domain=self.name, problems=found)
-            for name in ("registry", "catalog", "projections", "managers", "error_statuses", "port_factories",
-                         "reads_class"):
+            for name in ("registry", "catalog", "projections", "personal_projections", "managers", "error_statuses",
+                         "port_factories", "reads_class"):
                 self.__dict__.pop(name, None)
             self._checked_at = _DECLARATIONS[0]
         return self
@@ -220,6 +221,19 @@ class Domain:
     @functools.cached_property
     def projections(self) -> Mapping[str, type[Projection]]:
         return MappingProxyType({d.value.name: d.value for d in self.read_models})
+
+    @functools.cached_property
+    def personal_projections(self) -> Mapping[str, tuple[str, ...]]:
+        """The read models that may copy personal values into their rows, each with the personal fields its
+        handlers receive (``"CustomerRegistered.email"``): every projection handling an event type with a
+        ``Personal`` field, unless it declares ``copies_personal_data = False``. Erasing a subject rebuilds them."""
+        found = {}
+        for name, projection in self.projections.items():
+            fields = sorted(f"{event.__name__}.{field}" for event in projection._handlers
+                            for field, _ in personal_fields(event))
+            if fields and projection.copies_personal_data:
+                found[name] = tuple(fields)
+        return MappingProxyType(dict(sorted(found.items())))
 
     @functools.cached_property
     def managers(self) -> Mapping[str, type[ProcessManager]]:

@@ -86,6 +86,10 @@ class Projection:
     tables: ClassVar[tuple[Table, ...]]
     #: table -> function giving the key of the stored row an event's handler reads (None: none needed)
     prefetch: ClassVar[dict[str, Callable[[RecordedEvent], Key | None]]] = {}
+    #: False on a read model that handles events with personal fields but stores none of their values (nor
+    #: anything derived from them): erasing a subject then neither names it nor rebuilds it. Left True, a
+    #: read model receiving personal fields is taken to copy them (``Domain.personal_projections``).
+    copies_personal_data: ClassVar[bool] = True
     _handlers: ClassVar[dict[type[Event], Handler]]
 
     def __init_subclass__(cls) -> None:

@@ -1,7 +1,8 @@
 """Rebuilding a projection from the first event, with no half-built view ever visible.
 
 1. Under the ``NAME@rebuild`` lease, replay the log into fresh ``*__next`` tables, saving
-   the rebuild's position with every batch (interrupt it and run it again: it resumes).
+   the rebuild's position with every batch (interrupt it and run it again: it resumes, unless
+   asked to start afresh: after an erasure, rows it wrote before may hold the erased values).
    A poison event the operator skipped on the live projection (``projections skip``) is skipped
    again, recorded in ``follower_interventions`` under ``NAME@rebuild`` with the decision it
    follows; so is one named with ``rebuild --skip N``. Any other poison event stops the rebuild
@@ -131,19 +132,21 @@ class _Replay(Follower):
 
 def rebuild(projection: Projection, codec: EventCodec, recorder: EventRecorder, conninfo: dict[str, Any], *,
             batch_size: int = 5000, progress: Progress | None = None, swap_timeout: float = 60.0,
-            skip: dict[int, str] | None = None) -> RebuildResult:
+            skip: dict[int, str] | None = None, fresh: bool = False) -> RebuildResult:
     """Rebuild ``projection``; ``skip`` maps poison positions to pass (beyond the live projection's skips) to
-    the operator's reason."""
+    the operator's reason; ``fresh``: see ``rebuild_many``."""
     return rebuild_many([projection], codec, recorder, conninfo, batch_size=batch_size, progress=progress,
-                        swap_timeout=swap_timeout, skip=skip)[0]
+                        swap_timeout=swap_timeout, skip=skip, fresh=fresh)[0]
 
 
 def rebuild_many(projections: Sequence[Projection], codec: EventCodec, recorder: EventRecorder,
                  conninfo: dict[str, Any], *, batch_size: int = 5000, progress: Progress | None = None,
-                 swap_timeout: float = 60.0, skip: dict[int, str] | None = None) -> list[RebuildResult]:
-    """Rebuild every projection in ``projections``, reading the log once for all of them."""
+                 swap_timeout: float = 60.0, skip: dict[int, str] | None = None,
+                 fresh: bool = False) -> list[RebuildResult]:
+    """Rebuild every projection in ``projections``, reading the log once for all of them; ``fresh``: from the
+    first event even where an interrupted rebuild could resume (its tables are discarded)."""
     return asyncio.run(_rebuild(list(projections), codec, recorder, conninfo, batch_size, progress, swap_timeout,
-                                skip or {}))
+                                skip or {}, fresh))
 
 
 def abort(projection: Projection, recorder: EventRecorder, conninfo: dict[str, Any]) -> bool:
@@ -171,7 +174,7 @@ def abort(projection: Projection, recorder: EventRecorder, conninfo: dict[str, A
 
 async def _rebuild(projections: list[Projection], codec: EventCodec, recorder: EventRecorder,
                    conninfo: dict[str, Any], batch_size: int, progress: Progress | None, swap_timeout: float,
-                   skip: dict[int, str]) -> list[RebuildResult]:
+                   skip: dict[int, str], fresh: bool = False) -> list[RebuildResult]:
     replays = [_Replay(p, codec, recorder, conninfo, batch_size, skip) for p in projections]
     held: list[_Replay] = []
     started = time.perf_counter()
@@ -181,7 +184,8 @@ async def _rebuild(projections: list[Projection], codec: EventCodec, recorder: E
                 raise RebuildError(f"a rebuild of {replay.projection.name} is already running")
             held.append(replay)
         resumed = [await asyncio.to_thread(r.lease.run, lambda conn, r=r: _prepare(conn, r.schema, r.projection,
-                                                                                 r.lease.name)) for r in replays]
+                                                                                 r.lease.name, fresh))
+                   for r in replays]
         positions = await _catch_up_together(replays, list(resumed), recorder, batch_size, progress)
         results = []
         for replay, position, resumed_from in zip(replays, positions, resumed):
@@ -238,14 +242,16 @@ async def _swap_in_live(replay: _Replay, position: int, conninfo: dict[str, Any]
     return position
 
 
-def _prepare(conn: psycopg.Connection[Any], schema: str, projection: Projection, follower: str) -> int:
-    """The position to resume from: 0 with fresh tables, or where an interrupted rebuild stopped."""
+def _prepare(conn: psycopg.Connection[Any], schema: str, projection: Projection, follower: str,
+             fresh: bool = False) -> int:
+    """The position to resume from: 0 with fresh tables (always when ``fresh``), or where an interrupted
+    rebuild stopped."""
     positions = Positions(schema)
     position, status, _ = positions.read(conn, follower)
     # Tables of another shape were left by an interrupted rebuild of another commitline version: start afresh.
     other_shape = bool(shape_differences(declared_shape(conn, projection),
                                          stored_shape(conn, schema, projection, REBUILD_SUFFIX)))
-    if position == 0 or status == "failed" or other_shape or not table_exists(conn, schema, projection,
+    if fresh or position == 0 or status == "failed" or other_shape or not table_exists(conn, schema, projection,
                                                                               REBUILD_SUFFIX):
         with conn.transaction():
             drop_tables(conn, schema, projection, REBUILD_SUFFIX)

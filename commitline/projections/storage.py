@@ -9,19 +9,26 @@ A projection whose stored tables have another shape than it declares (a column a
 removed or retyped by another commitline version) is detected by comparing the declaration
 with ``information_schema.columns`` (``check_shape``); the projector then refuses to start
 with ``ProjectionNeedsRebuild``, which names the differences and the rebuild command.
+
+A personal value whose subject was erased reaches a handler as ``ERASED``; copied into a row it is written
+as ``{"erased": true}`` in a text or JSON column, and as no value (NULL) in a column of any other type.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row, tuple_row
 from psycopg.sql import SQL, Composed, Identifier
 
+from commitline.domain.personal import ERASED_JSON, Erased
 from commitline.projections.base import Changes, Key, Projection, Table
 
 REBUILD_SUFFIX = "__next"
+_ERASED_TEXT = json.dumps(ERASED_JSON)
+_TEXT_TYPES = ("text", "varchar", "character varying", "json", "jsonb", "citext")
 
 
 def table_ident(schema: str, table: Table, suffix: str = "") -> Identifier:
@@ -50,8 +57,8 @@ class ProjectionNeedsRebuild(RuntimeError):
                          f"({'; '.join(differences)}); run `{self.command}`")
 
 
-def rebuild_command(projection: str) -> str:
-    return f"commitline projections rebuild {projection}"
+def rebuild_command(projection: str, *, fresh: bool = False) -> str:
+    return f"commitline projections rebuild {projection}" + (" --fresh" if fresh else "")
 
 
 Shape = dict[str, dict[str, str]]  # table -> column -> type (PostgreSQL's internal type name, e.g. int8)
@@ -144,6 +151,12 @@ def write_changes(conn: psycopg.Connection[Any], schema: str, changes: Changes, 
             conn.execute(statement, params)
 
 
+def _stored(value: Any, sql_type: str) -> Any:
+    if isinstance(value, Erased):
+        return _ERASED_TEXT if sql_type.split("(")[0].strip().lower() in _TEXT_TYPES else None
+    return value
+
+
 def _upsert(schema: str, table: Table, rows: dict[Key, dict[str, Any]], suffix: str) -> tuple[Composed, list[Any]]:
     columns = list(table.columns)
     keys = list(rows)
@@ -155,7 +168,7 @@ def _upsert(schema: str, table: Table, rows: dict[Key, dict[str, Any]], suffix: 
         elif column in table.counters:
             params.append([rows[k].get(column, 0) for k in keys])
         else:
-            params.append([rows[k].get(column) for k in keys])
+            params.append([_stored(rows[k].get(column), table.columns[column]) for k in keys])
     target = table_ident(schema, table, suffix)
     updates = [SQL("{c} = t.{c} + excluded.{c}").format(c=Identifier(c)) for c in table.counters]
     updates += [SQL("{c} = COALESCE(excluded.{c}, t.{c})").format(c=Identifier(c)) for c in table.values]

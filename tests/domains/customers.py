@@ -1,13 +1,30 @@
 """A domain whose personal field names its data subject by a field of the event: a customer registered under
 the team's own customer id, with an email. Used by the personal-data tests: two tenants may each have a
-customer ``c-1``, and erasing one must leave the other's email readable."""
+customer ``c-1``, and erasing one must leave the other's email readable. Its read model ``customer_contacts``
+copies the email into its rows, as a team's contact list would: erasing must recompute it."""
 
 from __future__ import annotations
 
 from enum import Enum
 from typing import Annotated
 
-from commitline import Aggregate, Command, Domain, Event, Id, NonBlankText, Personal, Stream, transitions
+from commitline import (
+    Aggregate,
+    Changes,
+    Command,
+    Domain,
+    Event,
+    Id,
+    NonBlankText,
+    Personal,
+    Projection,
+    RecordedEvent,
+    Stream,
+    Table,
+    on,
+    transitions,
+)
+
 
 class CustomerState(str, Enum):
     ACTIVE = "ACTIVE"
@@ -61,3 +78,22 @@ def register(c: Customer, cmd: RegisterCustomer) -> Customer:
 @domain.handles(CloseCustomer, Customer, id="customer")
 def close(c: Customer, cmd: CloseCustomer) -> None:
     c._move(CustomerState.CLOSED, CustomerClosed)
+
+
+@domain.read_model
+class CustomerContacts(Projection):
+    """Each customer's email and state: a copy of a personal field."""
+
+    name = "customer_contacts"
+    tables = (Table("rm_customer_contacts", {"customer": "uuid", "tenant": "text", "customer_id": "text",
+                                             "email": "text", "state": "text"}, key=("customer",)),)
+
+    @on(CustomerRegistered)
+    def registered(self, changes: Changes, r: RecordedEvent) -> None:
+        e = r.event
+        changes.put("rm_customer_contacts", (e.aggregate_id,), tenant=r.tenant, customer_id=e.customer_id,
+                    email=e.email, state=CustomerState.ACTIVE.value)
+
+    @on(CustomerClosed)
+    def closed(self, changes: Changes, r: RecordedEvent) -> None:
+        changes.put("rm_customer_contacts", (r.event.aggregate_id,), state=CustomerState.CLOSED.value)
