@@ -8,12 +8,15 @@ body's size (413), the JSON (400 ``malformed_json``), the body's shape (422 ``in
 
 Erasing is idempotent: a subject that has no data key (it never had a personal value, or it was erased already)
 answers 200 with ``erased: []``, so a retry after a lost answer is safe; ``GET /v1/erasures?subject=S`` shows
-when it was erased. ``erased_by`` names the API key by its public id (as ``commitline tenants list`` shows it),
+when it was erased. As ``commitline erase`` does, the request then recomputes the read models that may have
+copied the subject's values (``rebuilt``), so none shows them once it is answered; when that fails the erasure
+still stands and the answer is 503 ``erasure_incomplete``: the same request again finishes it. ``erased_by`` names the API key by its public id (as ``commitline tenants list`` shows it),
 never the key itself.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from datetime import datetime
 from typing import Any
@@ -25,11 +28,19 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
+from commitline.composition import RebuildError
 from commitline.http.auth import admin_key
 from commitline.http.commands import is_json, read_body, utf8_only
-from commitline.http.problems import PROBLEM_JSON, InvalidBody, MalformedJson, UnsupportedMediaType
+from commitline.http.problems import (
+    PROBLEM_JSON,
+    ErasureIncomplete,
+    InvalidBody,
+    MalformedJson,
+    UnsupportedMediaType,
+)
 
 router = APIRouter(tags=["personal data"])
+log = logging.getLogger(__name__)
 
 #: A subject the store can hold and erase: no NUL (PostgreSQL text cannot), not blank (``erase`` refuses it).
 SUBJECT_PATTERN = r"^[^\x00]*[^\x00\s][^\x00]*$"
@@ -55,6 +66,8 @@ class ErasedOut(BaseModel):
     subject: str
     erased: list[ErasureOut] = Field(description="empty when the subject had no data key (never had a personal "
                                      "value, or was erased already): nothing to erase")
+    rebuilt: list[str] = Field(description="the read models recomputed because they may have copied the subject's "
+                               "values (those receiving personal fields)")
 
 
 class ErasuresOut(BaseModel):
@@ -117,6 +130,9 @@ def subject_of(body: bytes, limit: int) -> str:
     "`erased: []`.",
     responses={200: {"model": ErasedOut, "description": "erased (or nothing to erase: `erased` is empty)"},
                **_FORBIDDEN,
+               503: {"description": "the store is unavailable, or the erasure is recorded but recomputing the read "
+                                    "models failed: send the same request again (codes: store_unavailable, "
+                                    "erasure_incomplete)", **_PROBLEM},
                **{code: {"description": text, **_PROBLEM} for code, text in (
                    (400, "malformed JSON (code: malformed_json)"), (413, "body too large (code: body_too_large)"),
                    (415, "not JSON (code: unsupported_media_type)"),
@@ -132,8 +148,13 @@ async def post_erasure(request: Request, key: Any = Depends(admin_key)) -> Respo
         raise UnsupportedMediaType(request.headers.get("content-type"))
     body = await read_body(request, commitline.settings.http_max_body_bytes)
     subject = subject_of(body, commitline.settings.max_string_length)
-    done = await run_in_threadpool(commitline.erase, key.tenant, subject, by=f"api key {key.key_id}")
-    return _json({"tenant": key.tenant, "subject": subject, "erased": [_view(e) for e in done]})
+    try:
+        done = await run_in_threadpool(commitline.erase, key.tenant, subject, by=f"api key {key.key_id}")
+    except RebuildError:
+        log.exception("erasure of a subject of tenant %s: recomputing the read models failed", key.tenant)
+        raise ErasureIncomplete(subject, sorted(commitline.domain.personal_projections)) from None
+    return _json({"tenant": key.tenant, "subject": subject, "erased": [_view(e) for e in done],
+                  "rebuilt": [r.projection for r in done.rebuilt]})
 
 
 @router.get(

@@ -56,6 +56,7 @@ STATUS: dict[str, int] = {
     "audit_query_error": 400,
     # the service
     "store_unavailable": 503,
+    "erasure_incomplete": 503,
     "not_ready": 503,
     "configuration_error": 503,
     "wrong_master_key": 503,
@@ -84,6 +85,17 @@ class AdminKeyRequired(HttpProblem):
     fields = ("tenant", "key_id")
     message = ("API key {key_id} of tenant {tenant} is not an administrative key: erasing data subjects and listing "
                "erasures need one (commitline tenants add {tenant} --admin)")
+
+
+class ErasureIncomplete(HttpProblem):
+    """A data key was deleted (or already was), but recomputing the read models that may hold the subject's
+    values failed: the same request again runs that recomputation again."""
+
+    code = "erasure_incomplete"
+    fields = ("subject", "read_models")
+    message = ("the erasure of subject {subject} is recorded, but recomputing the read models that may still show "
+               "its values ({shown}) failed: send the same request again to finish it")
+    shown = joined("read_models", separator=", ")
 
 
 class InvalidBody(HttpProblem):
@@ -189,7 +201,7 @@ def problem_response(error: CommitlineError, instance: str, headers: dict[str, s
     extra = dict(headers or {})
     if isinstance(error, Unauthorized):
         extra["WWW-Authenticate"] = 'Bearer realm="commitline"'
-    if isinstance(error, StoreUnavailable):
+    if isinstance(error, (StoreUnavailable, ErasureIncomplete)):
         extra["Retry-After"] = "1"
     body = orjson.dumps(problem_document(error, instance), default=str)
     return Response(body, status_code=status_of(error), headers=extra, media_type=PROBLEM_JSON)

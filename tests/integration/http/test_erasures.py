@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import re
 import uuid
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from commitline.http.erasures import ErasedOut, ErasuresOut
-from tests.integration.http.conftest import Server
+from tests.integration.http.conftest import Server, start_server
 
 pytestmark = pytest.mark.integration
 ACCOUNT = "DE89370400440532013000"
@@ -75,9 +76,11 @@ def test_an_administrative_key_erases_its_tenants_subject_and_an_ordinary_key_is
         assert acme_admin not in answer.text and acme_admin[len("clk_0123456789ab_"):] not in answer.text
         assert account_of(acme, payment) == {"erased": True}  # the serving process forgot the key at once
 
+        assert done.rebuilt == []  # the examples' read models copy no personal value
+
         again = erase(admin, {"subject": payment})  # idempotent: nothing left to erase, the same 200
         assert again.status_code == 200, again.text
-        assert again.json() == {"tenant": "acme", "subject": payment, "erased": []}
+        assert again.json() == {"tenant": "acme", "subject": payment, "erased": [], "rebuilt": []}
 
         listed = ErasuresOut.model_validate(admin.get("/v1/erasures").json())
         assert listed.tenant == "acme" and [e.subject for e in listed.erasures].count(payment) == 1
@@ -92,7 +95,7 @@ def test_another_tenants_subject_is_never_touched_nor_listed(served: Server) -> 
         theirs = create_payment(beta)
         answer = erase(acme, {"subject": theirs})
         assert answer.status_code == 200, answer.text
-        assert answer.json() == {"tenant": "acme", "subject": theirs, "erased": []}
+        assert answer.json() == {"tenant": "acme", "subject": theirs, "erased": [], "rebuilt": []}
         # the tenant is the key's: a tenant named in the body is refused, not obeyed
         problem(erase(acme, {"subject": theirs, "tenant": "beta"}), 422, "invalid_body")
         assert account_of(beta, theirs) == ACCOUNT
@@ -150,3 +153,21 @@ def test_the_description_documents_the_erasure_routes(served: Server) -> None:
         for method in ("OPTIONS", "DELETE", "PUT"):
             wrong = acme.request(method, "/v1/erasures")
             assert wrong.status_code == 405 and wrong.headers["allow"] == "GET, HEAD, POST", wrong.headers
+
+
+def test_an_erasure_recomputes_the_read_models_that_copy_personal_values(pg_dsn: str, schema: str,
+                                                                        tmp_path: Path) -> None:
+    server = start_server(pg_dsn, schema, tmp_path / "serve.log", COMMITLINE_APP="tests.domains.customers:domain")
+    try:
+        with client(server, server.admin_key("acme")) as admin:
+            registered = admin.post("/v1/commands", headers={"Idempotency-Key": "register"}, json={
+                "type": "register_customer", "customer_id": "c-1", "email": "ann@example.com"})
+            assert registered.status_code == 201, registered.text
+            answer = erase(admin, {"subject": "c-1"})
+            assert answer.status_code == 200, answer.text
+            done = ErasedOut.model_validate(answer.json())
+            assert len(done.erased) == 1 and done.rebuilt == ["customer_contacts"]
+            customer = admin.get(f"/v1/aggregates/{registered.json()['aggregate_id']}").json()
+            assert customer["state"]["email"] == {"erased": True}
+    finally:
+        server.stop()
