@@ -95,11 +95,11 @@ def _methods_at(request: Request, headers: Mapping[str, str] | None) -> dict[str
     out = dict(headers or {})
     methods = {m.strip() for m in out.get("Allow", "").split(",") if m.strip()}
     path = request.scope["path"]
-    for template, operations in request.app.openapi()["paths"].items():
+    for template, by_method in request.app.openapi()["paths"].items():
         pattern = "".join("[^/]+" if part.startswith("{") else re.escape(part)
                           for part in re.split(r"(\{[^/}]+\})", template))
         if re.fullmatch(pattern, path):
-            methods |= {m.upper() for m in operations if m.upper() in _METHODS}
+            methods |= {m.upper() for m in by_method if m.upper() in _METHODS}
     if methods:
         out["Allow"] = ", ".join(sorted(methods))
     return out

@@ -10,8 +10,8 @@ Erasing is idempotent: a subject that has no data key (it never had a personal v
 answers 200 with ``erased: []``, so a retry after a lost answer is safe; ``GET /v1/erasures?subject=S`` shows
 when it was erased. As ``commitline erase`` does, the request then recomputes the read models that may have
 copied the subject's values (``rebuilt``), so none shows them once it is answered; when that fails the erasure
-still stands and the answer is 503 ``erasure_incomplete``: the same request again finishes it. ``erased_by`` names the API key by its public id (as ``commitline tenants list`` shows it),
-never the key itself.
+still stands and the answer is 503 ``erasure_incomplete``: the same request again finishes it. ``erased_by``
+names the API key by its public id (as ``commitline tenants list`` shows it), never the key itself.
 """
 
 from __future__ import annotations
