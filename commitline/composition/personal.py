@@ -19,8 +19,9 @@ class PersonalDataOperations:
 
     def erase(self, tenant: str, subject: str, *, by: str = "operator") -> list[Erasure]:
         """Delete the data key of ``subject`` (of ``tenant``) and record the erasure: from now on its personal
-        values read as ERASED everywhere. This process forgets the key and every decoded aggregate at once;
-        other processes within the key cache's lifetime (``PersonalData.ttl_s``). [] when it has no key."""
+        values read as ERASED everywhere. This process forgets the key and every decoded aggregate at once, and
+        so do other running processes when the erasure's notification reaches them (``erasure_watch.py``).
+        [] when it has no key."""
         tenant = check_tenant(tenant)
         if not subject or not subject.strip():
             raise InvalidValue("subject", subject, "must name a data subject")

@@ -57,6 +57,8 @@ class Settings(BaseSettings):
                                                             "key kept in `COMMITLINE_DATA_DIR`; with a configured "
                                                             "database, personal fields cannot be written or read"})
     """base64 of 32 random bytes (`openssl rand -base64 32`): the master key wrapping each data subject's data key, which encrypts the domain's personal fields; its id is derived from it; rotated with `commitline keys rotate` (secret: never printed)"""
+    data_key_ttl_s: float = Field(30, gt=0, le=86_400, validation_alias="COMMITLINE_DATA_KEY_TTL_S")
+    """longest a process uses a data key it read without reading it again: erasures reach running processes at once by notification, and this bounds the time only while a process has lost its notification connection"""
     data_dir: Path = Field(Path(".commitline"), validation_alias="COMMITLINE_DATA_DIR")
     """folder of the local services every process using it shares: the embedded PostgreSQL's data, the broker's log"""
     app: str | None = Field(None, validation_alias="COMMITLINE_APP",

@@ -2,8 +2,10 @@
 
 ``data_keys`` is the one table of the store whose rows are deleted: erasing a subject deletes its key in the
 same transaction that appends its row to ``erasures`` (when, tenant, subject, key id, by whom; no personal
-value), which, like the events, rejects UPDATE, DELETE and TRUNCATE. A key's row holds only its wrapped form
-and the id of the master key that wrapped it; rotation rewraps the rows in batches (``rewrap``).
+value), which, like the events, rejects UPDATE, DELETE and TRUNCATE. The same transaction notifies the
+erased key's id on ``erasure_channel(schema)`` (delivered at its commit), so every running process forgets the
+key at once (``erasure_watch.py``). A key's row holds only its wrapped form and the id of the master key that
+wrapped it; rotation rewraps the rows in batches (``rewrap``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ from commitline.infrastructure.store.small_table import SmallTable
 DATA_KEYS_TABLE = "data_keys"
 ERASURES_TABLE = "erasures"
 _COLUMNS = "key_id, tenant, subject, wrapped, master_key_id"
+
+
+def erasure_channel(schema: str) -> str:
+    """The NOTIFY channel of the schema's erasures; each notification's payload is one erased key id."""
+    return f"{schema}_data_keys_erased"
 
 
 def create_statements(schema: str) -> list[Composed]:
@@ -89,6 +96,7 @@ class DataKeys(SmallTable):
     def __init__(self, connection: Callable[[], object], schema: str):
         super().__init__(connection, schema)  # type: ignore[arg-type]
         self.erasures = Identifier(schema, ERASURES_TABLE)
+        self.channel = erasure_channel(schema)
 
     def find_or_add(self, new: KeyRow) -> KeyRow:
         """The subject's key: ``new`` inserted if it has none, else the one it has (one round trip, usually)."""
@@ -118,7 +126,8 @@ class DataKeys(SmallTable):
         return [_row(r) for r in self._run("SELECT " + _COLUMNS + " FROM {t} WHERE key_id = ANY(%s)", (key_ids,))]
 
     def erase(self, tenant: str, subject: str, by: str) -> list[Erasure]:
-        """Delete the subject's key and record the erasure, in one transaction; nothing when it has no key."""
+        """Delete the subject's key and record the erasure, in one transaction, which notifies the key's id to
+        every listening process when it commits; nothing when the subject has no key."""
         with self._connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=tuple_row)
             deleted = cur.execute(SQL("DELETE FROM {} WHERE tenant = %s AND subject = %s RETURNING key_id").format(
@@ -128,6 +137,7 @@ class DataKeys(SmallTable):
                 (at,) = cur.execute(SQL("INSERT INTO {} (tenant, subject, key_id, erased_by) VALUES (%s, %s, %s, %s) "
                                         "RETURNING erased_at").format(self.erasures),
                                     (tenant, subject, key_id, by)).fetchone()
+                cur.execute("SELECT pg_notify(%s, %s)", (self.channel, str(key_id)))
                 done.append(Erasure(tenant, subject, key_id, at, by))
         return done
 
