@@ -126,8 +126,10 @@ def bootstrap(settings: Settings | None = None, *, domain: Domain | str | None =
             shared.release()
         variable, spec = domain.loaded_as
         raise InvalidDomain(variable, domain.name, unreadable, spec)
+    previous = settings.previous_master_key
     keys = DataKeys(datastore.get_connection, settings.schema_name)
-    personal = PersonalData(keys, master_key_source(settings), ttl_s=settings.data_key_ttl_s)
+    personal = PersonalData(keys, master_key_source(settings), ttl_s=settings.data_key_ttl_s,
+                            previous=MasterKey.parse(previous.get_secret_value()) if previous is not None else None)
     store = PostgresEventStore(recorder, EventCodec(domain.registry, personal), settings.snapshot_interval,
                                max_event_bytes=settings.max_event_bytes, cache_size=settings.aggregate_cache_size,
                                group_commit=settings.group_commit_max,

@@ -32,7 +32,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from commitline.application.errors import WrongMasterKey
 from commitline.domain.personal import ERASED, ERASED_JSON, Erased
 from commitline.infrastructure.personal.keys import DataKeys, KeyRow
-from commitline.infrastructure.personal.master import KEY_BYTES, NONCE_BYTES, MasterKey
+from commitline.infrastructure.personal.master import KEY_BYTES, NONCE_BYTES, MasterKey, MasterKeys
 
 CIPHERTEXT, KEY_ID = "ciphertext", "key_id"
 
@@ -56,13 +56,15 @@ class _Key:
 
 
 class PersonalData:
-    """Seals and opens personal values of one schema; ``master`` gives the master key (or raises)."""
+    """Seals and opens personal values of one schema; ``master`` gives the master key (or raises), ``previous``
+    is the one before it during a rolling rotation."""
 
-    def __init__(self, keys: DataKeys, master: Callable[[], MasterKey], *, ttl_s: float = 30.0,
-                 size: int = 100_000):
+    def __init__(self, keys: DataKeys, master: Callable[[], MasterKey], *, previous: MasterKey | None = None,
+                 ttl_s: float = 30.0, size: int = 100_000):
         self.keys = keys
         self._master_source = master
-        self._master: MasterKey | None = None
+        self._previous = previous
+        self._master: MasterKeys | None = None
         self.ttl_s = ttl_s
         self.size = size
         self._by_subject: OrderedDict[tuple[str, str], _Key] = OrderedDict()
@@ -72,17 +74,19 @@ class PersonalData:
         #: started before the first key is read (``ErasureWatch``: ``start()``, ``close()``); None: not watched
         self.watch: Any = None
 
-    def master(self) -> MasterKey:
-        """The master key, once checked against the key table: refused (WrongMasterKey) when the table holds keys
-        and none is wrapped under it, so a process with a wrong key never adds keys of its own. Mid-rotation
-        both the old and the new key pass."""
+    def master(self) -> MasterKeys:
+        """The master key (and the previous one, if configured), once checked against the key table: refused
+        (WrongMasterKey) when the table holds keys and none is wrapped under either, so a process with a wrong key
+        never adds keys of its own. Mid-rotation both the old and the new key pass."""
         if self._master is None:
-            master = self._master_source()
-            mine, any_key = self.keys.wrapped_under(master.key_id)
+            master = MasterKeys(self._master_source(), self._previous)
+            mine, any_key = self.keys.wrapped_under(master.key_ids)
             if any_key and not mine:
-                raise WrongMasterKey(reason=f"no data key is wrapped under the configured master key {master.key_id}: "
-                                     "configure the key that wrapped them (mid-rotation, the old or the new one); "
-                                     "nothing was written")
+                which = " or ".join(master.key_ids)
+                raise WrongMasterKey(reason=f"no data key is wrapped under the configured master key {which}: "
+                                     "configure the key that wrapped them (mid-rotation, the old or the new one; in a "
+                                     "rolling rotation, the old one as COMMITLINE_PREVIOUS_MASTER_KEY); nothing was "
+                                     "written")
             self._master = master
         return self._master
 

@@ -10,7 +10,7 @@ wrapped it; rotation rewraps the rows in batches (``rewrap``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
@@ -111,10 +111,10 @@ class DataKeys(SmallTable):
                              (new.tenant, new.subject))
         return _row(rows[0])
 
-    def wrapped_under(self, master_key_id: str) -> tuple[bool, bool]:
-        """(Is any key wrapped under ``master_key_id``, is there any key at all): two index probes."""
-        ((mine, any_key),) = self._run("SELECT EXISTS (SELECT FROM {t} WHERE master_key_id = %s), "
-                                       "EXISTS (SELECT FROM {t})", (master_key_id,))
+    def wrapped_under(self, master_key_ids: Sequence[str]) -> tuple[bool, bool]:
+        """(Is any key wrapped under one of ``master_key_ids``, is there any key at all): index probes."""
+        ((mine, any_key),) = self._run("SELECT EXISTS (SELECT FROM {t} WHERE master_key_id = ANY(%s)), "
+                                       "EXISTS (SELECT FROM {t})", (list(master_key_ids),))
         return bool(mine), bool(any_key)
 
     def get(self, key_id: UUID) -> KeyRow | None:
@@ -158,9 +158,9 @@ class DataKeys(SmallTable):
                            "GROUP BY master_key_id ORDER BY master_key_id", (current.key_id, new.key_id))
         if others:
             found = ", ".join(f"{n} under {key_id}" for key_id, n in others)
-            raise WrongMasterKey(reason=f"data keys are wrapped under a master key that is neither the configured "
-                                 f"{current.key_id} nor the new {new.key_id} ({found}): configure the key that "
-                                 "wrapped them first; nothing was rewrapped")
+            raise WrongMasterKey(reason=f"data keys are wrapped under a master key that is neither {current.key_id}, "
+                                 f"which they are rewrapped from, nor {new.key_id}, which they are rewrapped to "
+                                 f"({found}): configure the key that wrapped them first; nothing was rewrapped")
         rewrapped = 0
         while True:
             with self._connection() as conn, conn.transaction():
