@@ -78,14 +78,16 @@ class ErasureWatch:
         return self._thread is not None and self._thread.is_alive()
 
     def _run(self) -> None:
-        failures = 0
+        failures = 0  # attempts in a row that never came to listen
         while not self._stop.is_set():
+            listened = self.connections
             try:
                 self._listen()
-                failures = 0
             except Exception as e:  # lost or refused
                 if self._stop.is_set():
                     break
+                if self.connections > listened:
+                    failures = 0
                 log.warning("erasure notifications (LISTEN %s) interrupted (%s): every data key and decoded "
                             "aggregate held is dropped; listening again", self.channel, type(e).__name__)
                 pause = RETRY_S[min(failures, len(RETRY_S) - 1)]
