@@ -4,7 +4,9 @@
 read as erased from then on, while every hash chain stays verifiable. It then rebuilds the read models that may
 have copied them (``--no-rebuild``: it names them and the command that does it). ``keys rotate`` rewraps every data key
 under a new master key, read from standard input (or from the variable ``--new-key-env`` names: never from the
-command line, where other users of the machine could read it), with the current one still configured.
+command line, where other users of the machine could read it), with the current one still configured; given
+no new key (standard input empty or a terminal), it finishes a rolling rotation: every data key wrapped under
+``COMMITLINE_PREVIOUS_MASTER_KEY`` is rewrapped under ``COMMITLINE_MASTER_KEY``.
 """
 
 from __future__ import annotations
@@ -92,17 +94,28 @@ def cmd_keys(args: argparse.Namespace) -> int:
             if args.keys_command == "erasures":
                 print_json([_erasure(e) for e in app.erasures(args.tenant)])
                 return EXIT_OK
-            if args.new_key_env:
-                new = os.environ.get(args.new_key_env, "")
-            else:
-                new = sys.stdin.readline()
+            new = _new_key(args)
             done = app.rotate_master_key(new)
         except CommitlineError as e:
             return error_exit(e, EXIT_UNAVAILABLE)
     print_json({"rewrapped": done.rewrapped, "already": done.already, "master_key_id": done.master_key_id})
-    print(f"data keys are wrapped under master key {done.master_key_id}: set COMMITLINE_MASTER_KEY to the new key "
-          "in every process", file=sys.stderr)
+    if new is None:
+        print(f"every data key is wrapped under the current master key {done.master_key_id}: "
+              "COMMITLINE_PREVIOUS_MASTER_KEY can be dropped from every process", file=sys.stderr)
+    else:
+        print(f"data keys are wrapped under master key {done.master_key_id}: set COMMITLINE_MASTER_KEY to the new "
+              "key in every process", file=sys.stderr)
     return EXIT_OK
+
+
+def _new_key(args: argparse.Namespace) -> str | None:
+    """The new master key given, or None for none (standard input empty, or a terminal)."""
+    if args.new_key_env:
+        return os.environ.get(args.new_key_env, "")
+    if sys.stdin is None or sys.stdin.isatty():
+        return None
+    line = sys.stdin.readline()
+    return line if line.strip() else None
 
 
 ERASE = ("Delete the data key of SUBJECT (of TENANT): every personal value sealed under it reads as erased from now "
@@ -110,8 +123,9 @@ ERASE = ("Delete the data key of SUBJECT (of TENANT): every personal value seale
          "erasures table (no personal value). Then rebuild the read models that receive personal fields, so none "
          "still shows the subject's values (a running `commitline project` yields to the swap).")
 ROTATE = ("With the current master key still in COMMITLINE_MASTER_KEY, rewrap every data key under the new one, read "
-          "from standard input (base64 of 32 bytes); then configure the new key everywhere. Run again to finish a "
-          "rotation cut short.")
+          "from standard input (base64 of 32 bytes); then configure the new key everywhere. Given no new key, finish "
+          "a rolling rotation: rewrap every data key from COMMITLINE_PREVIOUS_MASTER_KEY to COMMITLINE_MASTER_KEY. "
+          "Run again to finish a rotation cut short.")
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -125,7 +139,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     erase.add_argument("--json", action="store_true", help="machine-readable output")
     erase.set_defaults(run=cmd_erase)
     ksub = actions(sub, "keys", "the master key and the data keys: rotate, list erasures")
-    rotate = ksub.add_parser("rotate", help="rewrap every data key under a new master key (read from stdin)",
+    rotate = ksub.add_parser("rotate", help="rewrap every data key under a new master key (read from stdin), or from the "
+                             "previous master key to the current one",
                              description=ROTATE)
     rotate.add_argument("--new-key-env", metavar="VARIABLE", help="read the new key from this environment variable")
     erasures = ksub.add_parser("erasures", help="every erasure recorded (when, tenant, subject, key id, by whom)")

@@ -62,6 +62,9 @@ class ErasureReport(Sequence[Erasure]):
         return iter(self.erasures)
 
 
+PREVIOUS = "COMMITLINE_PREVIOUS_MASTER_KEY"
+
+
 class PersonalDataOperations:
     """Erasure and key rotation (a part of ``Commitline``)."""
 
@@ -71,9 +74,9 @@ class PersonalDataOperations:
     def erase(self, tenant: str, subject: str, *, by: str = "operator", rebuild: bool = True,
               progress: Progress | None = None) -> ErasureReport:
         """Delete the data key of ``subject`` (of ``tenant``) and record the erasure: from now on its personal
-        values read as ERASED everywhere. This process forgets the key and every decoded aggregate at once;
-        other processes within the key cache's lifetime (``PersonalData.ttl_s``). The report is empty when
-        the subject has no key.
+        values read as ERASED everywhere. This process forgets the key and every decoded aggregate at once,
+        and so do other running processes when the erasure's notification reaches them (``erasure_watch.py``).
+        The report is empty when the subject has no key.
 
         Then, unless ``rebuild`` is False, rebuild the read models that may have copied its values, reading the
         log once (a running projector yields to the swap, as for ``projections rebuild``); they are rebuilt even
@@ -94,13 +97,24 @@ class PersonalDataOperations:
     def erasures(self, tenant: str | None = None) -> list[Erasure]:
         return self.data_keys().erased(check_tenant(tenant) if tenant is not None else None)
 
-    def rotate_master_key(self, new_key: str) -> Rotation:
+    def rotate_master_key(self, new_key: str | None = None) -> Rotation:
         """Rewrap every data key under ``new_key`` (base64 of 32 bytes) with the configured master key; then
         configure ``new_key`` as ``COMMITLINE_MASTER_KEY`` everywhere, and run it again to catch keys that
-        processes still on the old key made meanwhile."""
+        processes still on the old key made meanwhile.
+
+        Without ``new_key``, the second step of a rolling rotation: every data key still wrapped under
+        ``COMMITLINE_PREVIOUS_MASTER_KEY`` is rewrapped under ``COMMITLINE_MASTER_KEY`` (processes configured
+        with both wrap new keys under the current one only); then the previous key can be dropped."""
+        master = self.store.codec.personal.master()  # type: ignore[attr-defined]  # checked against the table
+        if new_key is None:
+            if master.previous is None:
+                raise ConfigurationError(PREVIOUS, "is not set, and no new master key was given: give the new key "
+                                         "on standard input (or --new-key-env), or, in a rolling rotation, configure "
+                                         "the old key as COMMITLINE_PREVIOUS_MASTER_KEY and the new one as "
+                                         "COMMITLINE_MASTER_KEY; nothing was rewrapped")
+            return self.data_keys().rewrap(master.previous, master.current)
         try:
             new = MasterKey.parse(new_key)
         except ValueError as e:
             raise ConfigurationError("the new master key", str(e)) from None
-        personal = self.store.codec.personal  # type: ignore[attr-defined]
-        return self.data_keys().rewrap(personal.master(), new)
+        return self.data_keys().rewrap(master.current, new)

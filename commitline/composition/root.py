@@ -113,6 +113,8 @@ class Commitline(Followers, Projections, Sagas, Operations, PersonalDataOperatio
         self._closed = True
         if self.tracing is not None:  # the spans of a one-shot command leave before it exits
             self.tracing.flush()
+        if self.store.codec.personal is not None:  # its erasure notifications' connection
+            self.store.codec.personal.close()
         self.datastore.close()
         self.dispatch_cpu.close()
         if self.embedded_kafka is not None:

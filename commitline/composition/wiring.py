@@ -25,6 +25,7 @@ from commitline.infrastructure.embedded.postgres import EmbeddedPostgres
 from commitline.infrastructure.embedded.shared import SharedServer
 from commitline.infrastructure.metrics import CommandMetrics
 from commitline.infrastructure.personal.cipher import PersonalData
+from commitline.infrastructure.personal.erasure_watch import ErasureWatch
 from commitline.infrastructure.personal.keys import DataKeys
 from commitline.infrastructure.personal.master import VARIABLE, MasterKey, development_key
 from commitline.infrastructure.store import event_versions
@@ -125,12 +126,17 @@ def bootstrap(settings: Settings | None = None, *, domain: Domain | str | None =
             shared.release()
         variable, spec = domain.loaded_as
         raise InvalidDomain(variable, domain.name, unreadable, spec)
-    personal = PersonalData(DataKeys(datastore.get_connection, settings.schema_name), master_key_source(settings))
+    previous = settings.previous_master_key
+    keys = DataKeys(datastore.get_connection, settings.schema_name)
+    personal = PersonalData(keys, master_key_source(settings), ttl_s=settings.data_key_ttl_s,
+                            previous=MasterKey.parse(previous.get_secret_value()) if previous is not None else None)
     store = PostgresEventStore(recorder, EventCodec(domain.registry, personal), settings.snapshot_interval,
                                max_event_bytes=settings.max_event_bytes, cache_size=settings.aggregate_cache_size,
                                group_commit=settings.group_commit_max,
                                versions=EventVersions(datastore.get_connection, settings.schema_name, stored),
                                tracing=tracing)
+    # Other processes' erasures reach this one as soon as it holds a data key.
+    personal.watch = ErasureWatch(parts, keys.channel, store.forget, store.forget_all)
     retry = RetryPolicy(
         settings.retry_max_attempts, settings.retry_base_delay_ms / 1000, settings.retry_max_delay_ms / 1000
     )

@@ -57,6 +57,12 @@ class Settings(BaseSettings):
                                                             "key kept in `COMMITLINE_DATA_DIR`; with a configured "
                                                             "database, personal fields cannot be written or read"})
     """base64 of 32 random bytes (`openssl rand -base64 32`): the master key wrapping each data subject's data key, which encrypts the domain's personal fields; its id is derived from it; rotated with `commitline keys rotate` (secret: never printed)"""
+    previous_master_key: SecretStr | None = Field(None, validation_alias="COMMITLINE_PREVIOUS_MASTER_KEY",
+                                                  json_schema_extra={"unset": "none: only data keys wrapped under "
+                                                                     "`COMMITLINE_MASTER_KEY` are opened"})
+    """during a rolling rotation, the master key before `COMMITLINE_MASTER_KEY` (same form): data keys wrapped under either are opened, new ones are wrapped under the current key only; `commitline keys rotate` then rewraps every key from this one to the current one, after which it is dropped (secret: never printed)"""
+    data_key_ttl_s: float = Field(30, gt=0, le=86_400, validation_alias="COMMITLINE_DATA_KEY_TTL_S")
+    """longest a process uses a data key it read without reading it again: erasures reach running processes at once by notification, and this bounds the time only while a process has lost its notification connection"""
     data_dir: Path = Field(Path(".commitline"), validation_alias="COMMITLINE_DATA_DIR")
     """folder of the local services every process using it shares: the embedded PostgreSQL's data, the broker's log"""
     app: str | None = Field(None, validation_alias="COMMITLINE_APP",
@@ -235,7 +241,7 @@ class Settings(BaseSettings):
                 raise ValueError(f"has connect_timeout={parts['connect_timeout']}: a whole number of seconds")
         return url
 
-    @field_validator("master_key")
+    @field_validator("master_key", "previous_master_key")
     @classmethod
     def _master_key_bytes(cls, key: SecretStr | None) -> SecretStr | None:
         if key is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from uuid import UUID
 
 from commitline.examples import domain as examples
@@ -20,8 +21,8 @@ class MemoryKeys:
     def find_or_add(self, new: KeyRow) -> KeyRow:
         return self.rows.setdefault((new.tenant, new.subject), new)
 
-    def wrapped_under(self, master_key_id: str) -> tuple[bool, bool]:
-        return any(r.master_key_id == master_key_id for r in self.rows.values()), bool(self.rows)
+    def wrapped_under(self, master_key_ids: Sequence[str]) -> tuple[bool, bool]:
+        return any(r.master_key_id in master_key_ids for r in self.rows.values()), bool(self.rows)
 
     def get(self, key_id: UUID) -> KeyRow | None:
         return next((r for r in self.rows.values() if r.key_id == key_id), None)

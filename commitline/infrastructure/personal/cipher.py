@@ -5,10 +5,13 @@ A sealed value is stored in place of the plain one as ``{"ciphertext": <base64 o
 whose data key is gone (its subject was erased) opens as ``ERASED``.
 
 Data keys are kept unwrapped in this process for ``ttl_s`` seconds (and erased ids for good: a key id never
-comes back), so most seals and opens cost no read. So another process's erasure reaches this one within
-``ttl_s``: until then it may still open the subject's values, and seal new ones under the deleted key (those
-read as erased). The master key is asked for only when a data key is to be wrapped or unwrapped: a missing
-one fails there with ``ConfigurationError``, a wrong one with ``WrongMasterKey``, before anything is written.
+comes back), so most seals and opens cost no read. Another process's erasure reaches this one by a notification
+(``watch``, an ``ErasureWatch`` listening before the first key is read): ``forget`` drops the key at once, and a key
+read from the table just before the erasure is not kept after it. Only when the notifications' connection is
+lost does ``ttl_s`` bound how long an erased key may still be used (``forget_all`` drops every key when it is
+lost and again when it is back). The master key is asked for only when a data key is to be wrapped or
+unwrapped: a missing one fails there with ``ConfigurationError``, a wrong one with ``WrongMasterKey``, before
+anything is written.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from commitline.application.errors import WrongMasterKey
 from commitline.domain.personal import ERASED, ERASED_JSON, Erased
 from commitline.infrastructure.personal.keys import DataKeys, KeyRow
-from commitline.infrastructure.personal.master import KEY_BYTES, NONCE_BYTES, MasterKey
+from commitline.infrastructure.personal.master import KEY_BYTES, NONCE_BYTES, MasterKey, MasterKeys
 
 CIPHERTEXT, KEY_ID = "ciphertext", "key_id"
 
@@ -53,30 +56,37 @@ class _Key:
 
 
 class PersonalData:
-    """Seals and opens personal values of one schema; ``master`` gives the master key (or raises)."""
+    """Seals and opens personal values of one schema; ``master`` gives the master key (or raises), ``previous``
+    is the one before it during a rolling rotation."""
 
-    def __init__(self, keys: DataKeys, master: Callable[[], MasterKey], *, ttl_s: float = 30.0,
-                 size: int = 100_000):
+    def __init__(self, keys: DataKeys, master: Callable[[], MasterKey], *, previous: MasterKey | None = None,
+                 ttl_s: float = 30.0, size: int = 100_000):
         self.keys = keys
         self._master_source = master
-        self._master: MasterKey | None = None
+        self._previous = previous
+        self._master: MasterKeys | None = None
         self.ttl_s = ttl_s
         self.size = size
         self._by_subject: OrderedDict[tuple[str, str], _Key] = OrderedDict()
         self._by_id: OrderedDict[UUID, _Key] = OrderedDict()
         self._lock = threading.Lock()
+        self._generation = 0  # counts ``forget_all``: a key read before one is used, not kept
+        #: started before the first key is read (``ErasureWatch``: ``start()``, ``close()``); None: not watched
+        self.watch: Any = None
 
-    def master(self) -> MasterKey:
-        """The master key, once checked against the key table: refused (WrongMasterKey) when the table holds keys
-        and none is wrapped under it, so a process with a wrong key never adds keys of its own. Mid-rotation
-        both the old and the new key pass."""
+    def master(self) -> MasterKeys:
+        """The master key (and the previous one, if configured), once checked against the key table: refused
+        (WrongMasterKey) when the table holds keys and none is wrapped under either, so a process with a wrong key
+        never adds keys of its own. Mid-rotation both the old and the new key pass."""
         if self._master is None:
-            master = self._master_source()
-            mine, any_key = self.keys.wrapped_under(master.key_id)
+            master = MasterKeys(self._master_source(), self._previous)
+            mine, any_key = self.keys.wrapped_under(master.key_ids)
             if any_key and not mine:
-                raise WrongMasterKey(reason=f"no data key is wrapped under the configured master key {master.key_id}: "
-                                     "configure the key that wrapped them (mid-rotation, the old or the new one); "
-                                     "nothing was written")
+                which = " or ".join(master.key_ids)
+                raise WrongMasterKey(reason=f"no data key is wrapped under the configured master key {which}: "
+                                     "configure the key that wrapped them (mid-rotation, the old or the new one; in a "
+                                     "rolling rotation, the old one as COMMITLINE_PREVIOUS_MASTER_KEY); nothing was "
+                                     "written")
             self._master = master
         return self._master
 
@@ -117,21 +127,45 @@ class PersonalData:
                     self._by_subject.pop((held.tenant, held.subject), None)
                 self._by_id[key_id] = _Key(KeyRow(key_id, "", ""), None, float("inf"))
 
+    def forget_all(self) -> None:
+        """Drop every key held (erasures may have been missed): each is read again when next used. Erased ids
+        stay erased."""
+        with self._lock:
+            self._generation += 1
+            self._by_subject.clear()
+            for key_id in [k for k, held in self._by_id.items() if held.aead is not None]:
+                del self._by_id[key_id]
+
+    def held(self) -> int:
+        """How many data keys this process holds unwrapped now."""
+        with self._lock:
+            return sum(1 for held in self._by_id.values() if held.aead is not None)
+
+    def close(self) -> None:
+        if self.watch is not None:
+            self.watch.close()
+
     # -- the keys ----------------------------------------------------------------------------
 
     def _key_for(self, tenant: str, subject: str) -> _Key:
         now = time.monotonic()
         with self._lock:
             held = self._by_subject.get((tenant, subject))
+            generation = self._generation
         if held is not None and held.expires > now:
             return held
+        self._watching()
         master = self.master()  # before any write: a missing master key writes nothing
-        key_id, data_key = uuid4(), AESGCM.generate_key(bit_length=KEY_BYTES * 8)
-        row = self.keys.find_or_add(KeyRow(key_id, tenant, subject, master.wrap(data_key, str(key_id), tenant,
-                                                                                   subject), master.key_id))
-        if row.key_id != key_id:  # the subject has its key already
-            data_key = master.unwrap(row.wrapped, row.master_key_id, str(row.key_id), tenant, subject)
-        return self._keep(_Key(row, AESGCM(data_key), now + self.ttl_s))
+        while True:  # once, but for an erasure of this very subject while its key was read
+            key_id, data_key = uuid4(), AESGCM.generate_key(bit_length=KEY_BYTES * 8)
+            row = self.keys.find_or_add(KeyRow(key_id, tenant, subject, master.wrap(data_key, str(key_id), tenant,
+                                                                                       subject), master.key_id))
+            if row.key_id != key_id:  # the subject has its key already
+                data_key = master.unwrap(row.wrapped, row.master_key_id, str(row.key_id), tenant, subject)
+            kept = self._keep(_Key(row, AESGCM(data_key), now + self.ttl_s), generation)
+            if kept.aead is not None:
+                return kept
+            # erased while it was read (its notification came in between): the subject gets a new key
 
     def preload(self, key_ids: Iterable[UUID]) -> None:
         """Hold the keys of ``key_ids`` not held yet, read in one statement: a batch of events (a projection's,
@@ -140,28 +174,46 @@ class PersonalData:
         with self._lock:
             missing = [k for k in set(key_ids) if (held := self._by_id.get(k)) is None
                        or (held.aead is not None and held.expires <= now)]
+            generation = self._generation
         if missing:
+            self._watching()
             for row in self.keys.get_many(missing):
-                self._unwrapped(row, now)
+                self._unwrapped(row, now, generation)
 
     def _key_by_id(self, key_id: UUID) -> _Key | None:
         now = time.monotonic()
         with self._lock:
             held = self._by_id.get(key_id)
+            generation = self._generation
         if held is not None and (held.aead is None or held.expires > now):
             return held if held.aead is not None else None
+        self._watching()
         row = self.keys.get(key_id)
         if row is None:
             self.forget([key_id])
             return None
-        return self._unwrapped(row, now)
+        key = self._unwrapped(row, now, generation)
+        return key if key.aead is not None else None
 
-    def _unwrapped(self, row: KeyRow, now: float) -> _Key:
+    def _watching(self) -> None:
+        """Before a key is first read from the table: other processes' erasures are listened for from then on."""
+        if self.watch is not None:
+            self.watch.start()
+
+    def _unwrapped(self, row: KeyRow, now: float, generation: int) -> _Key:
         data_key = self.master().unwrap(row.wrapped, row.master_key_id, str(row.key_id), row.tenant, row.subject)
-        return self._keep(_Key(row, AESGCM(data_key), now + self.ttl_s))
+        return self._keep(_Key(row, AESGCM(data_key), now + self.ttl_s), generation)
 
-    def _keep(self, key: _Key) -> _Key:
+    def _keep(self, key: _Key, generation: int) -> _Key:
+        """Hold ``key``, read when ``forget_all`` had run ``generation`` times. Not when it was erased meanwhile
+        (its notification came while it was read: the erased marker is returned), nor when every key was dropped
+        meanwhile (then it serves this one use only)."""
         with self._lock:
+            held = self._by_id.get(key.key_id)
+            if held is not None and held.aead is None:
+                return held
+            if generation != self._generation:
+                return key
             self._by_subject[(key.tenant, key.subject)] = key
             self._by_id[key.key_id] = key
             for cache in (self._by_subject, self._by_id):

@@ -2,13 +2,15 @@
 
 ``data_keys`` is the one table of the store whose rows are deleted: erasing a subject deletes its key in the
 same transaction that appends its row to ``erasures`` (when, tenant, subject, key id, by whom; no personal
-value), which, like the events, rejects UPDATE, DELETE and TRUNCATE. A key's row holds only its wrapped form
-and the id of the master key that wrapped it; rotation rewraps the rows in batches (``rewrap``).
+value), which, like the events, rejects UPDATE, DELETE and TRUNCATE. The same transaction notifies the
+erased key's id on ``erasure_channel(schema)`` (delivered at its commit), so every running process forgets the
+key at once (``erasure_watch.py``). A key's row holds only its wrapped form and the id of the master key that
+wrapped it; rotation rewraps the rows in batches (``rewrap``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
@@ -23,6 +25,11 @@ from commitline.infrastructure.store.small_table import SmallTable
 DATA_KEYS_TABLE = "data_keys"
 ERASURES_TABLE = "erasures"
 _COLUMNS = "key_id, tenant, subject, wrapped, master_key_id"
+
+
+def erasure_channel(schema: str) -> str:
+    """The NOTIFY channel of the schema's erasures; each notification's payload is one erased key id."""
+    return f"{schema}_data_keys_erased"
 
 
 def create_statements(schema: str) -> list[Composed]:
@@ -89,6 +96,7 @@ class DataKeys(SmallTable):
     def __init__(self, connection: Callable[[], object], schema: str):
         super().__init__(connection, schema)  # type: ignore[arg-type]
         self.erasures = Identifier(schema, ERASURES_TABLE)
+        self.channel = erasure_channel(schema)
 
     def find_or_add(self, new: KeyRow) -> KeyRow:
         """The subject's key: ``new`` inserted if it has none, else the one it has (one round trip, usually)."""
@@ -103,10 +111,10 @@ class DataKeys(SmallTable):
                              (new.tenant, new.subject))
         return _row(rows[0])
 
-    def wrapped_under(self, master_key_id: str) -> tuple[bool, bool]:
-        """(Is any key wrapped under ``master_key_id``, is there any key at all): two index probes."""
-        ((mine, any_key),) = self._run("SELECT EXISTS (SELECT FROM {t} WHERE master_key_id = %s), "
-                                       "EXISTS (SELECT FROM {t})", (master_key_id,))
+    def wrapped_under(self, master_key_ids: Sequence[str]) -> tuple[bool, bool]:
+        """(Is any key wrapped under one of ``master_key_ids``, is there any key at all): index probes."""
+        ((mine, any_key),) = self._run("SELECT EXISTS (SELECT FROM {t} WHERE master_key_id = ANY(%s)), "
+                                       "EXISTS (SELECT FROM {t})", (list(master_key_ids),))
         return bool(mine), bool(any_key)
 
     def get(self, key_id: UUID) -> KeyRow | None:
@@ -118,7 +126,8 @@ class DataKeys(SmallTable):
         return [_row(r) for r in self._run("SELECT " + _COLUMNS + " FROM {t} WHERE key_id = ANY(%s)", (key_ids,))]
 
     def erase(self, tenant: str, subject: str, by: str) -> list[Erasure]:
-        """Delete the subject's key and record the erasure, in one transaction; nothing when it has no key."""
+        """Delete the subject's key and record the erasure, in one transaction, which notifies the key's id to
+        every listening process when it commits; nothing when the subject has no key."""
         with self._connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=tuple_row)
             deleted = cur.execute(SQL("DELETE FROM {} WHERE tenant = %s AND subject = %s RETURNING key_id").format(
@@ -128,6 +137,7 @@ class DataKeys(SmallTable):
                 (at,) = cur.execute(SQL("INSERT INTO {} (tenant, subject, key_id, erased_by) VALUES (%s, %s, %s, %s) "
                                         "RETURNING erased_at").format(self.erasures),
                                     (tenant, subject, key_id, by)).fetchone()
+                cur.execute("SELECT pg_notify(%s, %s)", (self.channel, str(key_id)))
                 done.append(Erasure(tenant, subject, key_id, at, by))
         return done
 
@@ -148,9 +158,9 @@ class DataKeys(SmallTable):
                            "GROUP BY master_key_id ORDER BY master_key_id", (current.key_id, new.key_id))
         if others:
             found = ", ".join(f"{n} under {key_id}" for key_id, n in others)
-            raise WrongMasterKey(reason=f"data keys are wrapped under a master key that is neither the configured "
-                                 f"{current.key_id} nor the new {new.key_id} ({found}): configure the key that "
-                                 "wrapped them first; nothing was rewrapped")
+            raise WrongMasterKey(reason=f"data keys are wrapped under a master key that is neither {current.key_id}, "
+                                 f"which they are rewrapped from, nor {new.key_id}, which they are rewrapped to "
+                                 f"({found}): configure the key that wrapped them first; nothing was rewrapped")
         rewrapped = 0
         while True:
             with self._connection() as conn, conn.transaction():

@@ -1,4 +1,5 @@
-"""The master key: parsed from ``COMMITLINE_MASTER_KEY`` (base64 of 32 bytes), wrapping and unwrapping data keys.
+"""The master key: parsed from ``COMMITLINE_MASTER_KEY`` (base64 of 32 bytes), wrapping and unwrapping data keys;
+during a rolling rotation, with the previous key (``COMMITLINE_PREVIOUS_MASTER_KEY``) beside it (``MasterKeys``).
 
 Its id is derived from it (an HMAC of a fixed label, 16 hex digits), so an id cannot disagree with its key and
 two keys never share one; each wrapped data key records the id of the master key that wrapped it. Neither the
@@ -76,6 +77,41 @@ class MasterKey:
             raise WrongMasterKey(reason=f"the configured master key {self.key_id} does not unwrap data key "
                                  f"{key_id}: its row was altered, or another key with the same id wrapped it") \
                 from None
+
+
+class MasterKeys:
+    """The master key (``current``), and during a rolling rotation the one before it (``previous``, from
+    ``COMMITLINE_PREVIOUS_MASTER_KEY``): a data key is unwrapped with whichever of them wrapped it, and new data
+    keys are wrapped under ``current`` only. ``key_id`` is the current key's."""
+
+    __slots__ = ("current", "previous")
+
+    def __init__(self, current: MasterKey, previous: MasterKey | None = None):
+        self.current = current
+        self.previous = previous if previous is not None and previous.key_id != current.key_id else None
+
+    @property
+    def key_id(self) -> str:
+        return self.current.key_id
+
+    @property
+    def key_ids(self) -> tuple[str, ...]:
+        return (self.current.key_id,) + ((self.previous.key_id,) if self.previous is not None else ())
+
+    def __repr__(self) -> str:
+        return f"MasterKeys(current={self.current.key_id}, previous={self.previous and self.previous.key_id})"
+
+    def wrap(self, data_key: bytes, key_id: str, tenant: str, subject: str) -> bytes:
+        return self.current.wrap(data_key, key_id, tenant, subject)
+
+    def unwrap(self, wrapped: bytes, wrapped_by: str, key_id: str, tenant: str, subject: str) -> bytes:
+        if self.previous is not None and wrapped_by == self.previous.key_id:
+            return self.previous.unwrap(wrapped, wrapped_by, key_id, tenant, subject)
+        if self.previous is not None and wrapped_by != self.current.key_id:
+            raise WrongMasterKey(reason=f"data key {key_id} is wrapped under master key {wrapped_by}, neither the "
+                                 f"configured {self.current.key_id} nor the previous {self.previous.key_id}: "
+                                 "configure the key that wrapped it as COMMITLINE_PREVIOUS_MASTER_KEY")
+        return self.current.unwrap(wrapped, wrapped_by, key_id, tenant, subject)
 
 
 def generate() -> str:

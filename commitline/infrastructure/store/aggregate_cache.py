@@ -12,6 +12,9 @@ stored after the cached version first (so two processes writing one stream pay o
 not a wasted append).
 
 Bounded: least recently used entries (and distrusted ids) go first. Size 0 disables it.
+
+``clear`` (after an erasure: a decoded aggregate may hold the erased values) also refuses every aggregate
+decoded before it and put back after it: ``put`` is given the ``epoch`` its aggregate was decoded in.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class AggregateCache:
         self._entries: OrderedDict[UUID, Entry] = OrderedDict()
         self._distrusted: OrderedDict[UUID, None] = OrderedDict()
         self._lock = threading.Lock()
+        self.epoch = 0  # how many times it was cleared
 
     def take(self, aggregate_id: UUID) -> Entry | None:
         if not self.size:
@@ -43,10 +47,13 @@ class AggregateCache:
         with self._lock:
             return self._entries.pop(aggregate_id, None)
 
-    def put(self, entry: Entry) -> None:
+    def put(self, entry: Entry, epoch: int | None = None) -> None:
+        """Keep ``entry``, whose aggregate was decoded in ``epoch`` (None: now); not if cleared since."""
         if not self.size:
             return
         with self._lock:
+            if epoch is not None and epoch != self.epoch:
+                return
             held = self._entries.get(entry.aggregate.id)
             if held is not None and held.aggregate.version > entry.aggregate.version:
                 return  # a later append of this stream put its copy first: keep the newer one
@@ -58,6 +65,7 @@ class AggregateCache:
     def clear(self) -> None:
         """Drop every entry (after an erasure: a decoded aggregate may hold the erased values)."""
         with self._lock:
+            self.epoch += 1
             self._entries.clear()
 
     def trusted(self, aggregate_id: UUID) -> bool:

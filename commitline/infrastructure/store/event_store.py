@@ -71,6 +71,8 @@ class PostgresEventStore:
         self._heads: OrderedDict[UUID, tuple[int, bytes]] = OrderedDict()
         self._heads_limit = remembered_heads
         self._heads_lock = threading.Lock()
+        #: the cache epoch each aggregate lent to a command was decoded in (see ``forget``)
+        self._decoded_in: OrderedDict[UUID, int] = OrderedDict()
         #: each aggregate type whose events have personal fields, with the names of their subjects
         self._personal_aggregates = {a: subjects for a in codec.registry.aggregates
                                      if (subjects := tuple(dict.fromkeys(s for e in a.EVENTS
@@ -105,12 +107,14 @@ class PostgresEventStore:
 
         With ``trust_cache``, a cached copy of a stream no other writer was seen to move is returned as it
         is, without any read (``verified=False``)."""
+        epoch = self.cache.epoch  # before the aggregate leaves the cache, or is decoded
         entry = self.cache.take(aggregate_id)
         if entry is not None and type(entry.aggregate) is not cls:
             entry = None  # a load of the wrong type raises below, as ``load`` does
         if entry is not None and entry.owner != tenant:  # a stream's owner never changes: no read needed
-            self.cache.put(entry)
+            self.cache.put(entry, epoch)
             return CommandLoad(cls.blank(aggregate_id), True, None)
+        self._lent(aggregate_id, epoch)
         if entry is not None and trust_cache and self.cache.trusted(aggregate_id):
             return CommandLoad(entry.aggregate, False, None, verified=False)
         known = entry.aggregate.version if entry is not None else 0
@@ -118,7 +122,7 @@ class PostgresEventStore:
                                               tenant, key)
         if read.idempotency is not None:
             if entry is not None:
-                self.cache.put(entry)
+                self.cache.put(entry, epoch)
             return CommandLoad(None, False, self._revealed(read.idempotency))
         if entry is not None and read.events and read.events[0].originator_version != known + 1:
             entry = None  # cannot happen with an append-only store: trust nothing, read it all again
@@ -136,6 +140,13 @@ class PostgresEventStore:
         if read.head_hash is not None or entry is None:  # else the append that cached it remembered its head
             self._remember(aggregate_id, aggregate.version, read.head_hash or GENESIS)
         return CommandLoad(aggregate, False, None)
+
+    def _lent(self, aggregate_id: UUID, epoch: int) -> None:
+        with self._heads_lock:  # with two commands of one stream at once, the older epoch counts
+            self._decoded_in[aggregate_id] = min(epoch, self._decoded_in.get(aggregate_id, epoch))
+            self._decoded_in.move_to_end(aggregate_id)
+            while len(self._decoded_in) > self._heads_limit:
+                self._decoded_in.popitem(last=False)
 
     def _decoded(self, cls: type[A], aggregate_id: UUID, read: CommandRead, tenant: str) -> A:
         owner = stream_owner(read.snapshot, read.events)
@@ -174,6 +185,8 @@ class PostgresEventStore:
     def _append(self, aggregate: Aggregate, events: Sequence[Event], tenant: str,
                 idempotency: IdempotencyRecord | None, trace: Any) -> None:
         traceparent = trace.traceparent if trace is not None else None
+        with self._heads_lock:
+            epoch = self._decoded_in.pop(aggregate.id, self.cache.epoch)
         stored = [self.codec.encode(e, tenant, traceparent, aggregate) for e in events]
         if idempotency is not None and type(aggregate) in self._personal_aggregates:
             idempotency = dataclasses.replace(idempotency, outcome=outcomes.protect(idempotency.outcome, stored))
@@ -194,7 +207,7 @@ class PostgresEventStore:
         self._remember(aggregate.id, aggregate.version, links[-1][1])
         if self._snapshot_due(before, aggregate.version):
             self._take_snapshot(aggregate, tenant)
-        self.cache.put(Entry(aggregate, tenant))
+        self.cache.put(Entry(aggregate, tenant), epoch)
 
     def distrust(self, aggregate_id: UUID) -> None:
         self.cache.distrust(aggregate_id)
@@ -208,9 +221,17 @@ class PostgresEventStore:
         return record if outcome is record.outcome else dataclasses.replace(record, outcome=outcome)
 
     def forget(self, key_ids: Iterable[UUID]) -> None:
-        """After an erasure: the erased data keys are never used again here, and no aggregate stays decoded."""
+        """After an erasure (this process's, or another's: ``personal/erasure_watch.py``): the erased data keys
+        are never used again here, and no aggregate stays decoded, nor is put back by a command that decoded
+        it before."""
         if self.codec.personal is not None:
             self.codec.personal.forget(key_ids)
+        self.cache.clear()
+
+    def forget_all(self) -> None:
+        """When erasures may have been missed: every data key held and every decoded aggregate is dropped."""
+        if self.codec.personal is not None:
+            self.codec.personal.forget_all()
         self.cache.clear()
 
     def stream_version(self, aggregate_id: UUID) -> int:
