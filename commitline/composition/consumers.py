@@ -6,9 +6,11 @@ them (one given the database and the master key) opens them with the same data k
 master key, that the store uses: ``open`` returns the envelope with each personal value in plain JSON, or
 ``ERASED`` once its subject was erased. An envelope without personal fields comes back as it was.
 
-It reads only the ``data_keys`` table, with connections of its own (two at most), and writes nothing. Keys are
-kept unwrapped for ``ttl_s`` seconds, as in every commitline process, so an erasure reaches an open consumer
-within that time; an erased key is never used again by this object.
+It reads only the ``data_keys`` table, with connections of its own (two at most, and one listening for
+erasures), and writes nothing. As every commitline process does, it holds data keys unwrapped for ``ttl_s``
+seconds (``COMMITLINE_DATA_KEY_TTL_S``) and listens for erasures (``ErasureWatch``), so an erasure made anywhere
+reaches an open consumer within moments; an erased key is never used again by this object. During a rolling
+rotation, ``COMMITLINE_PREVIOUS_MASTER_KEY`` opens keys still wrapped under the old master key.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from commitline.composition.wiring import connection_parts, master_key_source
 from commitline.domain.errors import InvalidValue
 from commitline.infrastructure.config import load_settings
 from commitline.infrastructure.personal.cipher import PersonalData
+from commitline.infrastructure.personal.erasure_watch import ErasureWatch
 from commitline.infrastructure.personal.keys import DataKeys
+from commitline.infrastructure.personal.master import MasterKey
 from commitline.infrastructure.store.datastore import StoreDatastore
 
 _NEEDED = ("event_id", "tenant", "payload")
@@ -37,7 +41,7 @@ class PersonalRecords:
     process."""
 
     def __init__(self, database_url: str | None = None, *, master_key: str | None = None, schema: str | None = None,
-                 ttl_s: float = 30.0):
+                 ttl_s: float | None = None):
         given = {k: v for k, v in (("COMMITLINE_DATABASE_URL", database_url), ("COMMITLINE_MASTER_KEY", master_key),
                                    ("COMMITLINE_SCHEMA", schema)) if v is not None}
         settings = load_settings({**os.environ, **given})  # checked as the variables are (a bad key: named, unshown)
@@ -46,8 +50,11 @@ class PersonalRecords:
         self._datastore = StoreDatastore(parts["dbname"], parts["host"], parts["port"], parts["user"],
                                          parts["password"], pool_size=1, max_overflow=1, schema=self.schema,
                                          pool_timeout=settings.pool_timeout_s, libpq=parts)
-        self.personal = PersonalData(DataKeys(self._datastore.get_connection, self.schema),
-                                     master_key_source(settings), ttl_s=ttl_s)
+        keys = DataKeys(self._datastore.get_connection, self.schema)
+        previous = settings.previous_master_key
+        self.personal = PersonalData(keys, master_key_source(settings), ttl_s=ttl_s or settings.data_key_ttl_s,
+                                     previous=MasterKey.parse(previous.get_secret_value()) if previous else None)
+        self.personal.watch = ErasureWatch(parts, keys.channel, self.personal.forget, self.personal.forget_all)
 
     def open(self, value: bytes | str | dict[str, Any]) -> dict[str, Any]:
         """The envelope ``value`` (a record's value, or its parsed JSON) with each personal field opened: its plain
@@ -68,6 +75,7 @@ class PersonalRecords:
         return {**envelope, "payload": payload}
 
     def close(self) -> None:
+        self.personal.close()
         self._datastore.close()
         if self._shared is not None:  # stopped only if no other process uses it
             self._shared.release()

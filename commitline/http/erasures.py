@@ -125,8 +125,9 @@ def subject_of(body: bytes, limit: int) -> str:
     "/v1/erasures",
     summary="Erase a data subject of the key's tenant (administrative API keys only)",
     description="Deletes the subject's data key and records the erasure: from then on every personal value "
-    "sealed under it reads as erased (`{\"erased\": true}`), in every process within 30 seconds, and in Kafka "
-    "records opened with `commitline.PersonalRecords`. Idempotent: a subject with no data key answers 200 with "
+    "sealed under it reads as erased (`{\"erased\": true}`), in every process once the erasure's notification "
+    "reaches it, and in Kafka records opened with `commitline.PersonalRecords`; then recomputes the read models "
+    "that may have copied its values (`rebuilt`). Idempotent: a subject with no data key answers 200 with "
     "`erased: []`.",
     responses={200: {"model": ErasedOut, "description": "erased (or nothing to erase: `erased` is empty)"},
                **_FORBIDDEN,
