@@ -30,6 +30,7 @@ from bench import (
     command_throughput,
     eventsourcing_module,
     http_api,
+    personal_data,
     projection_rebuild,
     publisher_throughput,
     tracing_overhead,
@@ -38,7 +39,7 @@ from bench.harness import BenchContext, open_database
 
 #: Benchmark modules, in running order.
 MODULES: list[ModuleType] = [command_throughput, http_api, eventsourcing_module, publisher_throughput,
-                             projection_rebuild, audit_verify, tracing_overhead]
+                             projection_rebuild, audit_verify, tracing_overhead, personal_data]
 
 Benchmark = tuple[str, str, Callable[[BenchContext], Iterator[str]]]  # (name, module, callable)
 
