@@ -5,8 +5,8 @@ baseline (always measured in the same run, on the same database). The database i
 ``COMMITLINE_BENCH_DSN`` if set, else an embedded PostgreSQL (fsync on) in a temporary folder;
 every benchmark works in its own schema, dropped at the end.
 
-    python -m bench                      # everything (10-13 minutes on 2 cores)
-    python -m bench --quick              # shorter windows, one round (~20 s)
+    python -m bench                      # everything (15-18 minutes on 2 cores)
+    python -m bench --quick              # shorter windows, smaller stores, fewer rounds (~1 min)
     python -m bench contention           # only the named benchmarks (or modules)
     python -m bench --list
 
