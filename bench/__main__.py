@@ -5,8 +5,8 @@ baseline (always measured in the same run, on the same database). The database i
 ``COMMITLINE_BENCH_DSN`` if set, else an embedded PostgreSQL (fsync on) in a temporary folder;
 every benchmark works in its own schema, dropped at the end.
 
-    python -m bench                      # everything (10-13 minutes on 2 cores)
-    python -m bench --quick              # shorter windows, one round (~20 s)
+    python -m bench                      # everything (15-18 minutes on 2 cores)
+    python -m bench --quick              # shorter windows, smaller stores, fewer rounds (~1 min)
     python -m bench contention           # only the named benchmarks (or modules)
     python -m bench --list
 
@@ -30,6 +30,7 @@ from bench import (
     command_throughput,
     eventsourcing_module,
     http_api,
+    personal_data,
     projection_rebuild,
     publisher_throughput,
     tracing_overhead,
@@ -38,7 +39,7 @@ from bench.harness import BenchContext, open_database
 
 #: Benchmark modules, in running order.
 MODULES: list[ModuleType] = [command_throughput, http_api, eventsourcing_module, publisher_throughput,
-                             projection_rebuild, audit_verify, tracing_overhead]
+                             projection_rebuild, audit_verify, tracing_overhead, personal_data]
 
 Benchmark = tuple[str, str, Callable[[BenchContext], Iterator[str]]]  # (name, module, callable)
 

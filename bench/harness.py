@@ -3,7 +3,8 @@
 - :func:`open_database`: ``COMMITLINE_BENCH_DSN`` if set, else an :class:`EmbeddedPostgres`
   in a temporary folder (fsync, synchronous_commit and full_page_writes on: the honest default).
 - :func:`fresh_schema`: a schema ``bench_<random>`` dropped (CASCADE) at the end.
-- :func:`commitline_app`: ``bootstrap(Settings(...))`` on that schema with the bench pool sizes.
+- :func:`commitline_app`: ``bootstrap(Settings(...))`` on that schema with the bench pool sizes (the built-in
+  examples, or the domain given).
 - :func:`run_together`: n threads released at once by a ``threading.Barrier``.
 """
 
@@ -23,6 +24,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import sql
 
+from commitline import Domain
 from commitline.composition import Commitline, bootstrap
 from commitline.infrastructure.config import Settings
 from commitline.infrastructure.personal.master import generate as generate_master_key
@@ -98,13 +100,14 @@ def fresh_schema(dsn: str, prefix: str = "bench") -> Iterator[str]:
 MASTER_KEY = os.environ.setdefault("COMMITLINE_MASTER_KEY", generate_master_key())
 
 
-def commitline_app(dsn: str, schema: str, **overrides: Any) -> Commitline:
+def commitline_app(dsn: str, schema: str, *, domain: Domain | None = None, **overrides: Any) -> Commitline:
+    """commitline on ``schema`` with the bench pool sizes: the built-in examples, or ``domain``."""
     values: dict[str, Any] = {
         "database_url": dsn, "schema_name": schema, "master_key": MASTER_KEY,
         "pool_size": POOL_SIZE, "pool_max_overflow": POOL_MAX_OVERFLOW,
     }
     values.update(overrides)
-    return bootstrap(Settings(**values))
+    return bootstrap(Settings(**values), domain=domain)
 
 
 def run_together(
