@@ -68,6 +68,8 @@ _EXPORTS: dict[str, str] = {
     "PortContext": "commitline.framework.domain",
     "Commitline": "commitline.composition",
     "bootstrap": "commitline.composition",
+    # consuming what it publishes
+    "PersonalRecords": "commitline.composition.consumers",
 }
 __all__ = sorted(_EXPORTS)
 
@@ -113,6 +115,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time the names a
     from commitline.application.process import InstanceRow, ProcessManager, StuckInstance
     from commitline.application.results import DispatchResult
     from commitline.composition import Commitline, bootstrap
+    from commitline.composition.consumers import PersonalRecords
     from commitline.domain.aggregate import Aggregate, Event
     from commitline.domain.errors import CommitlineError, DomainError, IllegalTransition, InvalidValue
     from commitline.domain.fsm import TransitionTable, table, transitions

@@ -1,7 +1,8 @@
 """``commitline tenants add|list|revoke``: the API keys that let a tenant call the HTTP API.
 
 ``add`` prints the new key once (only its hash is stored); a tenant may hold several keys, so a key is
-rotated by adding the new one and revoking the old one by its id.
+rotated by adding the new one and revoking the old one by its id. ``add --admin`` makes an administrative
+key: it may also erase the tenant's data subjects (``POST /v1/erasures``) and list its erasures.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from commitline.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, actions, co
 
 
 def _row(key) -> dict[str, object]:  # type: ignore[no-untyped-def]
-    return {"tenant": key.tenant, "key_id": key.key_id, "created_at": key.created_at.isoformat(),
+    return {"tenant": key.tenant, "key_id": key.key_id, "admin": key.admin, "created_at": key.created_at.isoformat(),
             "revoked_at": key.revoked_at.isoformat() if key.revoked_at else None}
 
 
@@ -25,12 +26,13 @@ def cmd_tenants(args: argparse.Namespace) -> int:
         keys = app.api_keys()
         try:
             if args.tenants_command == "add":
-                made = keys.add(args.name)
+                made = keys.add(args.name, admin=args.admin)
                 if args.json:
                     print_json({**_row(made.key), "api_key": made.secret})
                 else:
                     print(made.secret)
-                    print(f"API key {made.key.key_id} for tenant {made.key.tenant} of the domain {app.domain.name} "
+                    kind = "administrative API key" if made.key.admin else "API key"
+                    print(f"{kind} {made.key.key_id} for tenant {made.key.tenant} of the domain {app.domain.name} "
                           f"(schema {app.settings.schema_name}): shown once, only its hash is kept. Use it as "
                           "Authorization: Bearer <key>.", file=sys.stderr)
                 return EXIT_OK
@@ -42,10 +44,11 @@ def cmd_tenants(args: argparse.Namespace) -> int:
                 from rich.table import Table
 
                 table = Table(title="API keys")
-                for column in ("tenant", "key id", "created", "revoked"):
+                for column in ("tenant", "key id", "admin", "created", "revoked"):
                     table.add_column(column)
                 for r in rows:
-                    table.add_row(str(r["tenant"]), str(r["key_id"]), str(r["created_at"]), str(r["revoked_at"] or ""))
+                    table.add_row(str(r["tenant"]), str(r["key_id"]), "yes" if r["admin"] else "",
+                                  str(r["created_at"]), str(r["revoked_at"] or ""))
                 console().print(table)
                 return EXIT_OK
             revoked = keys.revoke(args.name, args.key)
@@ -68,7 +71,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                           description="NAME: 1-64 letters, digits, '.', '_' or '-'. The key decides the tenant of "
                           "every request made with it. A tenant may hold several keys.")
     add.add_argument("name", metavar="NAME")
-    add.add_argument("--json", action="store_true", help='print {"tenant", "key_id", "api_key", ...}')
+    add.add_argument("--admin", action="store_true", help="an administrative key: it may also erase the tenant's "
+                     "data subjects over HTTP (POST /v1/erasures)")
+    add.add_argument("--json", action="store_true", help='print {"tenant", "key_id", "admin", "api_key", ...}')
     listing = tsub.add_parser("list", help="every key (id, tenant, created, revoked); never the keys themselves")
     listing.add_argument("name", metavar="NAME", nargs="?", help="only this tenant's keys")
     listing.add_argument("--json", action="store_true", help="machine-readable output")

@@ -1,8 +1,9 @@
 """The composition root: ``bootstrap()`` (``wiring.py``) wires settings and a domain to the store, the processor
 and every follower, and returns the ``Commitline`` (``root.py``, with its parts ``followers.py``,
 ``projections.py``, ``sagas.py`` and ``operations.py``) that builds what a program runs; ``status.py`` is the
-status report it gives, ``errors.py`` what its callers catch, ``services.py`` the data folder's local services
-and ``setup.py`` what a program settles before bootstrapping. The CLI, the HTTP server, the demo, the tests and
+status report it gives, ``errors.py`` what its callers catch, ``services.py`` the data folder's local services,
+``setup.py`` what a program settles before bootstrapping, and ``consumers.py`` what a Kafka consumer of the
+published records uses (``PersonalRecords``). The CLI, the HTTP server, the demo, the tests and
 the benchmarks only call it.
 
 Names are imported lazily (as ``commitline``'s own): a program that only loads its settings and domain
@@ -24,6 +25,7 @@ _PARTS: dict[str, tuple[str, ...]] = {  # each module of this package, with the 
     "errors": ("InterventionRefused", "ProjectionNeedsRebuild", "RebuildError", "UnknownProcessManager",
                "UnknownProjection"),
     "setup": ("Domain", "Query", "Settings", "load_domain", "load_settings", "set_kind"),
+    "consumers": ("PersonalRecords",),
 }
 _HOME = {name: part for part, names in _PARTS.items() for name in names}
 __all__ = sorted(_HOME)
@@ -37,6 +39,7 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:
+    from commitline.composition.consumers import PersonalRecords
     from commitline.composition.errors import (
         InterventionRefused,
         ProjectionNeedsRebuild,

@@ -10,6 +10,7 @@ environment when the worker starts, and closes on shutdown.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -22,7 +23,7 @@ from starlette.responses import Response
 from commitline.application.errors import CommitlineError
 from commitline.composition import Commitline, Domain, bootstrap, load_domain, load_settings
 from commitline.composition.observability import tracing_from_environment
-from commitline.http import commands, docs, openapi, operations, queries, reads, status_page, tracing
+from commitline.http import commands, docs, erasures, openapi, operations, queries, reads, status_page, tracing
 from commitline.http.problems import (
     InternalError,
     InvalidQuery,
@@ -32,6 +33,7 @@ from commitline.http.problems import (
 )
 
 log = logging.getLogger(__name__)
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 def _instance(request: Request) -> str:
     return request.url.path
@@ -52,7 +54,7 @@ def install_problem_handlers(app: FastAPI) -> None:
         assert isinstance(error, StarletteHTTPException)
         if error.status_code == 405:
             return problem_response(MethodNotAllowed(request.method, request.url.path), _instance(request),
-                                    allowed(error.headers))
+                                    allowed(_methods_at(request, error.headers)))
         return problem_response(RouteNotFound(request.url.path), _instance(request))
 
     async def unexpected(request: Request, error: Exception) -> Response:
@@ -86,6 +88,23 @@ class HeadAsGet:
         await self.app(scope, receive, send)
 
 
+def _methods_at(request: Request, headers: Mapping[str, str] | None) -> dict[str, str]:
+    """A 405's headers with ``Allow`` naming every method of the path: the router names only the methods of the
+    first route that matched it (``/v1/erasures`` has one route for GET, another for POST), so those the
+    description gives for the path are added."""
+    out = dict(headers or {})
+    methods = {m.strip() for m in out.get("Allow", "").split(",") if m.strip()}
+    path = request.scope["path"]
+    for template, by_method in request.app.openapi()["paths"].items():
+        pattern = "".join("[^/]+" if part.startswith("{") else re.escape(part)
+                          for part in re.split(r"(\{[^/}]+\})", template))
+        if re.fullmatch(pattern, path):
+            methods |= {m.upper() for m in by_method if m.upper() in _METHODS}
+    if methods:
+        out["Allow"] = ", ".join(sorted(methods))
+    return out
+
+
 def allowed(headers: Mapping[str, str] | None) -> dict[str, str]:
     """A 405's headers with HEAD listed wherever GET is."""
     out = dict(headers or {})
@@ -113,7 +132,7 @@ def create_app(commitline: Commitline | None, *, domain: Domain | None = None, l
     app.state.commitline = commitline
     app.state.domain = domain
     install_problem_handlers(app)
-    for module in (commands, reads, operations, status_page, docs):
+    for module in (commands, reads, erasures, operations, status_page, docs):
         app.include_router(module.router)
     app.include_router(queries.router_for(domain))
     operations.instrument(app)  # every request counted and timed in /metrics

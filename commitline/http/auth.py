@@ -1,17 +1,34 @@
 """Who is calling: ``Authorization: Bearer <api key>`` decides the tenant; nothing the caller sends
-besides the key can name one. The key is never logged nor echoed in a problem document."""
+besides the key can name one. The key is never logged nor echoed in a problem document. ``admin_key`` is
+for the routes only a tenant's administrative key may call (erasing data subjects): any other key gets 403."""
 
 from __future__ import annotations
 
 from fastapi import Request
 
-from commitline.http.problems import DuplicateHeader, Unauthorized
+from typing import Any
+
+from commitline.http.problems import AdminKeyRequired, DuplicateHeader, Unauthorized
 
 _SCHEME = "bearer"
 
 
 def tenant(request: Request) -> str:
     """The tenant of the request's API key (a FastAPI dependency); Unauthorized (401) otherwise."""
+    return caller(request).tenant  # type: ignore[no-any-return]
+
+
+def admin_key(request: Request) -> Any:
+    """The request's API key (an ``ApiKey``: id, tenant, admin) when it is an administrative one (a FastAPI
+    dependency); Unauthorized (401) without a valid key, AdminKeyRequired (403) with an ordinary one."""
+    key = caller(request)
+    if not key.admin:
+        raise AdminKeyRequired(key.tenant, key.key_id)
+    return key
+
+
+def caller(request: Request) -> Any:
+    """The request's active API key; Unauthorized (401) otherwise."""
     sent = request.headers.getlist("authorization")
     if len(sent) > 1:  # two keys, perhaps of two tenants: acting as either would be a guess
         raise DuplicateHeader("Authorization", len(sent))
@@ -21,7 +38,7 @@ def tenant(request: Request) -> str:
     scheme, _, key = header.strip().partition(" ")
     if scheme.lower() != _SCHEME or not key.strip():
         raise Unauthorized("the Authorization header must be 'Bearer <key>'")
-    found = request.app.state.commitline.api_keys().tenant_for(key.strip())
+    found = request.app.state.commitline.api_keys().resolve(key.strip())
     if found is None:
         raise Unauthorized("the API key is unknown or revoked")
     return found

@@ -11,7 +11,7 @@ FastAPI describes the routes; this module completes that with what only commitli
   where a path names something, 503 (with ``Retry-After``) where the store is read, each a problem
   document, and ``default``: any other error is one too;
 - each error status of ``POST /v1/commands`` listing the error codes that answer with it (commitline's and
-  the domain's own).
+  the domain's own); the longest subject ``POST /v1/erasures`` takes (the command boundary's string limit).
 """
 
 from __future__ import annotations
@@ -98,6 +98,8 @@ def describe(app: FastAPI, domain: Domain, limits: CommandLimits) -> dict[str, A
         for operation in operations.values():
             _complete(path, operation)
     _commands(schema["paths"]["/v1/commands"]["post"], public, domain.error_statuses)
+    erasure = schema["paths"]["/v1/erasures"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    erasure["properties"]["subject"]["maxLength"] = limits.max_string_length  # as the server bounds it
     return schema
 
 

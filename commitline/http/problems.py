@@ -34,6 +34,7 @@ STATUS: dict[str, int] = {
     "invalid_query": 400,
     "invalid_tenant": 400,
     "unauthorized": 401,
+    "admin_key_required": 403,
     "not_found": 404,
     "method_not_allowed": 405,
     "body_too_large": 413,
@@ -43,6 +44,7 @@ STATUS: dict[str, int] = {
     "unknown_command_type": 422,
     "idempotency_key_reused": 422,
     "invalid_value": 422,
+    "invalid_body": 422,
     # the state the command met
     "aggregate_not_found": 404,
     "version_beyond_head": 404,
@@ -54,6 +56,7 @@ STATUS: dict[str, int] = {
     "audit_query_error": 400,
     # the service
     "store_unavailable": 503,
+    "erasure_incomplete": 503,
     "not_ready": 503,
     "configuration_error": 503,
     "wrong_master_key": 503,
@@ -73,6 +76,35 @@ class HttpProblem(CommitlineError):
 
 class Unauthorized(HttpProblem):
     code = "unauthorized"
+
+
+class AdminKeyRequired(HttpProblem):
+    """An ordinary API key on a route reserved for its tenant's administrative keys."""
+
+    code = "admin_key_required"
+    fields = ("tenant", "key_id")
+    message = ("API key {key_id} of tenant {tenant} is not an administrative key: erasing data subjects and listing "
+               "erasures need one (commitline tenants add {tenant} --admin)")
+
+
+class ErasureIncomplete(HttpProblem):
+    """A data key was deleted (or already was), but recomputing the read models that may hold the subject's
+    values failed: the same request again runs that recomputation again."""
+
+    code = "erasure_incomplete"
+    fields = ("subject", "read_models")
+    message = ("the erasure of subject {subject} is recorded, but recomputing the read models that may still show "
+               "its values ({shown}) failed: send the same request again to finish it")
+    shown = joined("read_models", separator=", ")
+
+
+class InvalidBody(HttpProblem):
+    """A JSON body that is not what the route takes (for a command, ``invalid_command`` says so instead)."""
+
+    code = "invalid_body"
+    fields = ("errors",)
+    message = "invalid request body: {summary}"
+    summary = joined("errors", at_location("<body>"))
 
 
 class BodyTooLarge(HttpProblem):
@@ -169,7 +201,7 @@ def problem_response(error: CommitlineError, instance: str, headers: dict[str, s
     extra = dict(headers or {})
     if isinstance(error, Unauthorized):
         extra["WWW-Authenticate"] = 'Bearer realm="commitline"'
-    if isinstance(error, StoreUnavailable):
+    if isinstance(error, (StoreUnavailable, ErasureIncomplete)):
         extra["Retry-After"] = "1"
     body = orjson.dumps(problem_document(error, instance), default=str)
     return Response(body, status_code=status_of(error), headers=extra, media_type=PROBLEM_JSON)

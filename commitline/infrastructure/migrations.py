@@ -61,6 +61,7 @@ MIGRATIONS: tuple[Migration, ...] = (
               lambda schema: Positions(schema).owner_statements()),
     Migration(9, "personal data: each data subject's wrapped data key (the one table whose rows are deleted), and "
               "the append-only record of erasures", data_keys.create_statements),
+    Migration(10, "tenants' administrative API keys (may erase data subjects over HTTP)", api_keys.admin_statements),
 )
 LATEST = MIGRATIONS[-1].version
 

@@ -5,6 +5,10 @@ the event class's current version by its upcasters when it was stored at an olde
 envelope with the event id (consumers deduplicate on it), type, ``schema_version`` (the class version of
 the payload it carries), aggregate id and type, version, notification id, recorded-at time and tenant.
 The topic is ``<prefix><aggregate type>``: one per aggregate type of the domain.
+
+Personal fields stay sealed, as the store holds them (``{"ciphertext", "key_id"}``), and an event that has
+any lists their names under ``personal`` (the stored event's ``pd``): an authorised consumer opens them with
+``commitline.PersonalRecords``, others never see a plain value.
 """
 
 from __future__ import annotations
@@ -55,7 +59,11 @@ ENVELOPE_SCHEMA: dict = {
                             "description": "the event's position in the store's log (commit order)"},
         "recorded_at": {"type": "string", "format": "date-time"},
         "tenant": {"type": "string", "description": "the tenant whose stream it is"},
-        "payload": {"type": "object", "description": "the event's own fields, as the domain declares them"},
+        "payload": {"type": "object", "description": "the event's own fields, as the domain declares them; each "
+                    "personal one sealed: {\"ciphertext\": ..., \"key_id\": ...}"},
+        "personal": {"type": "array", "items": {"type": "string"}, "minItems": 1, "uniqueItems": True,
+                     "description": "only on events with personal fields: the names of the payload's sealed fields "
+                     "(open them with commitline.PersonalRecords)"},
     },
 }
 
@@ -88,7 +96,7 @@ def to_record(notification: Notification, topic_prefix: str, publisher: str, reg
     aggregate_id = str(notification.originator_id)
     event_id = stored["id"]
     recorded_at = stored["at"]
-    value = orjson.dumps({
+    envelope = {
         "event_id": event_id,
         "type": event_type,
         "schema_version": version,
@@ -99,7 +107,10 @@ def to_record(notification: Notification, topic_prefix: str, publisher: str, reg
         "recorded_at": recorded_at,
         "tenant": stored["tenant"],
         "payload": payload,
-    })
+    }
+    if "pd" in stored:
+        envelope["personal"] = stored["pd"]
+    value = orjson.dumps(envelope)
     return KafkaRecord(
         topic_prefix + aggregate_type,
         aggregate_id.encode(),

@@ -6,6 +6,9 @@ is made. Only the SHA-256 of the whole key is stored: the key has full entropy, 
 would add latency to every request and no protection. A tenant may hold several keys (rotation: add the
 new one, move the callers, revoke the old one). Resolving a key is one primary-key read, compared in
 constant time; a revoked key is refused from the next request on.
+
+An administrative key (``admin``, made with ``tenants add NAME --admin``) may do everything an ordinary key of
+its tenant may, and also erase the tenant's data subjects; whether a key is one is fixed when it is made.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class ApiKey:
     tenant: str
     created_at: datetime
     revoked_at: datetime | None
+    admin: bool = False
 
     @property
     def active(self) -> bool:
@@ -68,24 +72,33 @@ def create_statements(schema: str) -> list[Composed]:
                 Identifier(f"{API_KEYS_TABLE}_tenant"), Identifier(schema, API_KEYS_TABLE))]
 
 
+def admin_statements(schema: str) -> list[Composed]:
+    """The DDL marking administrative keys (a later migration): every existing key is an ordinary one."""
+    return [SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS admin boolean NOT NULL DEFAULT false").format(
+        Identifier(schema, API_KEYS_TABLE))]
+
+
+_LISTED = "key_id, tenant, created_at, revoked_at, admin"
+
+
 class ApiKeys(SmallTable):
     """The API keys of one schema, over any source of connections (``datastore.get_connection``)."""
 
     table_name = API_KEYS_TABLE
 
-    def add(self, tenant: str) -> NewApiKey:
-        """A new key for ``tenant`` (InvalidTenant for an unusable name)."""
+    def add(self, tenant: str, *, admin: bool = False) -> NewApiKey:
+        """A new key for ``tenant`` (InvalidTenant for an unusable name); ``admin`` makes an administrative one."""
         tenant = check_tenant(tenant)
         key_id = secrets.token_hex(6)
         secret = f"{PREFIX}{key_id}_{secrets.token_urlsafe(32)}"
-        (row,) = self._run("INSERT INTO {t} (key_id, tenant, key_hash) VALUES (%s, %s, %s) "
-                           "RETURNING key_id, tenant, created_at, revoked_at", (key_id, tenant, digest(secret)))
+        (row,) = self._run("INSERT INTO {t} (key_id, tenant, key_hash, admin) VALUES (%s, %s, %s, %s) "
+                           "RETURNING " + _LISTED, (key_id, tenant, digest(secret), admin))
         return NewApiKey(ApiKey(*row), secret)
 
     def list(self, tenant: str | None = None) -> list[ApiKey]:
         """Every key (of ``tenant`` only, if given), oldest first."""
         where, params = ("WHERE tenant = %s", (check_tenant(tenant),)) if tenant is not None else ("", ())
-        rows = self._run(f"SELECT key_id, tenant, created_at, revoked_at FROM {{t}} {where} "
+        rows = self._run(f"SELECT {_LISTED} FROM {{t}} {where} "
                          "ORDER BY created_at, key_id", params)
         return [ApiKey(*row) for row in rows]
 
@@ -95,16 +108,21 @@ class ApiKeys(SmallTable):
         params: tuple[Any, ...] = (check_tenant(tenant),)
         if key_id is not None:
             query, params = query + " AND key_id = %s", (*params, key_id)
-        rows = self._run(query + " RETURNING key_id, tenant, created_at, revoked_at", params)
+        rows = self._run(query + " RETURNING " + _LISTED, params)
         return [ApiKey(*row) for row in rows]
 
     def tenant_for(self, key: str) -> str | None:
         """The tenant of an active key; None for anything else (malformed, unknown, revoked)."""
+        found = self.resolve(key)
+        return found.tenant if found is not None else None
+
+    def resolve(self, key: str) -> ApiKey | None:
+        """The active key ``key`` is (its id, tenant, whether it is administrative); None for anything else."""
         match = _KEY.fullmatch(key)
         if match is None:
             return None
-        rows = self._run("SELECT tenant, key_hash FROM {t} WHERE key_id = %s AND revoked_at IS NULL",
+        rows = self._run(f"SELECT {_LISTED}, key_hash FROM {{t}} WHERE key_id = %s AND revoked_at IS NULL",
                          (match.group(1),))
-        if not rows or not hmac.compare_digest(bytes(rows[0][1]), digest(key)):
+        if not rows or not hmac.compare_digest(bytes(rows[0][-1]), digest(key)):
             return None
-        return str(rows[0][0])
+        return ApiKey(*rows[0][:-1])

@@ -1,6 +1,7 @@
 """``commitline serve`` as a real subprocess on a free loopback port, and API keys made with the real
-``commitline tenants add``; tests talk to it with httpx over TCP. ``server`` is one per test; ``served``
-one per module (starting a server costs seconds), on its own schema, with ``acme``'s client."""
+``commitline tenants add`` (``Server.admin_key``: with ``--admin``); tests talk to it with httpx over TCP.
+``server`` is one per test; ``served`` one per module (starting a server costs seconds), on its own schema,
+with ``acme``'s client."""
 
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ def cli_env(pg_dsn: str, schema: str, **extra: str) -> dict[str, str]:
     return {**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn, "COMMITLINE_SCHEMA": schema, **extra}
 
 
-def make_key(env: dict[str, str], tenant: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "commitline.cli", "tenants", "add", tenant],
+def make_key(env: dict[str, str], tenant: str, *options: str) -> str:
+    out = subprocess.run([sys.executable, "-m", "commitline.cli", "tenants", "add", tenant, *options],
                          capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
@@ -52,6 +53,10 @@ class Server:
         if tenant not in self.keys:
             self.keys[tenant] = make_key(self.env, tenant)
         return self.keys[tenant]
+
+    def admin_key(self, tenant: str) -> str:
+        """A new administrative key of ``tenant`` (``tenants add --admin``): it may also erase data subjects."""
+        return make_key(self.env, tenant, "--admin")
 
     def client(self, tenant: str | None = None, **options: object) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.key(tenant)}"} if tenant else {}

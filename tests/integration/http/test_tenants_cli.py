@@ -13,7 +13,9 @@ import orjson
 import psycopg
 import pytest
 
+from commitline.composition import bootstrap
 from tests.integration.http.conftest import cli_env
+from tests.support import settings_for
 
 KEY = re.compile(r"clk_([0-9a-f]{12})_[A-Za-z0-9_-]{43}")
 
@@ -41,8 +43,8 @@ def test_add_prints_the_key_once_and_stores_only_its_hash(pg_dsn: str, schema: s
     as_json = tenants(pg_dsn, schema, "add", "acme", "--json")
     assert as_json.returncode == 0, as_json.stderr
     made = orjson.loads(as_json.stdout)
-    assert set(made) == {"tenant", "key_id", "api_key", "created_at", "revoked_at"}
-    assert made["tenant"] == "acme" and made["revoked_at"] is None
+    assert set(made) == {"tenant", "key_id", "admin", "api_key", "created_at", "revoked_at"}
+    assert made["tenant"] == "acme" and made["revoked_at"] is None and made["admin"] is False
     assert KEY.fullmatch(made["api_key"]).group(1) == made["key_id"]  # type: ignore[union-attr]
     assert made["api_key"] != key
 
@@ -50,7 +52,7 @@ def test_add_prints_the_key_once_and_stores_only_its_hash(pg_dsn: str, schema: s
         rows = conn.execute(f'SELECT key_id, tenant, key_hash, created_at, revoked_at FROM "{schema}".api_keys '
                             "ORDER BY created_at").fetchall()
         columns = [c.name for c in conn.execute(f'SELECT * FROM "{schema}".api_keys LIMIT 0').description or ()]
-    assert columns == ["key_id", "tenant", "key_hash", "created_at", "revoked_at"]
+    assert columns == ["key_id", "tenant", "key_hash", "created_at", "revoked_at", "admin"]
     assert [(r[0], r[1], bytes(r[2])) for r in rows] == [
         (match.group(1), "acme", hashlib.sha256(key.encode()).digest()),
         (made["key_id"], "acme", hashlib.sha256(made["api_key"].encode()).digest()),
@@ -75,7 +77,7 @@ def test_list_shows_key_ids_never_keys_or_hashes(pg_dsn: str, schema: str) -> No
             assert secret not in table.stdout + table.stderr
             assert secret not in orjson.dumps(listed).decode()
     assert [row["tenant"] for row in listed] == ["acme", "beta"]
-    assert set(listed[0]) == {"tenant", "key_id", "created_at", "revoked_at"}
+    assert set(listed[0]) == {"tenant", "key_id", "admin", "created_at", "revoked_at"}
     assert [row["tenant"] for row in only_beta] == ["beta"]
 
 
@@ -121,3 +123,28 @@ def test_an_invalid_tenant_name_is_a_typed_error(pg_dsn: str, schema: str, args:
     assert "letters, digits" in error["message"]
     with psycopg.connect(pg_dsn) as conn:
         assert conn.execute(f'SELECT count(*) FROM "{schema}".api_keys').fetchone() == (0,)
+
+
+def test_add_admin_makes_an_administrative_key_and_list_says_which(pg_dsn: str, schema: str) -> None:
+    ordinary = tenants(pg_dsn, schema, "add", "acme", "--json")
+    admin = tenants(pg_dsn, schema, "add", "acme", "--admin", "--json")
+    assert admin.returncode == 0, admin.stderr
+    made = orjson.loads(admin.stdout)
+    assert made["admin"] is True and orjson.loads(ordinary.stdout)["admin"] is False
+    listed = {row["key_id"]: row["admin"] for row in orjson.loads(tenants(pg_dsn, schema, "list", "--json").stdout)}
+    assert listed == {orjson.loads(ordinary.stdout)["key_id"]: False, made["key_id"]: True}
+    plain = tenants(pg_dsn, schema, "add", "acme", "--admin")
+    assert "administrative API key" in plain.stderr and KEY.fullmatch(plain.stdout.strip())
+
+
+def test_keys_made_before_administrative_keys_existed_stay_ordinary_and_valid(pg_dsn: str, schema: str) -> None:
+    key = tenants(pg_dsn, schema, "add", "acme").stdout.strip()
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # the store as migration 9 left it
+        conn.execute(f'ALTER TABLE "{schema}".api_keys DROP COLUMN admin')
+        conn.execute(f'DELETE FROM "{schema}".schema_migrations WHERE version = 10')
+    listed = tenants(pg_dsn, schema, "list", "--json")  # a start applies migration 10
+    assert listed.returncode == 0, listed.stderr
+    assert [(row["tenant"], row["admin"]) for row in orjson.loads(listed.stdout)] == [("acme", False)]
+    with bootstrap(settings_for(pg_dsn, schema)) as app:
+        found = app.api_keys().resolve(key)
+    assert found is not None and (found.tenant, found.admin) == ("acme", False)
