@@ -16,6 +16,13 @@ class StreamMoved(Exception):
     """Raised by ``append`` when another writer already took a version being appended."""
 
 
+class PredecessorMissing(StreamMoved):
+    """Raised by ``append`` when the stream's stored history is not the one the events continue: the version
+    before the first of them is not stored with the hash they chain from (or, for version 1, the stream already
+    has events). A copy decided on a history that is no longer there (e.g. one a failover lost) is refused like
+    one another writer moved: the command reads the stream and decides again."""
+
+
 class KeyAlreadyRecorded(Exception):
     """Raised by ``append`` when the idempotency key was committed by a concurrent twin."""
 
