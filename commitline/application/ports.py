@@ -54,7 +54,8 @@ class CommandLoad:
 
     ``verified`` is False for a cached copy handed out without any read (``trust_cache``): the key was not
     looked up and the copy may be stale. Deciding on it is safe because the append checks both (the key's
-    record and the stream's next version are unique), but a refusal, a lost race or a failed append is then
+    record and the stream's next version are unique, and the version before must be stored with the hash the
+    copy continues from), but a refusal, a lost race or a failed append is then
     no answer yet: the caller loads again with a read and decides again."""
 
     aggregate: Aggregate | None
@@ -82,8 +83,9 @@ class EventStore(Protocol):
     def append(
         self, aggregate: Aggregate, events: Sequence[Event], *, tenant: str, idempotency: IdempotencyRecord | None
     ) -> None:
-        """Atomically store the events and the idempotency record, or raise StreamMoved/KeyAlreadyRecorded
-        (or EventTooLarge, before writing anything)."""
+        """Atomically store the events and the idempotency record, or raise StreamMoved (PredecessorMissing when
+        the stored stream is not the history the events continue)/KeyAlreadyRecorded (or EventTooLarge, before
+        writing anything)."""
 
     def find_outcome(self, tenant: str, key: str) -> IdempotencyRecord | None: ...
 

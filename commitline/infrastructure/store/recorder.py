@@ -12,7 +12,9 @@ types, LISTEN subscription), with three changes:
    and ``max_notification_id`` are the recorder's ``NotificationLog``).
 2. **Append-only for real, plus idempotency in the same transaction.** Triggers reject UPDATE, DELETE and
    TRUNCATE on events (``schema.py`` defines the tables); the idempotency record is inserted in the events'
-   transaction, so both commit or neither does.
+   transaction, so both commit or neither does. On commitline's tables an append proves its predecessor in
+   the same statement (``EventTables.continues``): version N only on version N-1 as stored, with the hash the
+   events chain from; refused, it raises ``PredecessorMissing`` and writes nothing (not even the key).
 3. **Two append paths.** ``append``: one transaction per call, in one round trip when small (a command
    without group commit, an ``eventsourcing`` write). ``append_batch``: the group commit, several commands in
    one transaction and one round trip, each atomic on its own (the store's append function).
