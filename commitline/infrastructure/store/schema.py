@@ -187,13 +187,18 @@ class EventTables:
         """SQL (with ``{events}`` to fill in) true when the event ``row`` (an alias with the events' columns)
         proves its predecessor: at version 1, prev_hash GENESIS and no event of its stream stored; above,
         the version before it stored with the hash it chains from, or among ``batch`` (the events inserted with
-        it, a relation with the same columns). commitline's streams only: they start at version 1."""
-        match = "{a}.originator_id = " + row + ".originator_id AND {a}.originator_version = " + row + \
-            ".originator_version - 1 AND {a}.event_hash = " + row + ".prev_hash"
-        in_batch = "" if batch is None else " OR EXISTS (SELECT FROM " + batch + " b WHERE " + match.format(a="b") + ")"
+        it, a relation with the same columns). commitline's streams only: they start at version 1 (a version
+        below is left to the table's CHECK, whose violation is an error, not a refusal)."""
+        stored = ("EXISTS (SELECT FROM {events} e WHERE e.originator_id = " + row + ".originator_id AND "
+                  "e.originator_version = " + row + ".originator_version - 1 AND e.event_hash = " + row + ".prev_hash)")
+        # IN, not a correlated EXISTS: one hash of the batch, not a scan of it per event (a long append stays linear)
+        in_batch = "" if batch is None else (
+            " OR (" + row + ".originator_id, " + row + ".originator_version - 1, " + row + ".prev_hash) IN "
+            "(SELECT originator_id, originator_version, event_hash FROM " + batch + ")")
         return ("CASE WHEN " + row + ".originator_version = 1 THEN " + row + ".prev_hash = " + GENESIS_SQL +
                 " AND NOT EXISTS (SELECT FROM {events} e WHERE e.originator_id = " + row + ".originator_id)"
-                " ELSE EXISTS (SELECT FROM {events} e WHERE " + match.format(a="e") + ")" + in_batch + " END")
+                " WHEN " + row + ".originator_version > 1 THEN " + stored + in_batch +
+                " ELSE true END")
 
     def append_functions(self, proven: bool = True) -> list[Composed]:
         """One command's append as one statement that never fails: the key's record, then its events (their
