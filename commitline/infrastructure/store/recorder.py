@@ -308,9 +308,9 @@ class EventRecorder(StreamReads, PostgresApplicationRecorder):
 
 
 def _unproven(first: StoredEvent) -> PredecessorMissing:
-    return PredecessorMissing(f"stream {first.originator_id}, version {first.originator_version}: not the "
-                              "continuation of the stream's stored history (its predecessor is not stored with the "
-                              "hash it chains from)")
+    return PredecessorMissing(f"the append to stream {first.originator_id} from version {first.originator_version} "
+                              "does not continue the stream's stored history: an event's predecessor is not stored "
+                              "with the hash it chains from")
 
 
 def _append_params(pending: PendingAppend, one: bool) -> tuple[Any, ...]:

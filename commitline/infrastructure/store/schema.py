@@ -231,8 +231,9 @@ class EventTables:
 
         def refuse_if(short: str, first_id: str, first_version: str) -> str:
             return (" IF " + short + " THEN RAISE EXCEPTION USING ERRCODE = 'foreign_key_violation', CONSTRAINT = '" +
-                    self.events + "_predecessor', MESSAGE = format('stream %s, version %s: not the continuation of "
-                    "the stream''s stored history (its predecessor is not stored with the hash it chains from)', " +
+                    self.events + "_predecessor', MESSAGE = format('the append to stream %s from version %s does "
+                    "not continue the stream''s stored history: an event''s predecessor is not stored with the hash "
+                    "it chains from', " +
                     first_id + ", " + first_version + "); END IF;") if proven else ""
 
         columns = "INSERT INTO {events} (" + EVENT_COLUMNS + ") "
