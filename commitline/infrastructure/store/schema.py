@@ -16,7 +16,8 @@ Two users, one definition, so their events tables cannot differ:
   of its ``ORIGINATOR_ID_TYPE`` (uuid or text), versions from 0 (the library's aggregates may start there;
   commitline's streams start at 1, a CHECK), an idempotency table of keys alone (its callers name a key, not
   a command with an outcome), and snapshots in the library's aggregate layout (what its aggregate recorder
-  reads).
+  reads). Its appends do not prove their predecessor (``continues``): the library's contract is unique versions,
+  and its streams may begin at any version, so a first event cannot be told from one whose predecessor is gone.
 
 ``lock_schema`` serialises all of this DDL per schema (one advisory key, shared with the migrations):
 concurrent ``CREATE ... IF NOT EXISTS`` and ``CREATE OR REPLACE`` race otherwise.
