@@ -15,10 +15,14 @@
    unless a twin committed since the lookup (rule 6): the state refused may be the twin's doing.
 4. **Append** (``append``): the events and the key's record in one short transaction (the store may share
    it with concurrent commands', each still atomic on its own). The store refuses a used key
-   (``KeyAlreadyRecorded``: rule 6) and a taken version (``StreamMoved``: rule 5), so neither a used key nor
-   a stale copy can be stored.
-5. **Conflict re-run** (``append``, ``lost_race``, ``run``): a stream moved under a cached copy is read
-   before every later command (``distrust``) and the command re-runs on a read (reported as a retry).
+   (``KeyAlreadyRecorded``: rule 6), a taken version (``StreamMoved``: rule 5) and an append that does not
+   prove its predecessor (``PredecessorMissing``, a ``StreamMoved``: rule 5): version N is stored only on
+   version N-1 as stored, with the hash the events chain from, and version 1 only on a stream with no event,
+   checked by the store in the append's statement, never by the cache. So neither a used key nor a stale copy
+   can be stored, not even a copy of a history that is no longer there (one an asynchronous failover lost).
+5. **Conflict re-run** (``append``, ``lost_race``, ``run``): a stream moved under a cached copy (or whose
+   history under it is gone) is read before every later command (``distrust``) and the command re-runs on a
+   read (reported as a retry), deciding on the stored history (``AggregateNotFound`` if the stream is gone).
    Moved under a verified read: with ``expected_version`` a twin's outcome answers (rule 6), else
    ``ConcurrencyConflict`` with the version lost to, read tenant-scoped; without it the command re-runs
    after a jittered back-off, at most ``RetryPolicy.max_attempts`` runs with a read, then
@@ -41,7 +45,8 @@
    from someone who already knows it; the refusal says no more than that: not that it exists, nor its type,
    owner, version or content (``AggregateAlreadyExists`` stays for the tenant's own streams).
 
-Each rule is asserted, on a real store, by a test named in ``tests/integration/test_dispatching.py``.
+Each rule is asserted, on a real store, by a test named in ``tests/integration/test_dispatching.py`` (the
+predecessor of rules 4 and 5 in ``tests/integration/test_predecessor.py``).
 """
 
 from __future__ import annotations

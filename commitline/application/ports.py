@@ -16,6 +16,13 @@ class StreamMoved(Exception):
     """Raised by ``append`` when another writer already took a version being appended."""
 
 
+class PredecessorMissing(StreamMoved):
+    """Raised by ``append`` when the stream's stored history is not the one the events continue: the version
+    before the first of them is not stored with the hash they chain from (or, for version 1, the stream already
+    has events). A copy decided on a history that is no longer there (e.g. one a failover lost) is refused like
+    one another writer moved: the command reads the stream and decides again."""
+
+
 class KeyAlreadyRecorded(Exception):
     """Raised by ``append`` when the idempotency key was committed by a concurrent twin."""
 
@@ -47,7 +54,8 @@ class CommandLoad:
 
     ``verified`` is False for a cached copy handed out without any read (``trust_cache``): the key was not
     looked up and the copy may be stale. Deciding on it is safe because the append checks both (the key's
-    record and the stream's next version are unique), but a refusal, a lost race or a failed append is then
+    record and the stream's next version are unique, and the version before must be stored with the hash the
+    copy continues from), but a refusal, a lost race or a failed append is then
     no answer yet: the caller loads again with a read and decides again."""
 
     aggregate: Aggregate | None
@@ -75,8 +83,9 @@ class EventStore(Protocol):
     def append(
         self, aggregate: Aggregate, events: Sequence[Event], *, tenant: str, idempotency: IdempotencyRecord | None
     ) -> None:
-        """Atomically store the events and the idempotency record, or raise StreamMoved/KeyAlreadyRecorded
-        (or EventTooLarge, before writing anything)."""
+        """Atomically store the events and the idempotency record, or raise StreamMoved (PredecessorMissing when
+        the stored stream is not the history the events continue)/KeyAlreadyRecorded (or EventTooLarge, before
+        writing anything)."""
 
     def find_outcome(self, tenant: str, key: str) -> IdempotencyRecord | None: ...
 

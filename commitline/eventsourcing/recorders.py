@@ -4,7 +4,8 @@
   log, hash chains, append-only) on an application's own tables, with eventsourcing's constructor
   (``events_table_name``), so ``APPLICATION_RECORDER_TOPIC`` works with the stock factory too.
   Writes continue each stream's hash chain from the head it last read or wrote (no extra round
-  trip for ``repository.get`` then ``save``). ``insert_events(..., idempotency_key=k)`` records
+  trip for ``repository.get`` then ``save``); unlike commitline's own appends they do not prove the
+  predecessor is stored (the library's contract: unique versions, a stream beginning at any version). ``insert_events(..., idempotency_key=k)`` records
   ``k`` in the same transaction; a repeated key raises ``IdempotencyKeyUsed``, nothing written.
   A notification read that an unfinished write below its ids cut short waits (up to ``GAP_WAIT_S``) for that
   write to commit or roll back and reads again: eventsourcing's runners read only when prompted by a commit,

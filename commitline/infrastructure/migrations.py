@@ -27,7 +27,12 @@ from psycopg.sql import SQL, Composed, Identifier
 from commitline.infrastructure.followers.positions import Connection, Positions
 from commitline.infrastructure.personal import keys as data_keys
 from commitline.infrastructure.store import api_keys, audit_runs, event_versions, hash_backfill
-from commitline.infrastructure.store.schema import lock_key, store_append_function_statements, store_schema_statements
+from commitline.infrastructure.store.schema import (
+    lock_key,
+    store_append_function_statements,
+    store_proven_append_statements,
+    store_schema_statements,
+)
 
 log = logging.getLogger(__name__)
 MIGRATIONS_TABLE = "schema_migrations"
@@ -62,6 +67,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(9, "personal data: each data subject's wrapped data key (the one table whose rows are deleted), and "
               "the append-only record of erasures", data_keys.create_statements),
     Migration(10, "tenants' administrative API keys (may erase data subjects over HTTP)", api_keys.admin_statements),
+    Migration(11, "event store: an append proves its predecessor (the version before it, stored with the hash it "
+              "chains from) in the group commit's append functions", store_proven_append_statements),
 )
 LATEST = MIGRATIONS[-1].version
 

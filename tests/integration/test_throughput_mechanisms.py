@@ -27,12 +27,13 @@ from commitline.infrastructure.store.recorder import PendingAppend
 from tests.support import count_rows, settings_for, wait_for
 
 
-def received(item: UUID, version: int, key: str, *, tenant: str = "default") -> PendingAppend:
-    """The append of one ``receive_stock`` command at ``version`` (hash chain continued from the stored head)."""
+def received(item: UUID, version: int, key: str, *, tenant: str = "default", head: bytes = GENESIS) -> PendingAppend:
+    """The append of one ``receive_stock`` command at ``version``, its hash chain continued from ``head`` (the
+    stored hash of version - 1: the store refuses an append that does not continue it)."""
     event = StockReceived(event_id=uuid4(), aggregate_id=item, version=version, occurred_at=utcnow(), quantity=1)
     stored = [encode_event(event, tenant)]
     return PendingAppend(stored, IdempotencyRecord(tenant, key, key.encode().ljust(32, b"."), "receive_stock", item,
-                                                   version, b"{}"), chain(GENESIS, stored))
+                                                   version, b"{}"), chain(head, stored))
 
 
 def keys(pg_dsn: str, schema: str) -> set[str]:
@@ -52,7 +53,7 @@ def test_a_conflict_inside_a_batch_refuses_that_command_only(app: Commitline, pg
         received(free, 1, "a"),
         received(taken, 1, "loses-the-version"),  # version 1 of this stream is stored: the stream moved
         received(uuid4(), 1, "first"),  # a twin's key: recorded already
-        received(taken, 2, "b"),
+        received(taken, 2, "b", head=app.recorder.event_hash(taken, 1)),
     ])
 
     assert isinstance(outcomes[1], StreamMoved) and isinstance(outcomes[2], KeyAlreadyRecorded)

@@ -6,10 +6,10 @@ only after an append of it committed (so it is exactly the stored head). A comma
 lost a race, simply leaves no entry behind, and the next load of that stream is a full one.
 
 An entry may be decided on without any read (the processor's first run, ``trust_cache``): a stale one
-cannot be stored, because the append's version check refuses it, and then the processor reads and
-decides again. A stream where that happened is ``distrust``-ed: every later load of it reads the events
-stored after the cached version first (so two processes writing one stream pay one read per command,
-not a wasted append).
+cannot be stored, because the append's version check refuses it (and its predecessor check, when the
+history it continues is no longer stored), and then the processor reads and decides again. A stream where
+that happened is ``distrust``-ed: every later load of it reads the events stored after the cached version
+first (so two processes writing one stream pay one read per command, not a wasted append).
 
 Bounded: least recently used entries (and distrusted ids) go first. Size 0 disables it.
 

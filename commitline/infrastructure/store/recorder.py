@@ -12,7 +12,9 @@ types, LISTEN subscription), with three changes:
    and ``max_notification_id`` are the recorder's ``NotificationLog``).
 2. **Append-only for real, plus idempotency in the same transaction.** Triggers reject UPDATE, DELETE and
    TRUNCATE on events (``schema.py`` defines the tables); the idempotency record is inserted in the events'
-   transaction, so both commit or neither does.
+   transaction, so both commit or neither does. On commitline's tables an append proves its predecessor in
+   the same statement (``EventTables.continues``): version N only on version N-1 as stored, with the hash the
+   events chain from; refused, it raises ``PredecessorMissing`` and writes nothing (not even the key).
 3. **Two append paths.** ``append``: one transaction per call, in one round trip when small (a command
    without group commit, an ``eventsourcing`` write). ``append_batch``: the group commit, several commands in
    one transaction and one round trip, each atomic on its own (the store's append function).
@@ -39,7 +41,7 @@ from typing_extensions import Self
 
 from commitline.application.chain import chain_streams
 from commitline.application.errors import StoreUnavailable
-from commitline.application.ports import IdempotencyRecord, KeyAlreadyRecorded, StreamMoved
+from commitline.application.ports import IdempotencyRecord, KeyAlreadyRecorded, PredecessorMissing, StreamMoved
 from commitline.infrastructure.store import pipelined
 from commitline.infrastructure.store.datastore import StoreDatastore
 from commitline.infrastructure.store.log import NotificationLog, first_id
@@ -133,13 +135,20 @@ class EventRecorder(StreamReads, PostgresApplicationRecorder):
         if links is None:
             links = chain_streams(stored_events, self.event_hash)
         params = _event_arrays(stored_events, links)
+        if self._q.insert_proven is not None:  # the key's record goes in with the events (``statements.py``)
+            params += _idempotency_params(idempotency) if idempotency is not None else (None,) * 7
+            idempotency = None
         size = sum(len(e.state) for e in stored_events)
         one_trip = size <= PIPELINE_MAX_BYTES and in_transaction is None
 
         def insert(conn: Any) -> list[int]:
             if one_trip:
-                return self._insert_in_one_round_trip(conn, params, idempotency)
-            return self._insert_in_steps(conn, params, idempotency, in_transaction)
+                ids = self._insert_in_one_round_trip(conn, params, idempotency)
+            else:
+                ids = self._insert_in_steps(conn, params, idempotency, in_transaction, len(stored_events))
+            if len(ids) != len(stored_events):  # committed nothing (the steps' COMMIT was not even sent)
+                raise _unproven(stored_events[0])
+            return ids
 
         try:
             with self._connection() as conn:
@@ -156,9 +165,12 @@ class EventRecorder(StreamReads, PostgresApplicationRecorder):
 
     def _refusal(self, error: pg_errors.Error) -> Exception:
         """What an insert's failure means for its command: a twin holds the key, the stream moved, or
-        the error itself (deadlock and serialization failures mean another writer took the version)."""
+        the error itself (deadlock and serialization failures mean another writer took the version; a foreign key
+        violation is the append functions' refusal of an event that does not prove its predecessor)."""
         if isinstance(error, pg_errors.UniqueViolation):
             return self._taken(error.diag.constraint_name or "")
+        if isinstance(error, pg_errors.ForeignKeyViolation):
+            return PredecessorMissing(str(error))
         if isinstance(error, (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)):
             return StreamMoved(type(error).__name__)
         return error
@@ -249,7 +261,7 @@ class EventRecorder(StreamReads, PostgresApplicationRecorder):
             cur.execute(self._q.assign_xid)
             if idempotency is not None:
                 cur.execute(self._q.insert_idempotency, _idempotency_params(idempotency))
-            inserted.execute(self._q.insert_events, params, prepare=True)
+            inserted.execute(self._q.insert_proven or self._q.insert_events, params, prepare=True)
             if self.before_commit is not None:
                 pipeline.sync()
                 self.before_commit()
@@ -259,7 +271,7 @@ class EventRecorder(StreamReads, PostgresApplicationRecorder):
             return [row[0] for row in inserted.fetchall()]
 
     def _insert_in_steps(self, conn: Any, params: tuple[Any, ...], idempotency: IdempotencyRecord | None,
-                         in_transaction: InTransaction | None = None) -> list[int]:
+                         in_transaction: InTransaction | None, events: int) -> list[int]:
         # The same statements without the pipeline: each one is sent completely before its reply is awaited.
         cur = conn.cursor(row_factory=tuple_row)
         cur.execute("BEGIN")
@@ -268,7 +280,9 @@ class EventRecorder(StreamReads, PostgresApplicationRecorder):
             in_transaction(conn)
         if idempotency is not None:
             cur.execute(self._q.insert_idempotency, _idempotency_params(idempotency))
-        ids = [row[0] for row in cur.execute(self._q.insert_events, params).fetchall()]
+        ids = [row[0] for row in cur.execute(self._q.insert_proven or self._q.insert_events, params).fetchall()]
+        if len(ids) != events:
+            return ids  # refused: no COMMIT (``append`` raises, and rolls back)
         if self.before_commit is not None:
             self.before_commit()
         cur.execute("COMMIT")
@@ -291,6 +305,12 @@ class EventRecorder(StreamReads, PostgresApplicationRecorder):
         """Notifications after ``gt`` as they commit: woken by NOTIFY, and polling every
         ``subscription_poll_interval`` s, so a gap left by an aborted write is passed without another write."""
         return PollingSubscription(self, gt=gt, topics=topics, poll_interval=self.subscription_poll_interval)
+
+
+def _unproven(first: StoredEvent) -> PredecessorMissing:
+    return PredecessorMissing(f"the append to stream {first.originator_id} from version {first.originator_version} "
+                              "does not continue the stream's stored history: an event's predecessor is not stored "
+                              "with the hash it chains from")
 
 
 def _append_params(pending: PendingAppend, one: bool) -> tuple[Any, ...]:

@@ -3,19 +3,21 @@
 ``EventTables`` holds the names (schema, events, idempotency and snapshots tables, the originator id type)
 and writes every statement that creates them: the events table (identity notification ids drawn in order
 (CACHE 1), the writer's xid, the hash chain), its notification-id index, the append-only triggers, the
-idempotency and snapshots tables, and the append functions of the group commit. Statements on the tables
+idempotency and snapshots tables, and the append functions of the group commit; and the condition under which
+an append stores an event (``continues``: it proves its predecessor). Statements on the tables
 (``sql``) are written with the same names by their users (``recorder.py``, ``log.py``).
 
 Two users, one definition, so their events tables cannot differ:
 
-- commitline's store: migration steps 1 and 6 (``store_schema_statements``,
-  ``store_append_function_statements``), and ``EventRecorder.create_table``;
+- commitline's store: migration steps 1, 6 and 10 (``store_schema_statements``,
+  ``store_append_function_statements``, ``store_proven_append_statements``), and ``EventRecorder.create_table``;
 - the ``eventsourcing`` module (``commitline.eventsourcing``), one set of tables per application
   (``EventTables.of_application``). Its tables differ only where eventsourcing requires it: originator ids
   of its ``ORIGINATOR_ID_TYPE`` (uuid or text), versions from 0 (the library's aggregates may start there;
   commitline's streams start at 1, a CHECK), an idempotency table of keys alone (its callers name a key, not
   a command with an outcome), and snapshots in the library's aggregate layout (what its aggregate recorder
-  reads).
+  reads). Its appends do not prove their predecessor (``continues``): the library's contract is unique versions,
+  and its streams may begin at any version, so a first event cannot be told from one whose predecessor is gone.
 
 ``lock_schema`` serialises all of this DDL per schema (one advisory key, shared with the migrations):
 concurrent ``CREATE ... IF NOT EXISTS`` and ``CREATE OR REPLACE`` race otherwise.
@@ -29,10 +31,14 @@ from typing import Any
 
 from psycopg.sql import SQL, Composed, Identifier
 
+from commitline.application.chain import GENESIS
+
 EVENTS_TABLE = "events"
 IDEMPOTENCY_TABLE = "idempotency_keys"
 SNAPSHOTS_TABLE = "snapshots"
 ID_TYPES = ("uuid", "text")
+EVENT_COLUMNS = "originator_id, originator_version, topic, state, prev_hash, event_hash"  # as an append gives them
+GENESIS_SQL = "'\\x" + GENESIS.hex() + "'::bytea"
 
 
 def lock_key(schema: str) -> str:
@@ -178,11 +184,33 @@ class EventTables:
         """Every table: ``event_statements`` and the snapshots table."""
         return [*self.event_statements(), self.snapshots_table()]
 
-    def append_functions(self) -> list[Composed]:
+    def continues(self, row: str, batch: str | None = None) -> str:
+        """SQL (with ``{events}`` to fill in) true when the event ``row`` (an alias with the events' columns)
+        proves its predecessor: at version 1, prev_hash GENESIS and no event of its stream stored; above,
+        the version before it stored with the hash it chains from, or among ``batch`` (the events inserted with
+        it, a relation with the same columns). commitline's streams only: they start at version 1 (a version
+        below is left to the table's CHECK, whose violation is an error, not a refusal)."""
+        stored = ("EXISTS (SELECT FROM {events} e WHERE e.originator_id = " + row + ".originator_id AND "
+                  "e.originator_version = " + row + ".originator_version - 1 AND e.event_hash = " + row + ".prev_hash)")
+        # IN, not a correlated EXISTS: one hash of the batch, not a scan of it per event (a long append stays linear)
+        in_batch = "" if batch is None else (
+            " OR (" + row + ".originator_id, " + row + ".originator_version - 1, " + row + ".prev_hash) IN "
+            "(SELECT originator_id, originator_version, event_hash FROM " + batch + ")")
+        return ("CASE WHEN " + row + ".originator_version = 1 THEN " + row + ".prev_hash = " + GENESIS_SQL +
+                " AND NOT EXISTS (SELECT FROM {events} e WHERE e.originator_id = " + row + ".originator_id)"
+                " WHEN " + row + ".originator_version > 1 THEN " + stored + in_batch +
+                " ELSE true END")
+
+    def append_functions(self, proven: bool = True) -> list[Composed]:
         """One command's append as one statement that never fails: the key's record, then its events (their
         notification ids in ``ids``). On any error its exception block (a subtransaction) undoes both
         and returns the error's SQLSTATE in ``refused`` and, in ``detail``, the constraint of a unique
-        violation or else the message. Two variants: events as arrays, or one event as scalars."""
+        violation or else the message. Two variants: events as arrays, or one event as scalars.
+
+        ``proven`` (migration 11; without it, migration 6 as released): an event is inserted only where it
+        ``continues`` its stream; when fewer are inserted than given, the append is refused with
+        ``foreign_key_violation`` (constraint ``<events>_predecessor``): the event references a predecessor
+        that is not stored."""
         def function(name: str, event_params: str, insert: str) -> Composed:
             return self.sql(
                 "CREATE OR REPLACE FUNCTION " + name + "("
@@ -202,17 +230,33 @@ class EventTables:
                 "  ids := NULL;"
                 " END $$")
 
-        columns = "INSERT INTO {events} (originator_id, originator_version, topic, state, prev_hash, event_hash) "
+        def refuse_if(short: str, first_id: str, first_version: str) -> str:
+            return (" IF " + short + " THEN RAISE EXCEPTION USING ERRCODE = 'foreign_key_violation', CONSTRAINT = '" +
+                    self.events + "_predecessor', MESSAGE = format('the append to stream %s from version %s does "
+                    "not continue the stream''s stored history: an event''s predecessor is not stored with the hash "
+                    "it chains from', " +
+                    first_id + ", " + first_version + "); END IF;") if proven else ""
+
+        columns = "INSERT INTO {events} (" + EVENT_COLUMNS + ") "
+        if not proven:
+            many = ("WITH inserted AS (" + columns + "SELECT * FROM unnest(p_ids, p_versions, p_topics, p_states, "
+                    "p_prevs, p_hashes) RETURNING notification_id) ")
+            one = columns + "VALUES (p_id, p_version, p_topic, p_state, p_prev, p_hash) "
+        else:
+            many = ("WITH batch AS (SELECT * FROM unnest(p_ids, p_versions, p_topics, p_states, p_prevs, p_hashes) "
+                    "AS n(" + EVENT_COLUMNS + ")), inserted AS (" + columns + "SELECT * FROM batch n WHERE " +
+                    self.continues("n", "batch") + " RETURNING notification_id) ")
+            one = (columns + "SELECT * FROM (VALUES (p_id, p_version, p_topic, p_state, p_prev, p_hash)) AS n(" +
+                   EVENT_COLUMNS + ") WHERE " + self.continues("n") + " ")
         return [
             function("{append}", "p_ids {id_type}[], p_versions int8[], p_topics text[], p_states bytea[], "
                      "p_prevs bytea[], p_hashes bytea[]",
-                     "WITH inserted AS (" + columns + "SELECT * FROM unnest(p_ids, p_versions, p_topics, p_states, "
-                     "p_prevs, p_hashes) RETURNING notification_id) "
-                     "SELECT array_agg(notification_id ORDER BY notification_id) INTO ids FROM inserted;"),
+                     many + "SELECT array_agg(notification_id ORDER BY notification_id) INTO ids FROM inserted;" +
+                     refuse_if("cardinality(ids) IS DISTINCT FROM cardinality(p_ids)", "p_ids[1]", "p_versions[1]")),
             function("{append_one}", "p_id {id_type}, p_version int8, p_topic text, p_state bytea, p_prev bytea, "
                      "p_hash bytea",
-                     columns + "VALUES (p_id, p_version, p_topic, p_state, p_prev, p_hash) "
-                     "RETURNING notification_id INTO one; ids := ARRAY[one];"),
+                     one + "RETURNING notification_id INTO one; ids := ARRAY[one];" +
+                     refuse_if("one IS NULL", "p_id", "p_version")),
         ]
 
 
@@ -222,5 +266,11 @@ def store_schema_statements(schema: str) -> list[Composed]:
 
 
 def store_append_function_statements(schema: str) -> list[Composed]:
-    """The DDL of the store's append functions (migration 6), used by ``EventRecorder.append_batch``."""
+    """The DDL of the store's append functions as migration 6 released them."""
+    return EventTables(schema).append_functions(proven=False)
+
+
+def store_proven_append_statements(schema: str) -> list[Composed]:
+    """The DDL of the store's append functions that prove each event's predecessor (migration 11), used by
+    ``EventRecorder.append_batch``."""
     return EventTables(schema).append_functions()

@@ -1,12 +1,18 @@
 """The recorder's statements on the event tables, for one set of names (``schema.EventTables``): the appends
 (one command's insert, the group commit's calls of the append functions), the wake-up, the per-stream reads,
 snapshots and idempotency lookups. (The notification log's reads are ``log.py``'s.)
+
+One command's insert on commitline's own tables (``insert_proven``) proves each event's predecessor
+(``EventTables.continues``) in the same statement, all events or none, and inserts the key's record in it too,
+only if the events are: a refused append returns no notification ids and writes nothing. The key goes in first
+(the events' WHERE reads its CTE), so a twin's key is waited on before any version is. An ``eventsourcing``
+application's tables keep the library's contract: unique versions, nothing proven (``insert_events``).
 """
 
 from __future__ import annotations
 
 from commitline.infrastructure.store.pipelined import Statement
-from commitline.infrastructure.store.schema import EventTables
+from commitline.infrastructure.store.schema import EVENT_COLUMNS, EventTables
 
 
 class Statements:
@@ -18,6 +24,20 @@ class Statements:
             "INSERT INTO {events} (originator_id, originator_version, topic, state, prev_hash, event_hash) "
             "SELECT * FROM unnest(%s::{id_type}[], %s::int8[], %s::text[], %s::bytea[], %s::bytea[], %s::bytea[]) "
             "RETURNING notification_id"
+        )
+        # The events of one command and its key's record (NULLs for none), in one statement: both inserted
+        # only if every event continues its stream; RETURNING says how many were (all, or none).
+        self.insert_proven = None if tables.eventsourcing else q(
+            "WITH batch AS (SELECT * FROM unnest(%s::{id_type}[], %s::int8[], %s::text[], %s::bytea[], %s::bytea[], "
+            "%s::bytea[]) AS n(" + EVENT_COLUMNS + ")), "
+            "proof AS (SELECT bool_and(" + tables.continues("n", "batch") + ") AS proven FROM batch n), "
+            "key AS (INSERT INTO {idem} "
+            "(tenant, key, fingerprint, command_type, aggregate_id, stream_version, outcome) "
+            "SELECT * FROM (VALUES (%s::text, %s::text, %s::bytea, %s::text, %s::uuid, %s::int8, %s::bytea)) "
+            "AS k(tenant, key, fingerprint, command_type, aggregate_id, stream_version, outcome) "
+            "WHERE k.key IS NOT NULL AND (SELECT proven FROM proof) RETURNING 1) "
+            "INSERT INTO {events} (" + EVENT_COLUMNS + ") SELECT * FROM batch "
+            "WHERE (SELECT proven FROM proof) AND (SELECT count(*) FROM key) >= 0 RETURNING notification_id"
         )
         self.insert_idempotency = q(
             "INSERT INTO {idem} (tenant, key, fingerprint, command_type, aggregate_id, stream_version, outcome) "
