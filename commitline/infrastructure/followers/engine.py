@@ -269,6 +269,8 @@ class Follower(OwnedSlots):
             return bool(moved) and page.full
         try:
             handled = await self.handle_page(page, active)
+        except StoreUnavailable:
+            raise  # PostgreSQL itself: the store outage's back-off in ``_rounds``, not the handler's ``retry_on``
         except self.retry_on as error:
             first = min(events[0].id for events in page.events.values())
             delay = self.outage.failed(error, f" at position {first}")
