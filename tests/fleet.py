@@ -10,6 +10,8 @@
 - :func:`read_kafka` reads every record of the examples' topics with confluent-kafka (librdkafka, not the
   aiokafka the publisher uses); :func:`check_kafka` asserts that every stored event is there and that each
   aggregate's events come in version order once duplicates are dropped by event id.
+
+The built-in examples' workload for it, and what it must leave behind, are in ``tests/fleet_workload.py``.
 """
 
 from __future__ import annotations
@@ -139,7 +141,8 @@ class Fleet:
 
 @dataclass
 class Sent:
-    """One command and its key: ``acked`` once a 2xx came back (``answer`` is its body), ``failures`` before."""
+    """One command and its key: ``acked`` once a 2xx came back (``answer`` is its body), ``failures`` before
+    (per HTTP status or transport error)."""
 
     key: str
     command: dict[str, Any]
@@ -250,7 +253,8 @@ def stored_events(dsn: str, schema: str) -> dict[str, tuple[str, int]]:
 def read_kafka(bootstrap_servers: str, prefix: str, aggregates: tuple[type, ...] | list[type] = AGGREGATES,
                timeout: float = 120) -> list[dict[str, Any]]:
     """The envelope of every record of the aggregates' topics, in partition order, each partition read from
-    its beginning to its end offset when reading began (manual assignment, no consumer group)."""
+    its beginning to its end offset when reading began (manual assignment, no consumer group); ``_kafka_ms``
+    added to each is the record's timestamp."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"reader-{uuid.uuid4()}",
@@ -271,7 +275,9 @@ def read_kafka(bootstrap_servers: str, prefix: str, aggregates: tuple[type, ...]
                 if m.error():
                     assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
                     continue
-                records.append((m.topic(), m.partition(), m.offset(), orjson.loads(m.value())))
+                envelope = orjson.loads(m.value())
+                envelope["_kafka_ms"] = m.timestamp()[1]  # when the publisher produced it (CreateTime)
+                records.append((m.topic(), m.partition(), m.offset(), envelope))
                 if m.offset() + 1 >= ends[(m.topic(), m.partition())]:
                     remaining.discard((m.topic(), m.partition()))
         return [envelope for *_, envelope in sorted(records, key=lambda r: r[:3])]

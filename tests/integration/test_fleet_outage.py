@@ -12,53 +12,25 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack
-from decimal import Decimal
 from pathlib import Path
-from typing import Any
 
-import psycopg
 import pytest
 
-from commitline.composition import Commitline, bootstrap
-from commitline.examples.inventory import InventoryItem
-from commitline.examples.payments import PaymentTransaction
+from commitline.composition import bootstrap
 from commitline.infrastructure.embedded.postgres import EmbeddedPostgres
-from tests.fleet import (Fleet, Load, Sent, check_applied_once, check_kafka, fleet_env, outage_lines, read_kafka,
+from tests.fleet import (Fleet, Load, check_applied_once, check_kafka, fleet_env, outage_lines, read_kafka,
                          stored_events)
+from tests.fleet_workload import (SETTLED, TENANT, Workload, all_running, caught_up, check_each_applied_once,
+                                  check_read_models, start_fleet)
 from tests.support import settings_for, wait_for
 
 pytestmark = pytest.mark.integration
 
 OUTAGE_S = float(os.environ.get("COMMITLINE_TEST_OUTAGE_S", "120"))
 SCHEMA = "fleet"
-TENANT = "acme"
 FOLLOWER_PROCESSES = ("publish-1", "publish-2", "project", "sagas")
-SETTLED = ("COMPLETED", "COMPENSATED")  # where every fulfilment ends once the saga has run
-
-
-class Workload:
-    """The commands of the load: stock received on a few items (some shared by the threads), orders of those
-    items (each starts the fulfilment saga) and payments; each a function of (thread, n), so that a retry
-    sends the same command under the same key."""
-
-    def __init__(self, threads: int):
-        self.items = [uuid.uuid4() for _ in range(threads)]
-        self.shared = uuid.uuid4()
-        self.namespace = uuid.uuid4()
-
-    def __call__(self, thread: int, n: int) -> dict[str, Any]:
-        own = uuid.uuid5(self.namespace, f"{thread}-{n}")
-        if n % 6 == 1:
-            return {"type": "place_order", "order_id": str(own), "item_id": str(self.items[thread]), "quantity": 1,
-                    "amount": "3.00", "currency": "EUR", "account": f"acc-{thread}"}
-        if n % 6 == 4:
-            return {"type": "create_payment", "payment_id": str(own), "amount": f"{n % 50 + 1}.25",
-                    "currency": "EUR", "account": f"acc-{thread}"}
-        item = self.shared if n % 6 == 5 else self.items[thread]
-        return {"type": "receive_stock", "item_id": str(item), "quantity": n % 3 + 1}
 
 
 @pytest.fixture
@@ -71,65 +43,6 @@ def server(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
         pg.stop()
 
 
-def start_fleet(fleet: Fleet) -> str:
-    """``serve`` (which migrates the schema), an API key, then the followers; returns the key."""
-    fleet.serve()
-    key = fleet.api_key(TENANT)
-    fleet.start("publish-1", "publish")
-    fleet.start("publish-2", "publish")
-    fleet.start("project", "project")
-    fleet.start("sagas", "sagas", "run")
-    return key
-
-
-def all_running(app: Commitline) -> bool:
-    """Every follower runs, and the two publish instances share every bucket."""
-    report = app.status()
-    return (all(s.status == "running" for s in report.followers) and report.publisher is not None
-            and len(report.publisher.members) == 2 and not report.publisher.unowned)
-
-
-def caught_up(app: Commitline) -> bool:
-    """Every follower that ever ran, and every publisher bucket, is running at the log head."""
-    report = app.status()
-    followers = [s for s in report.followers if s.recorded_status is not None]
-    buckets = report.publisher.buckets if report.publisher else []
-    return bool(followers) and bool(buckets) and all(
-        s.status == "running" and s.position >= report.head for s in [*followers, *buckets])
-
-
-def check_read_models(app: Commitline, dsn: str, work: Workload) -> None:
-    """inventory_levels and payment_totals equal a recount from the aggregates (the load's payments and the
-    sagas')."""
-    reads = app.read_models()
-    for item in [*work.items, work.shared]:
-        stock = app.load(InventoryItem, item)
-        level = reads.inventory_level(item, tenant=TENANT)
-        assert level is not None and (level.on_hand, level.reserved) == (stock.on_hand, stock.reserved), item
-    recount: Counter[tuple[str, str]] = Counter()
-    amounts: Counter[tuple[str, str]] = Counter()
-    with psycopg.connect(dsn) as conn:
-        payments = [p for (p,) in conn.execute(f"SELECT originator_id FROM {SCHEMA}.events "
-                                                "WHERE topic LIKE '%PaymentCreated'").fetchall()]
-    for payment_id in payments:
-        payment = app.load(PaymentTransaction, payment_id)
-        assert payment.state is not None
-        group = (payment.state.value, payment.currency)
-        recount[group] += 1
-        amounts[group] += payment.amount  # type: ignore[assignment]
-    totals = {(t.state, t.currency): (t.payments, Decimal(t.amount)) for t in reads.payment_totals(TENANT)}
-    assert totals == {g: (n, Decimal(amounts[g])) for g, n in recount.items()}
-
-
-def check_each_applied_once(dsn: str, sent: list[Sent]) -> None:
-    """As many StockReceived events per item as keys that received stock on it."""
-    keys = Counter(s.command["item_id"] for s in sent if s.command["type"] == "receive_stock")
-    with psycopg.connect(dsn) as conn:
-        stored = dict(conn.execute(f"SELECT originator_id::text, count(*) FROM {SCHEMA}.events "
-                                   "WHERE topic LIKE '%StockReceived' GROUP BY 1").fetchall())
-    assert stored == dict(keys)
-
-
 def check_outage_logged_once(name: str, log: str) -> None:
     """Each follower of the process logged the outage once as it began and once as it ended, under no other
     subject; each LISTEN wake-up connection once as it broke and once as it listened again."""
@@ -140,6 +53,7 @@ def check_outage_logged_once(name: str, log: str) -> None:
     assert broken == back <= len(began), (name, broken, back)
 
 
+@pytest.mark.timeout(OUTAGE_S + 900)
 def test_a_two_minute_outage_under_load_loses_nothing_and_every_process_recovers_by_itself(
         server: EmbeddedPostgres, kafka_bootstrap: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     env = fleet_env(server.dsn, SCHEMA, kafka_bootstrap)
@@ -171,9 +85,9 @@ def test_a_two_minute_outage_under_load_loses_nothing_and_every_process_recovers
                              for o in orders), "every order's fulfilment to settle", timeout=300)
         wait_for(lambda: caught_up(app), "every follower to reach the head after the sagas", timeout=300)
         check_applied_once(server.dsn, SCHEMA, TENANT, sent)
-        check_each_applied_once(server.dsn, sent)
+        check_each_applied_once(server.dsn, SCHEMA, sent)
         duplicates = check_kafka(stored_events(server.dsn, SCHEMA), read_kafka(kafka_bootstrap, f"{SCHEMA}."))
-        check_read_models(app, server.dsn, work)
+        check_read_models(app, server.dsn, SCHEMA, work)
         assert not app.read_models().fulfilments(stuck_only=True)
 
         verified = fleet.cli("audit", "verify", "--all")
