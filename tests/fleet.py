@@ -286,8 +286,8 @@ def read_kafka(bootstrap_servers: str, prefix: str, aggregates: tuple[type, ...]
 
 
 def check_kafka(stored: dict[str, tuple[str, int]], envelopes: list[dict[str, Any]]) -> int:
-    """Every stored event is in Kafka, and each aggregate's events come in version order once duplicates are
-    dropped by event id; returns the number of duplicates."""
+    """Every stored event is in Kafka and nothing else is, and each aggregate's events come in version order
+    once duplicates are dropped by event id; returns the number of duplicates."""
     seen: set[str] = set()
     last: dict[str, int] = {}
     duplicates = 0
@@ -301,6 +301,8 @@ def check_kafka(stored: dict[str, tuple[str, int]], envelopes: list[dict[str, An
         last[aggregate] = version
     missing = set(stored) - seen
     assert not missing, f"{len(missing)} stored events missing from Kafka, e.g. {sorted(missing)[:3]}"
+    unknown = seen - set(stored)
+    assert not unknown, f"{len(unknown)} events in Kafka that the store does not hold, e.g. {sorted(unknown)[:3]}"
     return duplicates
 
 
