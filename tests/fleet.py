@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -317,5 +317,13 @@ def outage_lines(text: str) -> tuple[Counter[str], Counter[str]]:
     return Counter(OUTAGE_BEGAN.findall(text)), Counter(OUTAGE_ENDED.findall(text))
 
 
-def lines_of(text: str, pattern: str) -> Iterator[str]:
-    return (line for line in text.splitlines() if pattern in line)
+def check_outage_logged_once(name: str, log: str, schema: str) -> None:
+    """Each follower of the process logged the outage once as it began and once as it ended, under no other
+    subject (neither as its handler's failure nor as a lost lease); each LISTEN wake-up connection once as it
+    broke and once as it listened again."""
+    began, ended = outage_lines(log)
+    assert began and began == ended and set(began.values()) == {1}, (name, began, ended)
+    assert log.count(" unavailable (") == len(began), (name, log[-5000:])  # Outage.failed's line, any subject
+    assert "waiting to own" not in log, (name, log[-5000:])  # a broken lease session is that same outage
+    broken, back = log.count(f"LISTEN {schema}_events failed"), log.count(f"LISTEN {schema}_events reconnected")
+    assert broken == back <= len(began), (name, broken, back)

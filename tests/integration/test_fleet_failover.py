@@ -5,7 +5,7 @@ acknowledges every commit (``synchronous_standby_names = '*'``, set once it stre
 both in one libpq URL with ``target_session_attrs=read-write``. The primary is SIGKILLed under load, the
 standby promoted and its ``synchronous_standby_names`` cleared, as docs/guides/failover.md says: every command
 acknowledged before the kill is on the new primary, the unacknowledged ones retried with their key apply once,
-no follower skips an event, and the audit verifies.
+no follower skips an event, each logs the failover as one outage, and the audit verifies.
 
 Marked ``failover`` so that it can be run alone, e.g. three times in a row:
 ``for i in 1 2 3; do pytest -m failover tests/integration/test_fleet_failover.py || break; done``.
@@ -25,7 +25,8 @@ import pytest
 from commitline.composition import bootstrap
 from commitline.infrastructure.embedded.postgres import EmbeddedPostgres
 from commitline.infrastructure.embedded.postgres_binaries import PostgresBinaries
-from tests.fleet import Fleet, Load, check_applied_once, check_kafka, fleet_env, read_kafka, stored_events
+from tests.fleet import (Fleet, Load, check_applied_once, check_kafka, check_outage_logged_once, fleet_env, read_kafka,
+                         stored_events)
 from tests.fleet_workload import (SETTLED, TENANT, Workload, all_running, caught_up, check_each_applied_once,
                                   check_read_models, start_fleet)
 from tests.support import settings_for, wait_for
@@ -148,6 +149,8 @@ def test_failover_to_a_synchronous_standby_under_load_loses_nothing_acknowledged
         assert not app.read_models().fulfilments(stuck_only=True)
         verified = fleet.cli("audit", "verify", "--all")
         assert verified.returncode == 0, verified.stdout + verified.stderr
+        for name in ("publish-1", "publish-2", "project", "sagas"):
+            check_outage_logged_once(name, fleet.processes[name].output(), SCHEMA)
         codes = fleet.stop()
     assert codes == dict.fromkeys(codes, 0), codes
     for process in fleet.processes.values():
@@ -155,5 +158,6 @@ def test_failover_to_a_synchronous_standby_under_load_loses_nothing_acknowledged
     with capsys.disabled():
         print(f"\n[failover] {len(sent)} commands ({len(before)} acknowledged before the kill), {retried} retried "
               f"with their key, {duplicates} duplicates in Kafka; from the kill: promoted after {promoted - killed_at:.1f} s, "
-              f"first command accepted on the new primary {first_accepted - killed_at:.1f} s, the publisher's "
+              f"first command accepted on the new primary {first_accepted - killed_at:.1f} s "
+              f"({first_accepted - promoted:.1f} s after the promotion), the publisher's "
               f"first event stored there acknowledged by the broker {first_published - killed_at:.1f} s (at most)")

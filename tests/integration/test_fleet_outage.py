@@ -20,7 +20,7 @@ import pytest
 
 from commitline.composition import bootstrap
 from commitline.infrastructure.embedded.postgres import EmbeddedPostgres
-from tests.fleet import (Fleet, Load, check_applied_once, check_kafka, fleet_env, outage_lines, read_kafka,
+from tests.fleet import (Fleet, Load, check_applied_once, check_kafka, check_outage_logged_once, fleet_env, read_kafka,
                          stored_events)
 from tests.fleet_workload import (SETTLED, TENANT, Workload, all_running, caught_up, check_each_applied_once,
                                   check_read_models, start_fleet)
@@ -41,18 +41,6 @@ def server(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
         yield pg
     finally:
         pg.stop()
-
-
-def check_outage_logged_once(name: str, log: str) -> None:
-    """Each follower of the process logged the outage once as it began and once as it ended, under no other
-    subject (neither as its handler's failure nor as a lost lease); each LISTEN wake-up connection once as it
-    broke and once as it listened again."""
-    began, ended = outage_lines(log)
-    assert began and began == ended and set(began.values()) == {1}, (name, began, ended)
-    assert log.count(" unavailable (") == len(began), (name, log[-5000:])  # Outage.failed's line, any subject
-    assert "waiting to own" not in log, (name, log[-5000:])  # a broken lease session is that same outage
-    broken, back = log.count("LISTEN fleet_events failed"), log.count("LISTEN fleet_events reconnected")
-    assert broken == back <= len(began), (name, broken, back)
 
 
 @pytest.mark.timeout(OUTAGE_S + 900)
@@ -95,7 +83,7 @@ def test_a_two_minute_outage_under_load_loses_nothing_and_every_process_recovers
         verified = fleet.cli("audit", "verify", "--all")
         assert verified.returncode == 0, verified.stdout + verified.stderr
         for name in FOLLOWER_PROCESSES:
-            check_outage_logged_once(name, fleet.processes[name].output())
+            check_outage_logged_once(name, fleet.processes[name].output(), SCHEMA)
         codes = fleet.stop()
     assert codes == dict.fromkeys(codes, 0), codes
     for process in fleet.processes.values():
