@@ -42,13 +42,14 @@ STOP_TIMEOUT = 60
 
 
 def fleet_env(database_url: str, schema: str, kafka: str, **extra: str) -> dict[str, str]:
-    """The environment of every process of a fleet: ours without any COMMITLINE_/KAFKA_ variable, plus these."""
+    """The environment of every process of a fleet: ours without any COMMITLINE_/KAFKA_ variable, plus these
+    (the defaults otherwise, so that recovery times are those of a deployment; the test broker cannot do
+    idempotent producing)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COMMITLINE_", "KAFKA_"))}
     return {**env, "COMMITLINE_DATABASE_URL": database_url, "COMMITLINE_SCHEMA": schema,
             "COMMITLINE_MASTER_KEY": MASTER_KEY, "KAFKA_BOOTSTRAP_SERVERS": kafka,
             "COMMITLINE_KAFKA_IDEMPOTENCE": "false", "COMMITLINE_KAFKA_TOPIC_PREFIX": f"{schema}.",
-            "COMMITLINE_KAFKA_PARTITIONS": "4", "COMMITLINE_PUBLISH_POLL_INTERVAL_MS": "200",
-            "COMMITLINE_PUBLISH_MAX_BACKOFF_MS": "2000", "COMMITLINE_POOL_TIMEOUT_S": "2", **extra}
+            "COMMITLINE_KAFKA_PARTITIONS": "4", **extra}
 
 
 def free_port() -> int:
@@ -304,6 +305,14 @@ def check_kafka(stored: dict[str, tuple[str, int]], envelopes: list[dict[str, An
     unknown = seen - set(stored)
     assert not unknown, f"{len(unknown)} events in Kafka that the store does not hold, e.g. {sorted(unknown)[:3]}"
     return duplicates
+
+
+def published_beyond(dsn: str, schema: str, position: int) -> bool:
+    """Whether a publisher bucket's saved position (saved once the broker acknowledged) is beyond ``position``."""
+    with psycopg.connect(dsn) as conn:
+        [(furthest,)] = conn.execute(f"SELECT max(position) FROM {schema}.follower_positions "
+                                     "WHERE starts_with(name, 'kafka-publisher/')").fetchall()
+    return furthest is not None and furthest > position
 
 
 # -- logs ----------------------------------------------------------------------------------------------------

@@ -25,8 +25,8 @@ import pytest
 from commitline.composition import bootstrap
 from commitline.infrastructure.embedded.postgres import EmbeddedPostgres
 from commitline.infrastructure.embedded.postgres_binaries import PostgresBinaries
-from tests.fleet import (Fleet, Load, check_applied_once, check_kafka, check_outage_logged_once, fleet_env, read_kafka,
-                         stored_events)
+from tests.fleet import (Fleet, Load, check_applied_once, check_kafka, check_outage_logged_once, fleet_env,
+                         published_beyond, read_kafka, stored_events)
 from tests.fleet_workload import (SETTLED, TENANT, Workload, all_running, caught_up, check_each_applied_once,
                                   check_read_models, start_fleet)
 from tests.support import settings_for, wait_for
@@ -79,13 +79,6 @@ def promote(standby: EmbeddedPostgres) -> None:
     assert sql(standby, "SELECT pg_is_in_recovery()") == [(False,)]
 
 
-def published_beyond(pg: EmbeddedPostgres, position: int) -> bool:
-    """Whether a publisher bucket's saved position (saved once the broker acknowledged) is beyond ``position``."""
-    [(furthest,)] = sql(pg, f"SELECT max(position) FROM {SCHEMA}.follower_positions "
-                            "WHERE starts_with(name, 'kafka-publisher/')", DATABASE)
-    return furthest is not None and furthest > position
-
-
 @pytest.fixture
 def servers(tmp_path: Path) -> Iterator[tuple[EmbeddedPostgres, EmbeddedPostgres]]:
     primary = EmbeddedPostgres(tmp_path / "primary", database=DATABASE,
@@ -125,7 +118,7 @@ def test_failover_to_a_synchronous_standby_under_load_loses_nothing_acknowledged
             promote(standby)
             promoted = time.monotonic()
             head_at_promotion = sql(standby, f"SELECT max(notification_id) FROM {SCHEMA}.events", DATABASE)[0][0]
-            wait_for(lambda: published_beyond(standby, head_at_promotion), "the publisher to publish an event "
+            wait_for(lambda: published_beyond(standby.dsn, SCHEMA, head_at_promotion), "the publisher to publish an event "
                      "stored on the new primary", timeout=180)
             first_published = time.monotonic()
             on_new_primary = lambda: [s for s in load.acked() if s.acked_at > promoting]  # noqa: E731
