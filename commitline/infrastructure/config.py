@@ -26,6 +26,8 @@ from commitline.application.errors import ConfigurationError
 TOOLING_VARIABLES: tuple[tuple[str, str, str], ...] = (
     ("COMMITLINE_TEST_DSN", "unset: embedded", "tests only: run the suite against this PostgreSQL instead"),
     ("COMMITLINE_BENCH_DSN", "unset: embedded", "benchmarks only: measure against this PostgreSQL instead"),
+    ("COMMITLINE_TEST_OUTAGE_S", "`120`", "tests only: how long the fleet outage test keeps PostgreSQL stopped, "
+     "in seconds (shorten it while developing)"),
 )
 
 DISPATCH_CPU_VALUES = r"^(off|auto|\d{1,5})$"  # COMMITLINE_DISPATCH_CPU (infrastructure.dispatch_cpu)

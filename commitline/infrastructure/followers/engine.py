@@ -24,8 +24,8 @@ saves every moved position in one statement on the fenced connection (so a lost 
 them; a move past other slots' events only is a watermark saved at most once a second), wakes on
 LISTEN/NOTIFY or the poll interval, yields the lease to a waiting rebuild (``yields_to_waiters``), resumes
 a slot an operator decided on, reports drain (``on_caught_up``/``on_poisoned``), backs off while
-PostgreSQL cannot be used (logged once as the outage starts and once as it ends), re-joins after a lost
-session, and hands everything back on the way out. Slots change hands only between rounds, so a slot
+PostgreSQL cannot be used (logged once as the outage starts and once as it ends, a broken lease session
+being part of it), re-joins after a lost session, and hands everything back on the way out. Slots change hands only between rounds, so a slot
 leaves an instance with every event it handled saved: its next owner starts after that position.
 """
 
@@ -169,8 +169,13 @@ class Follower(OwnedSlots):
                     waiting_because = None
                     await self._own_until(stop)
                 except LeaseLost as e:
-                    self.logger.error("%s; waiting to own %s again", e, self.name)
+                    delay = 0.0
+                    if e.session_failed:  # PostgreSQL may be away: one outage, logged as it starts and ends
+                        delay = self.store_outage.failed(e)
+                    else:
+                        self.logger.error("%s; waiting to own %s again", e, self.name)
                     await self._leave("stopped", "running")
+                    await wait_or_stop(stop, delay)
                 except StoreUnavailable as e:  # let go: another instance may reach the store
                     delay = self.store_outage.failed(e)
                     await self._leave("retrying", "running")
@@ -269,6 +274,8 @@ class Follower(OwnedSlots):
             return bool(moved) and page.full
         try:
             handled = await self.handle_page(page, active)
+        except StoreUnavailable:
+            raise  # PostgreSQL itself: the store outage's back-off in ``_rounds``, not the handler's ``retry_on``
         except self.retry_on as error:
             first = min(events[0].id for events in page.events.values())
             delay = self.outage.failed(error, f" at position {first}")

@@ -30,7 +30,12 @@ T = TypeVar("T")
 
 
 class LeaseLost(RuntimeError):
-    """The lease connection failed: another instance may own the work now. Stop and re-acquire."""
+    """The lease connection failed: another instance may own the work now. Stop and re-acquire.
+    ``session_failed``: the session itself broke (PostgreSQL may be away), not just the ownership."""
+
+    def __init__(self, message: str, *, session_failed: bool = False):
+        super().__init__(message)
+        self.session_failed = session_failed
 
 
 def instance_id() -> str:
@@ -85,12 +90,12 @@ class FencedConnection:
         """Run ``work`` on the fenced session; any connection failure means everything held is lost."""
         with self._lock:
             if self._conn is None or not self._held():
-                raise LeaseLost(self._not_held())
+                raise LeaseLost(self._not_held(), session_failed=self._conn is None)
             try:
                 return work(self._conn)
             except psycopg.OperationalError as e:
                 self._drop()
-                raise LeaseLost(f"{self.name}: {self.lost}: {type(e).__name__}") from None
+                raise LeaseLost(f"{self.name}: {self.lost}: {type(e).__name__}", session_failed=True) from None
 
     def _drop(self) -> None:
         """Close the session (which releases every lock it holds)."""

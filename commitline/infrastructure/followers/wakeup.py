@@ -2,7 +2,8 @@
 
 Writers send NOTIFY after each commit. A follower waits for one, or for the poll interval
 to pass, whichever comes first; if the listening connection breaks it reconnects on the
-next wait, and until then the poll interval alone paces it. A lost wake-up only delays.
+next wait, and until then the poll interval alone paces it. A lost wake-up only delays. A broken
+LISTEN is logged once as it breaks and once as it listens again, however many reconnections fail between.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class LogWakeup:
         self.conninfo = conninfo
         self.channel = channel
         self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._broken = False
 
     async def wait(self, timeout: float) -> bool:
         """True if a NOTIFY arrived within ``timeout`` seconds, False if the interval passed."""
@@ -33,7 +35,9 @@ class LogWakeup:
                 return True
             return False
         except (psycopg.Error, OSError) as e:
-            log.warning("LISTEN %s failed (%s); polling until it reconnects", self.channel, type(e).__name__)
+            if not self._broken:
+                log.warning("LISTEN %s failed (%s); polling until it reconnects", self.channel, type(e).__name__)
+                self._broken = True
             await self.close()
             await asyncio.sleep(timeout)
             return False
@@ -43,6 +47,9 @@ class LogWakeup:
             self._conn = await psycopg.AsyncConnection.connect(**connect_options(self.conninfo, connect_timeout=10),
                                                                autocommit=True)
             await self._conn.execute(SQL("LISTEN {}").format(Identifier(self.channel)))
+            if self._broken:
+                log.info("LISTEN %s reconnected", self.channel)
+                self._broken = False
         return self._conn
 
     async def close(self) -> None:

@@ -30,6 +30,7 @@ from commitline.application.errors import CommitlineError, StoreUnavailable, pri
 from commitline.application.process import ProcessManager
 from commitline.infrastructure.followers.engine import Follower, Handled
 from commitline.infrastructure.store.codec import EventCodec
+from commitline.infrastructure.store.datastore import store_failures
 from commitline.infrastructure.store.recorder import EventRecorder
 
 log = logging.getLogger(__name__)
@@ -59,12 +60,15 @@ class ProcessRunner(Follower):
 
     async def handle(self, batch: Sequence[Notification], position: int) -> Handled:
         triggered: dict[UUID, str] = {}  # instance id -> tenant, in log order
-        for n in batch:
-            if n.topic in self.triggers:
-                recorded = self.codec.decode_event(n.topic, n.originator_id, n.originator_version, n.state)
-                instance = await asyncio.to_thread(self.manager.instance_of, recorded.event, recorded.tenant)
-                triggered.setdefault(instance, recorded.tenant)
-        await asyncio.to_thread(self._advance_all, triggered)
+        # A raw driver error (a port's own connection to the store) is the store's outage too, backed off and
+        # logged as such by the engine, not as this handler's failure.
+        with store_failures(self.conninfo):
+            for n in batch:
+                if n.topic in self.triggers:
+                    recorded = self.codec.decode_event(n.topic, n.originator_id, n.originator_version, n.state)
+                    instance = await asyncio.to_thread(self.manager.instance_of, recorded.event, recorded.tenant)
+                    triggered.setdefault(instance, recorded.tenant)
+            await asyncio.to_thread(self._advance_all, triggered)
         return Handled(batch[-1].id)
 
     def _advance_all(self, triggered: dict[UUID, str]) -> None:
