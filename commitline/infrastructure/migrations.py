@@ -26,7 +26,7 @@ from psycopg.sql import SQL, Composed, Identifier
 
 from commitline.infrastructure.followers.positions import Connection, Positions
 from commitline.infrastructure.personal import keys as data_keys
-from commitline.infrastructure.store import api_keys, audit_runs, event_versions, hash_backfill
+from commitline.infrastructure.store import api_keys, audit_runs, event_versions, generations, hash_backfill
 from commitline.infrastructure.store.schema import lock_key, store_append_function_statements, store_schema_statements
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,8 @@ MIGRATIONS: tuple[Migration, ...] = (
               lambda schema: Positions(schema).owner_statements()),
     Migration(9, "personal data: each data subject's wrapped data key (the one table whose rows are deleted), and "
               "the append-only record of erasures", data_keys.create_statements),
+    Migration(10, "store generations (append-only; generation 1 now), recorded with every follower position",
+              lambda schema: [*generations.create_statements(schema), *Positions(schema).generation_statements()]),
 )
 LATEST = MIGRATIONS[-1].version
 

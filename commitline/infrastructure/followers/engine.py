@@ -25,7 +25,8 @@ them; a move past other slots' events only is a watermark saved at most once a s
 LISTEN/NOTIFY or the poll interval, yields the lease to a waiting rebuild (``yields_to_waiters``), resumes
 a slot an operator decided on, reports drain (``on_caught_up``/``on_poisoned``), backs off while
 PostgreSQL cannot be used (logged once as the outage starts and once as it ends), re-joins after a lost
-session, and hands everything back on the way out. Slots change hands only between rounds, so a slot
+session (or once the store started another generation: ``went_back.py``), and hands everything back on the
+way out. Slots change hands only between rounds, so a slot
 leaves an instance with every event it handled saved: its next owner starts after that position.
 """
 
@@ -51,6 +52,7 @@ from commitline.infrastructure.followers.reading import Page, PageReader
 from commitline.infrastructure.followers.shared import SharedWakeup
 from commitline.infrastructure.followers.slots import OwnedSlots
 from commitline.infrastructure.followers.wakeup import wait_or_stop
+from commitline.infrastructure.followers.went_back import is_went_back
 from commitline.infrastructure.store.log import BucketLog
 from commitline.infrastructure.store.recorder import EventRecorder
 
@@ -212,6 +214,7 @@ class Follower(OwnedSlots):
             if self.yields_to_waiters and await asyncio.to_thread(self.lease.has_waiters):
                 self.logger.info("%s: yielding the lease to a rebuild", self.name)
                 return True
+            await asyncio.to_thread(self.lease.check_generation)  # GenerationChanged: join again under the new one
             await self.rebalance()
             await self._resume_decided()
             self._others = await asyncio.to_thread(self.lease.tick, list(self.slots))
@@ -293,8 +296,11 @@ class Follower(OwnedSlots):
             self.slots[s].position = h.position
             if h.poison is not None:
                 self._stopped.add(s)
-                self.logger.critical("%s stopped at poison event %s: %s", self.lease.names[s], h.poison["position"],
-                                     h.poison["message"])
+                if is_went_back(h.poison):
+                    self.logger.critical("%s stopped: %s", self.lease.names[s], h.poison["message"])
+                else:
+                    self.logger.critical("%s stopped at poison event %s: %s", self.lease.names[s],
+                                         h.poison["position"], h.poison["message"])
         self.moved()
         return True
 
