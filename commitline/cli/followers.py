@@ -53,9 +53,10 @@ def cmd_publish(args: argparse.Namespace) -> int:
             print_json({"events_published": m.events_published, "batches": m.batches, "position": m.position,
                         "stopped_at_poison": publisher.waiting_for_operator})
         if publisher.waiting_for_operator:
-            log.error("publisher stopped at a poison record after position %d (%d events published); "
-                      "see `commitline status`, then `commitline publisher retry` or `skip`", m.position,
-                      m.events_published)
+            log.error("publisher stopped with buckets waiting for an operator after position %d (%d events "
+                      "published); see `commitline status`: a poison record is retried or skipped (`commitline "
+                      "publisher retry` or `skip`), a store that went back is reset (`commitline followers reset "
+                      "publisher`)", m.position, m.events_published)
             return EXIT_REFUSED
         log.info("publisher stopped cleanly: %d events in %d batches, position %d", m.events_published, m.batches,
                  m.position)

@@ -44,7 +44,7 @@ from typing import Any
 from eventsourcing.persistence import Notification
 
 from commitline.application.errors import StoreUnavailable
-from commitline.infrastructure.followers.fenced import LeaseLost, instance_id
+from commitline.infrastructure.followers.fenced import GenerationChanged, LeaseLost, instance_id
 from commitline.infrastructure.followers.group import GroupLease
 from commitline.infrastructure.followers.lease import Lease
 from commitline.infrastructure.followers.outage import Outage
@@ -170,6 +170,9 @@ class Follower(OwnedSlots):
                         continue
                     waiting_because = None
                     await self._own_until(stop)
+                except GenerationChanged as e:
+                    self.logger.warning("%s: joining again under the new one", e)
+                    await self._leave("stopped", "running")
                 except LeaseLost as e:
                     self.logger.error("%s; waiting to own %s again", e, self.name)
                     await self._leave("stopped", "running")
