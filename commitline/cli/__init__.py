@@ -16,7 +16,7 @@ import sys
 from commitline import __version__
 from commitline.application.errors import ConfigurationError, InvalidApp, InvalidDomain, StoreUnavailable
 from commitline.cli import (audit, demo, dispatch, followers, init, migrate, personal, projections, sagas, serve,
-                            services, tenants)
+                            services, store, tenants)
 from commitline.cli.common import EXIT_UNAVAILABLE, print_error, use_domain
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -37,8 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "COMMITLINE_LOG_LEVEL, else INFO for serve, publish, project and sagas run, and WARNING for "
                         "the other commands, so that stderr holds only their typed error)")
     sub = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
-    for module in (dispatch, followers, projections, sagas, audit, migrate, services, tenants, personal, serve, demo,
-                   init):
+    for module in (dispatch, followers, projections, sagas, audit, migrate, store, services, tenants, personal, serve,
+                   demo, init):
         module.register(sub)
     return parser
 

@@ -1,5 +1,5 @@
-"""Follower commands: ``publish``, ``publisher skip|retry`` and ``status``; skipping or retrying the poison event a
-follower stopped at (the publisher's, a projection's); the ``--metrics-port`` option of every command that runs
+"""Follower commands: ``publish``, ``publisher skip|retry``, ``followers reset`` and ``status``; skipping or retrying
+the poison event a follower stopped at (the publisher's, a projection's), resetting one after the store went back; the ``--metrics-port`` option of every command that runs
 followers (``publish``, ``project``, ``sagas run``)."""
 
 from __future__ import annotations
@@ -53,9 +53,10 @@ def cmd_publish(args: argparse.Namespace) -> int:
             print_json({"events_published": m.events_published, "batches": m.batches, "position": m.position,
                         "stopped_at_poison": publisher.waiting_for_operator})
         if publisher.waiting_for_operator:
-            log.error("publisher stopped at a poison record after position %d (%d events published); "
-                      "see `commitline status`, then `commitline publisher retry` or `skip`", m.position,
-                      m.events_published)
+            log.error("publisher stopped with buckets waiting for an operator after position %d (%d events "
+                      "published); see `commitline status`: a poison record is retried or skipped (`commitline "
+                      "publisher retry` or `skip`), a store that went back is reset (`commitline followers reset "
+                      "publisher`)", m.position, m.events_published)
             return EXIT_REFUSED
         log.info("publisher stopped cleanly: %d events in %d batches, position %d", m.events_published, m.batches,
                  m.position)
@@ -162,6 +163,34 @@ def cmd_intervene(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_reset(args: argparse.Namespace) -> int:
+    """``followers reset NAME --from-head | --from N | --keep``."""
+    from commitline.cli.common import bootstrap
+    from commitline.composition import InterventionRefused, UnknownFollower
+
+    choice = "from-head" if args.from_head else "keep" if args.keep else "from"
+    with bootstrap() as app:
+        try:
+            message = app.reset_follower(args.name, choice, args.position, args.reason)
+        except UnknownFollower as e:
+            print(f"commitline followers reset: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        except InterventionRefused as e:
+            print(f"commitline followers reset: {e}", file=sys.stderr)
+            return EXIT_REFUSED
+    if args.json:
+        print_json({"follower": args.name, "choice": choice, "position": args.position, "message": message})
+    else:
+        print(message)
+    return EXIT_OK
+
+
+def _position(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a position (a notification id, 0 or more)")
+    return int(text)
+
+
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     publish = sub.add_parser(
         "publish",
@@ -188,6 +217,28 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                                  "COMMITLINE_KAFKA_MAX_MESSAGE_BYTES to the broker's limit)")
     pubretry.add_argument("--json", action="store_true", help="machine-readable output")
     pubretry.set_defaults(run=cmd_intervene, action="retry")
+
+    fsub = actions(sub, "followers", "reset a follower stopped because the store went back (a restore, an "
+                   "asynchronous failover)")
+    reset = fsub.add_parser(
+        "reset", help="say where a follower goes on after the store went back, in the current generation",
+        description="A follower stops (status failed, store_went_back) when the store's generation is not the one "
+        "its position was saved in (commitline store new-generation), when its position is beyond the log head, or, "
+        "for the publisher, when Kafka holds records the store lost. Choose where it goes on: --from-head (skip to "
+        "the log head: what the store holds now up to there is not handled again), --from N (from after position N, "
+        "e.g. the head the generation started at), or --keep (its position stands: for a projection, this confirms "
+        "the read model, which is consistent with the restored store; `commitline projections rebuild NAME` is the "
+        "other choice). The publisher's buckets are reset together. A running instance stopped this way goes on by "
+        "itself; the decision is kept in the intervention log.")
+    reset.add_argument("name", metavar="NAME", help="the follower: a projection, a process manager, or the "
+                       "publisher (publisher or kafka-publisher)")
+    choice = reset.add_mutually_exclusive_group(required=True)
+    choice.add_argument("--from-head", action="store_true", help="go on from the store's log head")
+    choice.add_argument("--from", dest="position", type=_position, metavar="N", help="go on after position N")
+    choice.add_argument("--keep", action="store_true", help="keep the position it has")
+    reset.add_argument("--reason", default="", help="why (kept in the intervention log)")
+    reset.add_argument("--json", action="store_true", help="machine-readable output")
+    reset.set_defaults(run=cmd_reset)
 
     status = sub.add_parser(
         "status", help="each follower's liveness, position and lag, and STUCK sagas; --check for health checks",

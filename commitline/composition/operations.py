@@ -1,5 +1,7 @@
 """The operator's store-level work, as ``Commitline`` does it for the CLI and the HTTP server: readiness,
-schema migrations, skipping or retrying a poison event (the publisher's in the bucket it stopped),
+schema migrations, the store's generations (showing the current one, starting another after a restore or an
+asynchronous failover) and resetting a follower stopped because the store went back, skipping or retrying a
+poison event (the publisher's in the bucket it stopped),
 expiring idempotency records, verifying the hash chains with a record of each run, and the Prometheus text
 of this process.
 
@@ -18,10 +20,12 @@ from commitline.application.audit import Progress, VerificationReport
 from commitline.infrastructure import migrations
 from commitline.infrastructure.followers import interventions
 from commitline.infrastructure.followers.buckets import bucket_name
+from commitline.infrastructure.followers.interventions import InterventionRefused
 from commitline.infrastructure.followers.positions import Positions
 from commitline.infrastructure.kafka.publisher import PUBLISHER
 from commitline.infrastructure.metrics import render
 from commitline.infrastructure.store.audit_runs import ALL, AuditRun, AuditRuns
+from commitline.infrastructure.store import generations
 from commitline.infrastructure.store.datastore import describe_failure
 from commitline.infrastructure.store.retention import expire_idempotency_records
 
@@ -66,6 +70,35 @@ class Operations:
             applied = migrations.migrate(conn, schema) if apply else []
             after = migrations.schema_version(conn, schema)
         return MigrationReport(schema, before, after, migrations.LATEST, todo, applied)
+
+    def store_generation(self) -> generations.Generation:
+        """The store's current generation: its number, since when, why, and the log head it started at."""
+        with self.datastore.get_connection() as conn:
+            return generations.current(conn, self.datastore.schema)
+
+    def new_generation(self, reason: str) -> generations.Generation:
+        """Start the store's next generation, after a restore or an asynchronous failover (before starting any
+        follower): every follower then stops until ``reset_follower`` says where it goes on. ``reason`` (why)
+        is required: InterventionRefused without one, nothing written."""
+        if not reason.strip():
+            raise InterventionRefused("a new store generation needs a reason (what happened: the restore, the "
+                                      "failover)")
+        with psycopg.connect(**self.conninfo, autocommit=True) as conn:
+            return generations.new_generation(conn, self.datastore.schema, reason.strip())
+
+    def reset_follower(self, name: str, choice: str, position: int | None = None, reason: str = "") -> str:
+        """Reset follower ``name`` (a projection, a process manager's runner, or the publisher: ``publisher`` or
+        ``kafka-publisher``, with all its buckets) after the store went back: ``choice`` ``from-head``, ``from``
+        (with ``position``) or ``keep``, in the current generation (``interventions.reset``); what was done, as a
+        sentence. UnknownFollower for a name the domain does not have; InterventionRefused for a bad choice or
+        position, nothing written."""
+        from commitline.composition.status import UnknownFollower
+
+        follower = PUBLISHER if name == "publisher" else name
+        known = [PUBLISHER, *sorted(self.domain.managers), *sorted(self.domain.projections)]
+        if follower not in known:
+            raise UnknownFollower([repr(name)], known)
+        return interventions.reset(self.datastore, follower, choice, position, reason)
 
     def intervene(self, name: str, action: str, position: int | None = None, reason: str = "") -> str:
         """``skip`` (exactly the event at ``position``, for ``reason``) or ``retry`` the poison event follower

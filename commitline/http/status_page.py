@@ -47,8 +47,12 @@ REASON = '"<why it is safe>"'
 
 def unblock_commands(follower: FollowerStatus, projections: Collection[str]) -> list[str]:
     """The commands an operator runs for a follower stopped at a poison event: retry it (after fixing the
-    cause), or skip exactly that event; [] for a follower no command unblocks. ``projections``: the domain's."""
+    cause), or skip exactly that event; for one stopped because the store went back, its resets; [] for a
+    follower no command unblocks. ``projections``: the domain's."""
     at = (follower.error or {}).get("position", "N")
+    if (follower.error or {}).get("kind") == "store_went_back":  # see docs/guides/failover.md
+        return [f"commitline followers reset {follower.name} {choice}" for choice in ("--keep", "--from-head",
+                                                                                      "--from N")]
     if follower.name == PUBLISHER:
         return ["commitline publisher retry", f"commitline publisher skip --position {at} --reason {REASON}"]
     if follower.name in projections:

@@ -26,7 +26,7 @@ from psycopg.sql import SQL, Composed, Identifier
 
 from commitline.infrastructure.followers.positions import Connection, Positions
 from commitline.infrastructure.personal import keys as data_keys
-from commitline.infrastructure.store import api_keys, audit_runs, event_versions, hash_backfill
+from commitline.infrastructure.store import api_keys, audit_runs, event_versions, generations, hash_backfill
 from commitline.infrastructure.store.schema import (
     lock_key,
     store_append_function_statements,
@@ -69,6 +69,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(10, "tenants' administrative API keys (may erase data subjects over HTTP)", api_keys.admin_statements),
     Migration(11, "event store: an append proves its predecessor (the version before it, stored with the hash it "
               "chains from) in the group commit's append functions", store_proven_append_statements),
+    Migration(12, "store generations (append-only; generation 1 now), recorded with every follower position",
+              lambda schema: [*generations.create_statements(schema), *Positions(schema).generation_statements()]),
 )
 LATEST = MIGRATIONS[-1].version
 

@@ -54,7 +54,7 @@ def _poison(n: Notification, error: Exception) -> dict[str, Any]:
 
 def apply_batch(conn: psycopg.Connection[Any], schema: str, projection: Projection, codec: EventCodec,
                 follower: str, start_position: int, notifications: Sequence[Notification],
-                suffix: str = "") -> BatchOutcome:
+                suffix: str = "", generation: int | None = None) -> BatchOutcome:
     decoded = _decoded(projection, codec, notifications)
     relevant = [r for _, r in decoded if isinstance(r, RecordedEvent)]
     changes = projection.new_changes()
@@ -78,7 +78,7 @@ def apply_batch(conn: psycopg.Connection[Any], schema: str, projection: Projecti
         changes = _replay_until(projection, changes, decoded, poison["position"])
     with conn.transaction():
         write_changes(conn, schema, changes, suffix)
-        Positions(schema).save(conn, follower, position, poison=poison)
+        Positions(schema).save(conn, follower, position, poison=poison, generation=generation)
     return BatchOutcome(position, applied, poison)
 
 

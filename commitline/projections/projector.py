@@ -70,7 +70,8 @@ class Projector(Follower):
 
     async def handle(self, batch: Sequence[Notification], position: int) -> Handled:
         outcome = await asyncio.to_thread(self.lease.run, lambda conn: apply_batch(
-            conn, self.schema, self.projection, self.codec, self.projection.name, position, batch))
+            conn, self.schema, self.projection, self.codec, self.projection.name, position, batch,
+            generation=self.lease.generation))
         self.metrics.events_applied += outcome.applied
         self.metrics.batches += 1
         if outcome.poison is not None:

@@ -35,6 +35,7 @@ from commitline.infrastructure.followers.engine import GAP_POLL_SECONDS, Followe
 from commitline.infrastructure.followers.lease import Lease, instance_id
 from commitline.infrastructure.followers.positions import Positions
 from commitline.infrastructure.store.codec import EventCodec
+from commitline.infrastructure.store.generations import current_and_head
 from commitline.infrastructure.store.recorder import EventRecorder
 from commitline.projections.base import Projection
 from commitline.projections.batches import apply_batch
@@ -266,5 +267,6 @@ def _swap(conn: psycopg.Connection[Any], schema: str, projection: Projection, po
     with conn.transaction():
         create_tables(conn, schema, projection)  # the first rebuild of a projection that never ran live
         swap_in(conn, schema, projection)
-        positions.save(conn, projection.name, position)
+        # The rebuilt view is the store's as it is now: the live row goes on in the current generation.
+        positions.save(conn, projection.name, position, generation=current_and_head(conn, schema)[0])
         positions.delete(conn, follower)

@@ -88,7 +88,8 @@ def test_every_event_exactly_once_in_order_under_concurrent_writers(pg_dsn: str,
         assert duplicates == 0, "a healthy run publishes each event once"
         envelope = records[0].envelope
         assert set(envelope) == {"event_id", "type", "schema_version", "aggregate_type", "aggregate_id", "version",
-                                 "notification_id", "recorded_at", "tenant", "payload"}
+                                 "notification_id", "generation", "recorded_at", "tenant", "payload"}
+        assert envelope["generation"] == 1 and records[0].headers["generation"] == "1"
         documented = Draft202012Validator(ENVELOPE_SCHEMA, validate_formats=True)
         for record in records:
             errors = [e.message for e in documented.iter_errors(record.envelope)]

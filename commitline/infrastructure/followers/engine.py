@@ -25,8 +25,9 @@ them; a move past other slots' events only is a watermark saved at most once a s
 LISTEN/NOTIFY or the poll interval, yields the lease to a waiting rebuild (``yields_to_waiters``), resumes
 a slot an operator decided on, reports drain (``on_caught_up``/``on_poisoned``), backs off while
 PostgreSQL cannot be used (logged once as the outage starts and once as it ends, a broken lease session
-being part of it), re-joins after a lost session, and hands everything back on the way out. Slots change hands only between rounds, so a slot
-leaves an instance with every event it handled saved: its next owner starts after that position.
+being part of it), re-joins after a lost session (or once the store started another generation:
+``went_back.py``), and hands everything back on the way out. Slots change hands only between rounds, so a
+slot leaves an instance with every event it handled saved: its next owner starts after that position.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from typing import Any
 from eventsourcing.persistence import Notification
 
 from commitline.application.errors import StoreUnavailable
-from commitline.infrastructure.followers.fenced import LeaseLost, instance_id
+from commitline.infrastructure.followers.fenced import GenerationChanged, LeaseLost, instance_id
 from commitline.infrastructure.followers.group import GroupLease
 from commitline.infrastructure.followers.lease import Lease
 from commitline.infrastructure.followers.outage import Outage
@@ -51,6 +52,7 @@ from commitline.infrastructure.followers.reading import Page, PageReader
 from commitline.infrastructure.followers.shared import SharedWakeup
 from commitline.infrastructure.followers.slots import OwnedSlots
 from commitline.infrastructure.followers.wakeup import wait_or_stop
+from commitline.infrastructure.followers.went_back import is_went_back
 from commitline.infrastructure.store.log import BucketLog
 from commitline.infrastructure.store.recorder import EventRecorder
 
@@ -168,6 +170,9 @@ class Follower(OwnedSlots):
                         continue
                     waiting_because = None
                     await self._own_until(stop)
+                except GenerationChanged as e:
+                    self.logger.warning("%s: joining again under the new one", e)
+                    await self._leave("stopped", "running")
                 except LeaseLost as e:
                     delay = 0.0
                     if e.session_failed:  # PostgreSQL may be away: one outage, logged as it starts and ends
@@ -217,6 +222,7 @@ class Follower(OwnedSlots):
             if self.yields_to_waiters and await asyncio.to_thread(self.lease.has_waiters):
                 self.logger.info("%s: yielding the lease to a rebuild", self.name)
                 return True
+            await asyncio.to_thread(self.lease.check_generation)  # GenerationChanged: join again under the new one
             await self.rebalance()
             await self._resume_decided()
             self._others = await asyncio.to_thread(self.lease.tick, list(self.slots))
@@ -300,8 +306,11 @@ class Follower(OwnedSlots):
             self.slots[s].position = h.position
             if h.poison is not None:
                 self._stopped.add(s)
-                self.logger.critical("%s stopped at poison event %s: %s", self.lease.names[s], h.poison["position"],
-                                     h.poison["message"])
+                if is_went_back(h.poison):
+                    self.logger.critical("%s stopped: %s", self.lease.names[s], h.poison["message"])
+                else:
+                    self.logger.critical("%s stopped at poison event %s: %s", self.lease.names[s],
+                                         h.poison["position"], h.poison["message"])
         self.moved()
         return True
 

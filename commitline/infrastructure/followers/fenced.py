@@ -8,6 +8,11 @@ write goes through ``run``, on this same session: a write made after the session
 ``LeaseLost``) instead of moving a position the instance no longer owns. The connection has TCP keepalives,
 so a session whose peer vanished is noticed within seconds. Calls are serialised (one connection, many
 threads: the follower's rounds and its supervision).
+
+The session also knows the store generation it joined under (``store/generations.py``): every position it
+saves records it, the rows it takes are checked against it (``went_back.py``), and ``check_generation``
+(at every supervision tick) raises ``GenerationChanged`` once the operator started another: the follower
+then lets go and joins again, under the new one.
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ import psycopg
 from psycopg.rows import tuple_row
 
 from commitline.infrastructure.followers.positions import Positions
+from commitline.infrastructure.followers.went_back import check_rows
 from commitline.infrastructure.store.datastore import connect_options
+from commitline.infrastructure.store.generations import current_and_head
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -36,6 +43,10 @@ class LeaseLost(RuntimeError):
     def __init__(self, message: str, *, session_failed: bool = False):
         super().__init__(message)
         self.session_failed = session_failed
+
+
+class GenerationChanged(LeaseLost):
+    """The store started another generation since this session joined: join again, under the new one."""
 
 
 def instance_id() -> str:
@@ -55,6 +66,26 @@ class FencedConnection:
         self.positions = Positions(schema)
         self._conn: psycopg.Connection[Any] | None = None
         self._lock = threading.RLock()
+        self.generation = 0  # the store generation this session joined under (read as it joins)
+
+    def _read_generation(self, conn: psycopg.Connection[Any]) -> int:
+        """Read the store's generation as the session joins; what it saves from now on is recorded under it."""
+        self.generation = current_and_head(conn, self.schema)[0]
+        return self.generation
+
+    def check_generation(self) -> None:
+        """GenerationChanged when the store's generation is not the one this session joined under."""
+        now, _ = self.run(lambda conn: current_and_head(conn, self.schema))
+        if now != self.generation:
+            raise GenerationChanged(f"{self.name}: the store's generation changed from {self.generation} to {now}")
+
+    def checked_rows(self, conn: psycopg.Connection[Any], names: list[str]) -> dict[str, tuple[int, str]]:
+        """(position, status) of the rows ``names``, each stopped if the store went back behind it."""
+        generation, head = current_and_head(conn, self.schema)
+        if generation != self.generation:
+            raise GenerationChanged(f"{self.name}: the store's generation changed from {self.generation} to "
+                                    f"{generation}")
+        return check_rows(conn, self.positions, names, generation, head)
 
     def _held(self) -> bool:
         raise NotImplementedError

@@ -145,6 +145,7 @@ class GroupLease(FencedConnection):
                         "are running: stop them first (COMMITLINE_PUBLISH_BUCKETS must be the same everywhere)")
             self.pid = conn.info.backend_pid
             self._owned.clear()
+            self._read_generation(conn)
         log.info("%s: %s joined as pid %d", self.name, self.owner, self.pid)
         return None
 
@@ -165,7 +166,8 @@ class GroupLease(FencedConnection):
         def take(conn: psycopg.Connection[Any]) -> bool:
             got = self.try_lock(conn, self.lock_key(self.names[bucket]))
             if got:
-                self.positions.claim(conn, self.names[bucket], self.owner, start_from=self.name)
+                self.positions.claim(conn, self.names[bucket], self.owner, start_from=self.name,
+                                     generation=self.generation)
                 self._owned.add(bucket)
             return got
         return self.run(take)
@@ -207,10 +209,10 @@ class GroupLease(FencedConnection):
     # -- the owned buckets' rows, many in one statement, on this member's connection --------
 
     def rows(self, buckets: Iterable[int]) -> dict[int, tuple[int, str]]:
-        """(position, status) of owned buckets."""
+        """(position, status) of owned buckets, each stopped if the store went back behind it (``went_back.py``)."""
         wanted = self._owned_names(buckets)
-        found = self.run(lambda conn: self.positions.read_many(conn, wanted))
-        return {b: found.get(n, (0, "never run")) for n, b in wanted.items()}
+        found = self.run(lambda conn: self.checked_rows(conn, list(wanted)))
+        return {b: found[n] for n, b in wanted.items()}
 
     def save(self, rows: Sequence[tuple[int, int, dict[str, Any] | None]]) -> None:
         """Move owned buckets' positions, (bucket, position, poison) each: status 'running', or 'failed' with
@@ -218,7 +220,7 @@ class GroupLease(FencedConnection):
         if not rows:
             return
         names = {b: n for n, b in self._owned_names(b for b, _, _ in rows).items()}
-        self.run(lambda conn: self.positions.save_many(conn, [(names[b], p, e) for b, p, e in rows]))
+        self.run(lambda conn: self.positions.save_many(conn, [(names[b], p, e) for b, p, e in rows], self.generation))
 
     def mark(self, status: str, errors: dict[int, dict[str, Any]]) -> None:
         """Set ``status`` with each owned bucket's error (e.g. 'retrying' while the broker fails)."""
@@ -232,7 +234,7 @@ class GroupLease(FencedConnection):
         (unless it is stopped at a poison record: that stays until an operator decides), unlock it."""
         def release(conn: psycopg.Connection[Any]) -> None:
             if position is not None:
-                self.positions.save(conn, self.names[bucket], position)
+                self.positions.save(conn, self.names[bucket], position, generation=self.generation)
             self.positions.released(conn, self.names[bucket], status)
         try:
             if self.owns(bucket):

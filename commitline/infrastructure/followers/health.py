@@ -3,7 +3,8 @@
 Pure logic over ``FollowerStatus`` rows and stuck sagas, no I/O. Unhealthy, always:
 
 - a follower ``dead`` (its row says it works, but no live session holds its lease);
-- a follower stopped at a poison event (``failed``) or ``retrying`` a failing batch;
+- a follower stopped at a poison event (``failed``), or because the store went back behind it (``failed``
+  with a ``store_went_back`` error, naming the reset to run), or ``retrying`` a failing batch;
 - a live follower (not a rebuild, which lags by design) lagging beyond either threshold;
 - a saga instance waiting for a person (STUCK, PARKED), when all followers are judged or its process
   manager is named;
@@ -49,6 +50,9 @@ def follower_reasons(s: FollowerStatus, limits: Thresholds, *, required: bool = 
     if s.status == DEAD:
         reasons.append(f"dead: no live session holds its lease (last owner {s.owner or 'unknown'}, "
                        f"recorded {s.recorded_status})")
+    elif s.status == "failed" and error.get("kind") == "store_went_back":
+        reasons.append(f"stopped at position {error.get('position', '?')}: the store went back: "
+                       f"{error.get('reason', '')}; waiting for an operator: {error.get('what_to_do', '')}")
     elif s.status == "failed":
         event = f" ({error['event_type']})" if error.get("event_type") else ""
         reasons.append(f"stopped at poison event {error.get('position', '?')}{event}: {error.get('message', '')}; "

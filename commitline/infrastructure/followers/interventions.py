@@ -1,8 +1,9 @@
 """Operator decisions about a follower (a projection, the publisher) stopped at a poison event: skip it or
-retry it.
+retry it; and about any follower after the store went back (``went_back.py``): reset it.
 
-Both are explicit: a skip must name the exact position the projection stopped at, and
-every decision is logged and kept in ``follower_interventions`` with the error it answered.
+All are explicit: a skip must name the exact position the projection stopped at, a reset names its choice
+(the head, a position, or the position kept), and every decision is logged and kept in
+``follower_interventions`` with the error it answered.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from typing import Any
 from eventsourcing.postgres import PostgresDatastore
 
 from commitline.infrastructure.followers.positions import Positions
+from commitline.infrastructure.followers.status import lease_holders
+from commitline.infrastructure.followers.went_back import is_went_back, what_to_do
+from commitline.infrastructure.store.generations import current_and_head
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +29,9 @@ def _stopped_at(positions: Positions, conn: Any, name: str) -> dict[str, Any]:
     _, status, error = positions.read(conn, name, for_update=True)
     if status != "failed" or not error:
         raise InterventionRefused(f"{name} is not stopped at a poison event (status: {status})")
+    if is_went_back(error):
+        raise InterventionRefused(f"{name} stopped because the store went back, not at a poison event: "
+                                  f"{what_to_do(name)}")
     return error
 
 
@@ -50,3 +57,45 @@ def retry(datastore: PostgresDatastore, name: str) -> str:
         positions.record_intervention(conn, name, "retry", error["position"], {"error": error})
     log.warning("%s: operator asked to retry the event at position %d", name, error["position"])
     return f"{name}: will retry the event at position {error['position']}"
+
+
+RESET_CHOICES = ("from-head", "from", "keep")
+
+
+def reset(datastore: PostgresDatastore, name: str, choice: str, position: int | None = None, reason: str = "") -> str:
+    """Set the follower ``name`` (with every bucket of it, for the publisher group) to the log head
+    (``from-head``), to ``position`` (``from``) or where it is (``keep``), in the store's current generation,
+    no longer stopped, and record the decision. InterventionRefused, nothing written, for a choice that is not
+    one of those, a position outside the log, a follower without a row, or one a live instance runs that is not
+    stopped (stop it first: it would overwrite the reset)."""
+    if choice not in RESET_CHOICES:
+        raise InterventionRefused(f"{name}: choose how to reset it: --from-head, --from N or --keep")
+    if (choice == "from") != (position is not None):
+        raise InterventionRefused(f"{name}: --from needs a position N, and only --from takes one")
+    positions = Positions(datastore.schema)
+    with datastore.get_connection() as conn, conn.transaction():
+        generation, head = current_and_head(conn, datastore.schema)
+        if position is not None and not 0 <= position <= head:
+            raise InterventionRefused(f"{name}: position {position} is outside the store's log (0 to its head {head})")
+        rows = positions.group_rows(conn, name)
+        if not rows:
+            raise InterventionRefused(f"{name} has never run: nothing to reset")
+        held = lease_holders(conn, datastore.schema, [n for n, *_ in rows])
+        # A group's own row is held by every member: its buckets tell whether an instance works on them.
+        worked = [r for r in rows if r[0] != name] or rows
+        running = [n for n, _, status, _, _ in worked if n in held and status != "failed"]
+        if running:
+            raise InterventionRefused(f"{name}: {', '.join(running)} run in a live instance and are not stopped: "
+                                      "stop it first (a reset would be overwritten by what it saves)")
+        for row_name, was, status, error, saved in rows:
+            to = head if choice == "from-head" else position if choice == "from" else was
+            positions.reset(conn, row_name, to, "running" if row_name in held else "stopped", generation)
+            positions.record_intervention(conn, row_name, "reset", to, {
+                "choice": choice, "was": was, "status": status, "saved_generation": saved, "generation": generation,
+                "head": head, "error": error, "reason": reason})
+    moved = "kept at its position" if choice == "keep" else f"set to position {head if choice == 'from-head' else position}"
+    buckets = f" (and its {len(rows) - 1} bucket rows)" if len(rows) > 1 else ""
+    log.warning("%s%s: operator reset (%s): %s, store generation %d: %s", name, buckets, choice, moved, generation,
+                reason or "no reason given")
+    return f"{name}{buckets}: {moved} in store generation {generation} (log head {head}); it goes on from there"
+

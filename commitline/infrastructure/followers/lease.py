@@ -58,7 +58,7 @@ class Lease(FencedConnection):
 
     def _claim(self) -> None:
         assert self._conn is not None
-        self.positions.claim(self._conn, self.name, self.owner)
+        self.positions.claim(self._conn, self.name, self.owner, generation=self._read_generation(self._conn))
         self._is_held = True
         log.info("%s: lease taken by %s", self.name, self.owner)
 
@@ -92,7 +92,8 @@ class Lease(FencedConnection):
 
     def save_position(self, position: int, poison: dict[str, Any] | None = None) -> None:
         """Move the position; with ``poison`` the follower stops there for an operator."""
-        self.run(lambda conn: self.positions.save(conn, self.name, position, poison=poison))
+        self.run(lambda conn: self.positions.save(conn, self.name, position, poison=poison,
+                                                  generation=self.generation))
 
     def set_status(self, status: str, error: dict[str, Any] | None = None) -> None:
         self.run(lambda conn: self.positions.set_status(conn, self.name, status, error))
@@ -111,7 +112,10 @@ class Lease(FencedConnection):
         return [0]
 
     def rows(self, slots: Iterable[int]) -> dict[int, tuple[int, str]]:
-        return {0: self.own_row()} if 0 in set(slots) else {}
+        """The own row (position, status), stopped if the store went back behind it (``went_back.py``)."""
+        if 0 not in set(slots):
+            return {}
+        return {0: self.run(lambda conn: self.checked_rows(conn, [self.name]))[self.name]}
 
     def save(self, rows: Sequence[tuple[int, int, dict[str, Any] | None]]) -> None:
         for _, position, poison in rows:
@@ -125,7 +129,7 @@ class Lease(FencedConnection):
         """Save ``position`` if given, and mark the row ``status`` (a poison stop stays on record)."""
         def release(conn: psycopg.Connection[Any]) -> None:
             if position is not None:
-                self.positions.save(conn, self.name, position)
+                self.positions.save(conn, self.name, position, generation=self.generation)
             self.positions.released(conn, self.name, status)
         try:
             self.run(release)

@@ -4,8 +4,10 @@ layer's tables; the locks that fence them are ``fenced.py``'s).
 ``follower_positions`` holds one row per follower (the publisher, each projection, each
 rebuild, each process manager's runner): how far it has handled the notification log, who owns
 it, and whether it is running, retrying, stopped at a poison event ('failed'), or stopped.
-``follower_interventions`` keeps every operator decision (skip, retry) with the error it
-answered. Every function takes the connection to run on, so a caller can write a position
+Each row also records the store generation (``store/generations.py``) its position was
+saved in: a follower writes the generation it joined under with every save, and checks it when it takes
+the row (``went_back.py``). ``follower_interventions`` keeps every operator decision (skip, retry, reset)
+with the error it answered. Every function takes the connection to run on, so a caller can write a position
 inside its own transaction (a projection's batch) or on its lease connection (fencing).
 """
 
@@ -83,27 +85,39 @@ class Positions:
             + (" FOR UPDATE" if for_update else "")), (name,)).fetchone()
         return (int(row[0]), str(row[1]), row[2]) if row else (0, "never run", None)
 
-    def claim(self, conn: Connection, name: str, owner: str, *, start_from: str | None = None) -> None:
+    def claim(self, conn: Connection, name: str, owner: str, *, start_from: str | None = None,
+              generation: int = 1) -> None:
         """Mark ``name`` running under ``owner`` (this process, described as ``process.this_process`` says);
-        without a row yet, it starts at 0, or at the position of the follower ``start_from`` (a publisher bucket
-        at the publisher's: republishing is safe, skipping is not)."""
+        without a row yet, it starts at 0 in ``generation``, or at the position (and in the generation) of the
+        follower ``start_from`` (a publisher bucket at the publisher's: republishing is safe, skipping is not).
+        An existing row keeps its generation: the owner checks it (``went_back.py``)."""
         conn.execute(self._sql(
             # A follower stopped at a poison event stays stopped until an operator decides.
-            "INSERT INTO {positions} AS t (name, owner, owner_process, status, position) VALUES (%s, %s, %s, "
-            "'running', coalesce((SELECT position FROM {positions} WHERE name = %s), 0)) "
+            "INSERT INTO {positions} AS t (name, owner, owner_process, status, position, generation) "
+            "VALUES (%(name)s, %(owner)s, %(process)s, 'running', "
+            "coalesce((SELECT position FROM {positions} WHERE name = %(from)s), 0), "
+            "coalesce((SELECT generation FROM {positions} WHERE name = %(from)s), %(generation)s)) "
             "ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, owner_process = excluded.owner_process, "
             "updated_at = now(), status = CASE WHEN t.status = 'failed' THEN 'failed' ELSE 'running' END"),
-            (name, owner, Jsonb(this_process()), start_from))
+            {"name": name, "owner": owner, "process": Jsonb(this_process()), "from": start_from,
+             "generation": generation})
 
     def owner_statements(self) -> list[Composed]:
         """Migration 8: each row records the process that owns it (host, pid, kind, started at)."""
         return [self._sql("ALTER TABLE {positions} ADD COLUMN IF NOT EXISTS owner_process jsonb")]
 
-    def save(self, conn: Connection, name: str, position: int, *, poison: dict[str, Any] | None = None) -> None:
-        """Move the position; with ``poison`` the follower stops there, waiting for an operator."""
+    def generation_statements(self) -> list[Composed]:
+        """Migration 12: each row records the store generation its position was saved in (existing rows: 1)."""
+        return [self._sql("ALTER TABLE {positions} ADD COLUMN IF NOT EXISTS generation int NOT NULL DEFAULT 1")]
+
+    def save(self, conn: Connection, name: str, position: int, *, poison: dict[str, Any] | None = None,
+             generation: int | None = None) -> None:
+        """Move the position (saved in ``generation``; None keeps the row's); with ``poison`` the follower stops
+        there, waiting for an operator."""
         conn.execute(self._sql(
-            "UPDATE {positions} SET position = %s, status = %s, error = %s, updated_at = now() WHERE name = %s"),
-            (position, "failed" if poison else "running", Jsonb(poison) if poison else None, name))
+            "UPDATE {positions} SET position = %s, status = %s, error = %s, generation = coalesce(%s, generation), "
+            "updated_at = now() WHERE name = %s"),
+            (position, "failed" if poison else "running", Jsonb(poison) if poison else None, generation, name))
 
     def set_status(self, conn: Connection, name: str, status: str, error: dict[str, Any] | None = None) -> None:
         conn.execute(self._sql("UPDATE {positions} SET status = %s, error = %s, updated_at = now() WHERE name = %s"),
@@ -127,13 +141,35 @@ class Positions:
             row_factory=tuple_row).execute(self._sql(
                 "SELECT name, position, status FROM {positions} WHERE name = ANY(%s)"), (list(names),))}
 
-    def save_many(self, conn: Connection, rows: Sequence[tuple[str, int, dict[str, Any] | None]]) -> None:
+    def save_many(self, conn: Connection, rows: Sequence[tuple[str, int, dict[str, Any] | None]],
+                  generation: int | None = None) -> None:
         """``save`` for many (name, position, poison or None) in one statement."""
         conn.execute(self._sql(
             "UPDATE {positions} AS t SET position = u.position, status = CASE WHEN u.error IS NULL THEN 'running' "
-            "ELSE 'failed' END, error = u.error::jsonb, updated_at = now() "
+            "ELSE 'failed' END, error = u.error::jsonb, generation = coalesce(%s, t.generation), updated_at = now() "
             "FROM unnest(%s::text[], %s::int8[], %s::text[]) AS u(name, position, error) WHERE t.name = u.name"),
-            ([n for n, _, _ in rows], [p for _, p, _ in rows], [None if e is None else json.dumps(e) for _, _, e in rows]))
+            (generation, [n for n, _, _ in rows], [p for _, p, _ in rows],
+             [None if e is None else json.dumps(e) for _, _, e in rows]))
+
+    def read_slots(self, conn: Connection, names: Iterable[str]) -> dict[str, tuple[int, str, int]]:
+        """(position, status, generation) of each named follower that has a row."""
+        return {name: (int(position), str(status), int(generation)) for name, position, status, generation in
+                conn.cursor(row_factory=tuple_row).execute(self._sql(
+                    "SELECT name, position, status, generation FROM {positions} WHERE name = ANY(%s)"),
+                    (list(names),))}
+
+    def group_rows(self, conn: Connection, group: str) -> list[tuple[str, int, str, dict[str, Any] | None, int]]:
+        """(name, position, status, error, generation) of the follower ``group`` and of every bucket of it (of
+        any count), locked for update."""
+        return [(n, int(p), str(s), e, int(g)) for n, p, s, e, g in conn.cursor(row_factory=tuple_row).execute(
+            self._sql("SELECT name, position, status, error, generation FROM {positions} "
+                      "WHERE name = %s OR starts_with(name, %s) ORDER BY name FOR UPDATE"),
+            (group, f"{group}/")).fetchall()]
+
+    def reset(self, conn: Connection, name: str, position: int, status: str, generation: int) -> None:
+        """An operator's reset: ``position`` in ``generation``, ``status``, no error."""
+        conn.execute(self._sql("UPDATE {positions} SET position = %s, status = %s, error = NULL, generation = %s, "
+                               "updated_at = now() WHERE name = %s"), (position, status, generation, name))
 
     def mark_many(self, conn: Connection, status: str, errors: dict[str, dict[str, Any]]) -> None:
         """``set_status`` for many followers, each with its own error, in one statement."""
@@ -165,12 +201,14 @@ class Positions:
             "s AS (SELECT CASE WHEN (SELECT count(*) FROM b) >= cardinality(%(names)s::text[]) "
             " THEN (SELECT min(position) FROM b) "
             " ELSE least((SELECT min(position) FROM b), coalesce((SELECT position FROM own), 0)) END AS position) "
-            "INSERT INTO {positions} AS t (name, position, owner, status, error) "
+            "INSERT INTO {positions} AS t (name, position, owner, status, error, generation) "
             "SELECT %(name)s, coalesce(s.position, (SELECT position FROM own), 0), %(owner)s, "
-            " coalesce((SELECT status FROM bad), %(status)s), (SELECT error FROM bad) FROM s "
+            " coalesce((SELECT status FROM bad), %(status)s), (SELECT error FROM bad), "
+            " coalesce((SELECT min(generation) FROM {positions} WHERE name = ANY(%(names)s)), "
+            " (SELECT generation FROM {positions} WHERE name = %(name)s), 1) FROM s "
             "ON CONFLICT (name) DO UPDATE SET position = excluded.position, "
             " owner = coalesce(excluded.owner, t.owner), status = excluded.status, error = excluded.error, "
-            " updated_at = now()"),
+            " generation = excluded.generation, updated_at = now()"),
             {"names": names, "name": group, "owner": owner, "status": status})
 
     def stopped_in_group(self, conn: Connection, group: str) -> list[tuple[str, dict[str, Any]]]:

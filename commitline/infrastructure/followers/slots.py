@@ -4,7 +4,8 @@ Each owned slot (a plain follower's one position, a publish instance's buckets) 
 (possibly ahead of its row: a watermark not saved yet), what its row says, and its status. Slots change
 hands only between two rounds (under the round lock): taking one reads its row; handing one back saves a
 move not saved yet first, so the next owner starts exactly after what this one handled. A slot stopped at
-a poison event stays stopped until an operator decides (``retry`` or ``skip`` changes its row), and
+a poison event stays stopped until an operator decides (``retry`` or ``skip`` changes its row), as does one
+taken behind a store that went back (``went_back.py``: until ``followers reset``), and
 ``--drain`` is done once every slot, owned here or by another instance, reached the head it had when
 draining began or stopped at a poison event.
 """
@@ -56,6 +57,10 @@ class OwnedSlots:
     def moved(self) -> None:
         """Positions moved (a follower's metrics may follow them)."""
 
+    def activated(self, slots: Sequence[int]) -> None:
+        """``slots`` begin work here, taken or resumed after an operator's decision (the publisher checks the
+        broker before it sends anything of them)."""
+
     @property
     def waiting_for_operator(self) -> bool:
         return bool(self._stopped) or any(s.status == "failed" for s in self.slots.values())
@@ -90,6 +95,7 @@ class OwnedSlots:
                 self._others.pop(slot, None)
                 if announce:
                     self.logger.info("%s: %s active from position %d", self.lease.names[slot], self.owner, position)
+            self.activated([s for s, (_, status) in rows.items() if status != "failed"])
         if rows:
             self.moved()
             self.wakeup.poke()
@@ -118,6 +124,7 @@ class OwnedSlots:
                     self.logger.info("%s: goes on from position %d (an operator decided)", self.lease.names[s], position)
                     self.slots[s] = Slot(position, position, status)
                     self._stopped.discard(s)
+                    self.activated([s])
                     resumed = True
         if resumed:
             self.moved()

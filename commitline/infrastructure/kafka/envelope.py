@@ -3,7 +3,9 @@
 The payload is the stored JSON object as written (no decode into domain types and back), brought to
 the event class's current version by its upcasters when it was stored at an older one, wrapped in an
 envelope with the event id (consumers deduplicate on it), type, ``schema_version`` (the class version of
-the payload it carries), aggregate id and type, version, notification id, recorded-at time and tenant.
+the payload it carries), aggregate id and type, version, notification id, the store generation it belongs
+to (``store/generations.py``: a notification id names one event within one generation), recorded-at time
+and tenant.
 The topic is ``<prefix><aggregate type>``: one per aggregate type of the domain.
 
 Personal fields stay sealed, as the store holds them (``{"ciphertext", "key_id"}``), and an event that has
@@ -40,12 +42,12 @@ ENVELOPE_SCHEMA: dict = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "commitline event envelope",
     "description": "The value of every Kafka record commitline publishes: one stored event. The record's key is "
-    "the aggregate id (UTF-8); its headers are event_id, event_type, publisher and, when tracing is on, "
-    "traceparent (W3C).",
+    "the aggregate id (UTF-8); its headers are event_id, event_type, publisher, generation (as decimal text) and, "
+    "when tracing is on, traceparent (W3C).",
     "type": "object",
     "additionalProperties": False,
     "required": ["event_id", "type", "schema_version", "aggregate_type", "aggregate_id", "version",
-                 "notification_id", "recorded_at", "tenant", "payload"],
+                 "notification_id", "generation", "recorded_at", "tenant", "payload"],
     "properties": {
         "event_id": {"type": "string", "format": "uuid",
                      "description": "unique per event; consumers deduplicate on it"},
@@ -56,7 +58,14 @@ ENVELOPE_SCHEMA: dict = {
         "aggregate_id": {"type": "string", "format": "uuid"},
         "version": {"type": "integer", "minimum": 1, "description": "the event's version in its aggregate"},
         "notification_id": {"type": "integer", "minimum": 1,
-                            "description": "the event's position in the store's log (commit order)"},
+                            "description": "the event's position in the store's log (commit order), unique "
+                            "within its generation"},
+        "generation": {"type": "integer", "minimum": 1,
+                       "description": "the store's history the event belongs to: it changes when an operator starts "
+                       "a new one after a restore or an asynchronous failover (commitline store new-generation), "
+                       "after which notification ids above that moment's head are used by other events. Records "
+                       "of two generations with one notification_id are two different events; deduplicate by "
+                       "event_id, and order or compare by (generation, notification_id)"},
         "recorded_at": {"type": "string", "format": "date-time"},
         "tenant": {"type": "string", "description": "the tenant whose stream it is"},
         "payload": {"type": "object", "description": "the event's own fields, as the domain declares them; each "
@@ -82,7 +91,8 @@ def _encoded(text: str) -> bytes:
     return text.encode()
 
 
-def to_record(notification: Notification, topic_prefix: str, publisher: str, registry: EventRegistry) -> KafkaRecord:
+def to_record(notification: Notification, topic_prefix: str, publisher: str, registry: EventRegistry,
+              generation: int = 1) -> KafkaRecord:
     # On the publisher's hot path: per-event work is kept to parsing, one dict and one dumps.
     stored = orjson.loads(notification.state)
     event_type = notification.topic
@@ -104,6 +114,7 @@ def to_record(notification: Notification, topic_prefix: str, publisher: str, reg
         "aggregate_id": aggregate_id,
         "version": notification.originator_version,
         "notification_id": notification.id,
+        "generation": generation,
         "recorded_at": recorded_at,
         "tenant": stored["tenant"],
         "payload": payload,
@@ -115,7 +126,8 @@ def to_record(notification: Notification, topic_prefix: str, publisher: str, reg
         topic_prefix + aggregate_type,
         aggregate_id.encode(),
         value,
-        [("event_id", event_id.encode()), ("event_type", _encoded(event_type)), ("publisher", _encoded(publisher))],
+        [("event_id", event_id.encode()), ("event_type", _encoded(event_type)), ("publisher", _encoded(publisher)),
+         ("generation", _encoded(str(generation)))],
         int(datetime.fromisoformat(recorded_at).timestamp() * 1000),
         notification.id,
         event_id,

