@@ -38,6 +38,7 @@ class ReceivedSpan:
 class OtlpReceiver:
     def __init__(self) -> None:
         self.spans: list[ReceivedSpan] = []
+        self.bodies: list[bytes] = []  # every export request as received (protobuf, unzipped): spans, events, statuses
         self.requests = 0
         self._lock = threading.Lock()
         receiver = self
@@ -51,6 +52,8 @@ class OtlpReceiver:
                     self.send_response(404)
                     self.end_headers()
                     return
+                with receiver._lock:
+                    receiver.bodies.append(body)
                 receiver._keep(ExportTraceServiceRequest.FromString(body))
                 answer = ExportTraceServiceResponse().SerializeToString()
                 self.send_response(200)

@@ -82,6 +82,8 @@ from commitline.application.ports import (
 from commitline.application.results import DispatchResult, RecordedEventView
 from commitline.application.retry import RetryPolicy
 from commitline.domain import Aggregate, Event
+from commitline.domain.errors import InvalidPersonalValue, InvalidValue
+from commitline.domain.personal import personal_names
 
 _DERIVED_ID_NAMESPACE = UUID("0b7e5a0c-2f4e-4f8e-9d61-6a1f3c2b9e77")
 
@@ -185,7 +187,12 @@ class Dispatch:
             raise AggregateNotFound(handler.aggregate.__name__, self.aggregate_id)
         if self.expected is not None and aggregate.version != self.expected:
             raise ConcurrencyConflict(self.aggregate_id, self.expected, aggregate.version)
-        changed = handler.run(aggregate, self.cmd, self.load_other)
+        try:
+            changed = handler.run(aggregate, self.cmd, self.load_other)
+        except InvalidValue as e:
+            if type(e) is InvalidValue and e.field in personal_names(handler.aggregate):
+                raise InvalidPersonalValue(e.field, e.reason) from None  # the answer never repeats the value
+            raise
         if loaded.foreign:  # decided as if the stream were empty; it is another tenant's: not ours
             raise unavailable(handler, self.cmd, self.aggregate_id)
         return changed

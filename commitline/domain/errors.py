@@ -100,3 +100,17 @@ class InvalidValue(DomainError):
     def shown(self) -> str:
         """Text quoted, any other value (a number, a Decimal, an id) as it is written: ``amount=1.001``."""
         return repr(self.value) if isinstance(self.value, str) else str(self.value)
+
+
+class InvalidPersonalValue(InvalidValue):
+    """An ``InvalidValue`` of a personal field: the message and ``details()`` name the field and the reason, never
+    the value (``value`` is None), so neither an answer, a log line nor a trace repeats a data subject's value.
+    The processor raises it in place of an ``InvalidValue`` naming a personal field of the aggregate's events."""
+
+    message = "{field}: {reason} (a personal value: not shown)"
+
+    def __init__(self, field: str, reason: str):
+        super().__init__(field, None, reason)
+
+    def details(self) -> dict[str, Any]:
+        return {"field": self.field, "value": None, "reason": self.reason}

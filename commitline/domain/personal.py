@@ -88,3 +88,48 @@ def subject_of(event: Any, aggregate: Any, subject: str) -> Any:
     if subject in getattr(event, "__dataclass_fields__", {}):
         return getattr(event, subject)
     return getattr(aggregate, subject, None)
+
+
+@functools.cache
+def personal_names(aggregate: type) -> frozenset[str]:
+    """The names of the personal fields of the events an aggregate class applies (its ``EVENTS``)."""
+    return frozenset(name for event in getattr(aggregate, "EVENTS", ()) for name, _ in personal_fields(event))
+
+
+def personal_values(event: Any) -> dict[str, Any]:
+    """An event's plain personal values by field (erased ones left out): what an error about it must not show."""
+    return {name: value for name, _ in personal_fields(type(event))
+            if (value := getattr(event, name, None)) is not None and not isinstance(value, Erased)}
+
+
+def _texts(value: Any) -> list[str]:
+    """Every text a value may be written as in a message: itself (str and repr), and each item of a container."""
+    if isinstance(value, dict):
+        return [t for item in value.values() for t in _texts(item)]
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [t for item in value for t in _texts(item)]
+    text = str(value)
+    return [text, repr(value)[1:-1]] if isinstance(value, str) else [text]
+
+
+def withheld(text: str, values: dict[str, Any]) -> str:
+    """``text`` with each personal value of ``values`` (field -> plain value) replaced by ``<personal FIELD>``:
+    how a message about an event (a poison event's error, a parked saga's reason) is stored and logged."""
+    found = sorted(((t, field) for field, value in values.items() for t in _texts(value) if t),
+                   key=lambda pair: -len(pair[0]))  # longest first: a value that holds another is replaced whole
+    for t, field in found:
+        text = text.replace(t, f"<personal {field}>")
+    return text
+
+
+def error_text(error: BaseException, values: dict[str, Any]) -> str:
+    """``Type: message`` of an error met while handling an event, with its personal ``values`` withheld. A
+    validation error is told by its locations and messages only: pydantic's own text quotes every input."""
+    from pydantic_core import ValidationError
+
+    if isinstance(error, ValidationError):
+        problems = [f"{'.'.join(map(str, e['loc'])) or '<value>'}: {e['msg']}" for e in error.errors(include_url=False)]
+        message = f"{error.error_count()} validation error(s) for {error.title}: {'; '.join(problems)}"
+    else:
+        message = str(error)
+    return withheld(f"{type(error).__name__}: {message}", values)

@@ -4,7 +4,8 @@ The handlers run in memory; then the changes and the new position are written in
 transaction, so a crash at any point either keeps the whole batch or none of it. A
 handler that raises marks a poison event: the events before it are committed, the
 position stops just before it, and the error, the event and its position are recorded
-for ``commitline status``. Nothing is ever skipped without an operator saying so.
+for ``commitline status``; the error's text withholds the event's personal values
+(``<personal FIELD>`` in their place). Nothing is ever skipped without an operator saying so.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import psycopg
 from eventsourcing.persistence import Notification
 
+from commitline.domain.personal import Erased, error_text, personal_values
 from commitline.infrastructure.store.codec import EventCodec, RecordedEvent
 from commitline.infrastructure.followers.positions import Positions
 from commitline.projections.base import Changes, Projection
@@ -47,9 +50,24 @@ def _decoded(projection: Projection, codec: EventCodec,
     return out
 
 
-def _poison(n: Notification, error: Exception) -> dict[str, Any]:
+def _poison(n: Notification, error: Exception, codec: EventCodec, recorded: Any) -> dict[str, Any]:
+    """The poison event's record (stored, logged, shown by ``status``): its position, type, stream and the
+    error, whose text never holds the event's personal values."""
+    values = personal_values(recorded.event) if isinstance(recorded, RecordedEvent) else _opened(codec, n)
     return {"position": n.id, "event_type": n.topic, "aggregate_id": str(n.originator_id),
-            "version": n.originator_version, "message": f"{type(error).__name__}: {error}"}
+            "version": n.originator_version, "message": error_text(error, values)}
+
+
+def _opened(codec: EventCodec, n: Notification) -> dict[str, Any]:
+    """The personal values of an event that did not decode (to withhold them from the error), if they open."""
+    try:
+        stored = orjson.loads(n.state)
+        if not stored.get("pd"):
+            return {}
+        opened = codec.opened(stored)
+        return {name: opened[name] for name in stored["pd"] if not isinstance(opened[name], Erased)}
+    except Exception:  # the error itself is what gets reported
+        return {}
 
 
 def apply_batch(conn: psycopg.Connection[Any], schema: str, projection: Projection, codec: EventCodec,
@@ -70,7 +88,7 @@ def apply_batch(conn: psycopg.Connection[Any], schema: str, projection: Projecti
                 projection.apply(changes, recorded)
                 applied += 1
         except Exception as e:
-            poison = _poison(n, e)
+            poison = _poison(n, e, codec, recorded)
             break
         position = n.id
     if poison is not None:

@@ -7,7 +7,8 @@ a crash the batch is handled again, which is safe because ``advance`` is idempot
 
 One instance's failure never holds up the others: an instance whose advance keeps raising an error no
 step handles (a bug, data an external system cannot take) is tried ``manager.attempts`` times with
-back-off, then parked with the error as its reason (``manager.park``) and the batch moves on;
+back-off, then parked with the error as its reason (``manager.park``; the personal values of the events
+that triggered it are withheld from it) and the batch moves on;
 ``commitline sagas retry`` resumes it. Only an outage of the store (which every instance would meet)
 retries the whole batch.
 """
@@ -21,6 +22,7 @@ from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 from uuid import UUID
 
 import psycopg
@@ -28,6 +30,7 @@ from eventsourcing.persistence import Notification
 
 from commitline.application.errors import CommitlineError, StoreUnavailable, printable
 from commitline.application.process import ProcessManager
+from commitline.domain.personal import error_text, personal_values
 from commitline.infrastructure.followers.engine import Follower, Handled
 from commitline.infrastructure.store.codec import EventCodec
 from commitline.infrastructure.store.datastore import store_failures
@@ -60,6 +63,7 @@ class ProcessRunner(Follower):
 
     async def handle(self, batch: Sequence[Notification], position: int) -> Handled:
         triggered: dict[UUID, str] = {}  # instance id -> tenant, in log order
+        personal: dict[UUID, dict[str, Any]] = {}  # instance id -> its triggers' personal values, kept out of reasons
         # A raw driver error (a port's own connection to the store) is the store's outage too, backed off and
         # logged as such by the engine, not as this handler's failure.
         with store_failures(self.conninfo):
@@ -68,14 +72,16 @@ class ProcessRunner(Follower):
                     recorded = self.codec.decode_event(n.topic, n.originator_id, n.originator_version, n.state)
                     instance = await asyncio.to_thread(self.manager.instance_of, recorded.event, recorded.tenant)
                     triggered.setdefault(instance, recorded.tenant)
-            await asyncio.to_thread(self._advance_all, triggered)
+                    personal.setdefault(instance, {}).update(personal_values(recorded.event))
+            await asyncio.to_thread(self._advance_all, triggered, personal)
         return Handled(batch[-1].id)
 
-    def _advance_all(self, triggered: dict[UUID, str]) -> None:
+    def _advance_all(self, triggered: dict[UUID, str], personal: dict[UUID, dict[str, Any]] | None = None) -> None:
         if not triggered:
             return
         with ThreadPoolExecutor(max_workers=min(self.workers, len(triggered))) as pool:
-            futures = [pool.submit(self._advance_or_park, instance, tenant) for instance, tenant in triggered.items()]
+            futures = [pool.submit(self._advance_or_park, instance, tenant, (personal or {}).get(instance, {}))
+                       for instance, tenant in triggered.items()]
             errors = []
             for future in futures:
                 try:
@@ -87,7 +93,9 @@ class ProcessRunner(Follower):
         if errors:
             raise errors[0]
 
-    def _advance_or_park(self, instance: UUID, tenant: str) -> str:
+    def _advance_or_park(self, instance: UUID, tenant: str, values: dict[str, Any] | None = None) -> str:
+        """Advance the instance; park it after ``attempts`` failures, with a reason that withholds ``values``
+        (the personal values of the events that triggered it)."""
         manager = self.manager
         attempts = manager.attempts
         reason = ""
@@ -97,7 +105,7 @@ class ProcessRunner(Follower):
             except OUTAGES:
                 raise
             except Exception as e:
-                reason = f"{type(e).__name__}: {printable(str(e), 500)}"
+                reason = printable(error_text(e, values or {}), 500)
                 log.warning("advancing %s %s failed (attempt %d of %d): %s", manager.name, instance, attempt,
                             attempts, reason)
                 if attempt < attempts:
