@@ -30,6 +30,7 @@ from commitline.infrastructure.store import api_keys, audit_runs, event_versions
 from commitline.infrastructure.store.schema import (
     lock_key,
     store_append_function_statements,
+    store_keyed_append_statements,
     store_proven_append_statements,
     store_schema_statements,
 )
@@ -69,6 +70,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(10, "tenants' administrative API keys (may erase data subjects over HTTP)", api_keys.admin_statements),
     Migration(11, "event store: an append proves its predecessor (the version before it, stored with the hash it "
               "chains from) in the group commit's append functions", store_proven_append_statements),
+    Migration(13, "event store: append functions that insert the data keys of a command's new data subjects in its "
+              "append's transaction", store_keyed_append_statements),
 )
 LATEST = MIGRATIONS[-1].version
 
