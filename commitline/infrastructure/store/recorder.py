@@ -229,9 +229,9 @@ class EventRecorder(StreamReads, PostgresApplicationRecorder):
                     results = pipelined.run(conn, steps)  # nothing ran: the first prepared statement failed
                 return self._batch_outcomes(conn, calls, results, results[commit])
         except pg_errors.UndefinedFunction:  # raised by the function's PREPARE, before anything ran
-            raise StoreUnavailable(f"the schema {self.datastore.schema} lacks an append function of the group commit "
-                                   "(migration 6, or 13 for a command with a new data subject); run commitline "
-                                   "migrate") from None
+            needed = 13 if any(p.keys for p in batch) else 6  # 13: the keyed functions (a new data subject's key)
+            raise StoreUnavailable(f"the schema {self.datastore.schema} has no append function: it lacks "
+                                   f"migration {needed}; run commitline migrate") from None
 
     def _batch_outcomes(self, conn: Any, calls: list[int], results: list[Any],
                         commit: Any) -> list[list[int] | Exception]:
