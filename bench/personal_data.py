@@ -10,7 +10,7 @@ the same database.
     the 32 writers' threads all on one CPU, where commitline's own server puts them, the single writer free):
 
     - ``new subject per command``: each writer loops ``open_holder`` with a new holder id: a new stream, and for
-      ``sealed`` a new data key (one more statement, committed on its own before the append);
+      ``sealed`` a new data key (inserted by the command's append, in its transaction);
     - ``existing subjects``: each writer loops ``change_email`` on its own holder, opened beforehand: the key is
       held by the process, so ``sealed`` adds only the encryption (and seals its snapshots, one per 100 events).
 
