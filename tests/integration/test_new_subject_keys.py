@@ -18,6 +18,7 @@ from commitline.application.errors import EventTooLarge
 from commitline.composition import Commitline, bootstrap
 from commitline.examples.payments import PaymentTransaction
 from commitline.infrastructure.personal.keys import DataKeys
+from commitline.infrastructure.store.recorder import SubjectKeyTaken
 from tests.domains import customers
 from tests.support import count_rows, settings_for
 
@@ -132,22 +133,30 @@ def hold_until_both(barrier: threading.Barrier, find: Callable[..., Any]) -> Cal
     return held
 
 
+@pytest.mark.parametrize("group_commit", [48, 0], ids=["group-commit", "own-transaction"])
 def test_two_processes_making_the_same_subject_at_once_both_store_and_every_value_opens(
-        pg_dsn: str, schema: str) -> None:
+        pg_dsn: str, schema: str, group_commit: int) -> None:
     barrier = threading.Barrier(2)
-    with bootstrap(settings_for(pg_dsn, schema), domain=customers.domain) as one, \
-            bootstrap(settings_for(pg_dsn, schema), domain=customers.domain) as two:
+    settings = settings_for(pg_dsn, schema, group_commit_max=group_commit)
+    with bootstrap(settings, domain=customers.domain) as one, bootstrap(settings, domain=customers.domain) as two:
         taken: list[int] = []
         for app in (one, two):
             keys: DataKeys = app.store.codec.personal.keys  # type: ignore[attr-defined]
             keys.find = hold_until_both(barrier, keys.find)  # type: ignore[method-assign]
-            append = app.recorder.append_batch
+            append_batch, append = app.recorder.append_batch, app.recorder.append
 
-            def counted(batch: Any, append: Any = append) -> Any:
-                outcomes = append(batch)
-                taken.extend(1 for o in outcomes if type(o).__name__ == "SubjectKeyTaken")
+            def counted_batch(batch: Any, append_batch: Any = append_batch) -> Any:
+                outcomes = append_batch(batch)
+                taken.extend(1 for o in outcomes if isinstance(o, SubjectKeyTaken))
                 return outcomes
-            app.recorder.append_batch = counted  # type: ignore[method-assign]
+
+            def counted(*args: Any, append: Any = append, **kwargs: Any) -> Any:
+                try:
+                    return append(*args, **kwargs)
+                except SubjectKeyTaken:
+                    taken.append(1)
+                    raise
+            app.recorder.append_batch, app.recorder.append = counted_batch, counted  # type: ignore[method-assign]
         with ThreadPoolExecutor(2) as pool:
             results = list(pool.map(lambda a: register(a[0], a[1], "c-9", a[2]),
                                     [(one, "one", "one@example.com"), (two, "two", "two@example.com")]))
