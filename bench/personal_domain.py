@@ -93,15 +93,24 @@ def build(personal: bool) -> BenchDomain:
         @on(HolderOpened)
         def opened(self, changes: Changes, r: RecordedEvent) -> None:
             email = r.event.email
-            changes.put("rm_holders", (r.event.aggregate_id,), email_length=len(email))
-            changes.add("rm_email_domains", (r.tenant, email.rpartition("@")[2]), holders=1)
+            changes.put("rm_holders", (r.event.aggregate_id,), email_length=_length(email))
+            changes.add("rm_email_domains", (r.tenant, _email_domain(email)), holders=1)
 
         @on(EmailChanged)
         def changed(self, changes: Changes, r: RecordedEvent) -> None:
-            changes.put("rm_holders", (r.event.aggregate_id,), email_length=len(r.event.email))
+            changes.put("rm_holders", (r.event.aggregate_id,), email_length=_length(r.event.email))
             changes.add("rm_holders", (r.event.aggregate_id,), changes=1)
 
     return BenchDomain(domain, Holder, HolderOpened, EmailChanged)
+
+
+def _length(email: object) -> int | None:
+    """An erased email (``ERASED``, once the erasure's rebuild replays it) has no length."""
+    return len(email) if isinstance(email, str) else None
+
+
+def _email_domain(email: object) -> str:
+    return email.rpartition("@")[2] if isinstance(email, str) else "(erased)"
 
 
 SEALED = build(personal=True)

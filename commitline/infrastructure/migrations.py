@@ -30,6 +30,7 @@ from commitline.infrastructure.store import api_keys, audit_runs, event_versions
 from commitline.infrastructure.store.schema import (
     lock_key,
     store_append_function_statements,
+    store_keyed_append_statements,
     store_proven_append_statements,
     store_schema_statements,
 )
@@ -71,6 +72,8 @@ MIGRATIONS: tuple[Migration, ...] = (
               "chains from) in the group commit's append functions", store_proven_append_statements),
     Migration(12, "store generations (append-only; generation 1 now), recorded with every follower position",
               lambda schema: [*generations.create_statements(schema), *Positions(schema).generation_statements()]),
+    Migration(13, "event store: append functions that insert the data keys of a command's new data subjects in its "
+              "append's transaction", store_keyed_append_statements),
 )
 LATEST = MIGRATIONS[-1].version
 

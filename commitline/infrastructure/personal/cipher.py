@@ -12,6 +12,12 @@ lost does ``ttl_s`` bound how long an erased key may still be used (``forget_all
 lost and again when it is back). The master key is asked for only when a data key is to be wrapped or
 unwrapped: a missing one fails there with ``ConfigurationError``, a wrong one with ``WrongMasterKey``, before
 anything is written.
+
+A key a command makes for a new subject is not written on its own: it is one of the command's ``NewKeys``,
+inserted by the command's append in the same transaction as its events (so a command refused or failed leaves
+no key), and held by the process only once that append committed (``stored``). Should the subject have got a
+key first (another command's, another process's), the append is refused and its events sealed again, under the
+key the subject has.
 """
 
 from __future__ import annotations
@@ -55,6 +61,23 @@ class _Key:
             expires
 
 
+class NewKeys:
+    """The data keys one command's values are sealed under that are not stored yet, each made here for a subject
+    that had none: the command's append inserts their ``rows`` in its transaction. ``guess``: a subject that is
+    the id of the stream an event starts is taken for a new one without reading the key table (a wrong guess
+    costs one refused append; the command's events are then sealed again with ``guess`` off, every subject read)."""
+
+    __slots__ = ("keys", "guess")
+
+    def __init__(self, guess: bool = True):
+        self.keys: dict[tuple[str, str], tuple[_Key, KeyRow, int]] = {}  # with the ``forget_all`` count it saw
+        self.guess = guess
+
+    @property
+    def rows(self) -> list[KeyRow]:
+        return [row for _, row, _ in self.keys.values()]
+
+
 class PersonalData:
     """Seals and opens personal values of one schema; ``master`` gives the master key (or raises), ``previous``
     is the one before it during a rolling rotation."""
@@ -92,11 +115,14 @@ class PersonalData:
 
     # -- sealing ---------------------------------------------------------------------------
 
-    def seal(self, tenant: str, subject: str, event_id: str, field: str, value: Any, plain: bytes) -> Any:
-        """The stored form of ``value`` (whose JSON is ``plain``), a field of the event ``event_id``."""
+    def seal(self, tenant: str, subject: str, event_id: str, field: str, value: Any, plain: bytes,
+             new: NewKeys | None = None, fresh: bool = False) -> Any:
+        """The stored form of ``value`` (whose JSON is ``plain``), a field of the event ``event_id``. With ``new``,
+        a subject without a key gets one there, to be inserted with the events (``fresh``: the subject is the id
+        of the stream the event starts); without it, the subject's new key is inserted here, committed at once."""
         if isinstance(value, Erased):
             return dict(ERASED_JSON)  # nothing left to seal
-        key = self._key_for(tenant, subject)
+        key = self._key_for(tenant, subject, new, fresh)
         nonce = os.urandom(NONCE_BYTES)
         aead: AESGCM = key.aead  # type: ignore[assignment]  # a key in use always has one
         sealed = aead.encrypt(nonce, plain, sealing_context(tenant, subject, event_id, field))
@@ -147,7 +173,14 @@ class PersonalData:
 
     # -- the keys ----------------------------------------------------------------------------
 
-    def _key_for(self, tenant: str, subject: str) -> _Key:
+    def stored(self, new: NewKeys) -> None:
+        """``new``'s keys, once the append that inserted them committed: held as any key read from the table."""
+        for key, _, generation in new.keys.values():
+            self._keep(key, generation)
+
+    def _key_for(self, tenant: str, subject: str, new: NewKeys | None = None, fresh: bool = False) -> _Key:
+        if new is not None and (made := new.keys.get((tenant, subject))) is not None:
+            return made[0]
         now = time.monotonic()
         with self._lock:
             held = self._by_subject.get((tenant, subject))
@@ -156,6 +189,8 @@ class PersonalData:
             return held
         self._watching()
         master = self.master()  # before any write: a missing master key writes nothing
+        if new is not None:
+            return self._new_or_stored(tenant, subject, new, fresh and new.guess, master, now, generation)
         while True:  # once, but for an erasure of this very subject while its key was read
             key_id, data_key = uuid4(), AESGCM.generate_key(bit_length=KEY_BYTES * 8)
             row = self.keys.find_or_add(KeyRow(key_id, tenant, subject, master.wrap(data_key, str(key_id), tenant,
@@ -166,6 +201,20 @@ class PersonalData:
             if kept.aead is not None:
                 return kept
             # erased while it was read (its notification came in between): the subject gets a new key
+
+    def _new_or_stored(self, tenant: str, subject: str, new: NewKeys, guess: bool, master: MasterKeys,
+                       now: float, generation: int) -> _Key:
+        """The subject's stored key (read, unless ``guess`` says it has none), else a new one in ``new``."""
+        if not guess and (row := self.keys.find(tenant, subject)) is not None:
+            kept = self._unwrapped(row, now, generation)
+            if kept.aead is not None:
+                return kept
+            # erased while it was read: the subject gets a new key
+        key_id, data_key = uuid4(), AESGCM.generate_key(bit_length=KEY_BYTES * 8)
+        row = KeyRow(key_id, tenant, subject, master.wrap(data_key, str(key_id), tenant, subject), master.key_id)
+        key = _Key(row, AESGCM(data_key), now + self.ttl_s)
+        new.keys[(tenant, subject)] = (key, row, generation)
+        return key
 
     def preload(self, key_ids: Iterable[UUID]) -> None:
         """Hold the keys of ``key_ids`` not held yet, read in one statement: a batch of events (a projection's,

@@ -6,6 +6,10 @@ value), which, like the events, rejects UPDATE, DELETE and TRUNCATE. The same tr
 erased key's id on ``erasure_channel(schema)`` (delivered at its commit), so every running process forgets the
 key at once (``erasure_watch.py``). A key's row holds only its wrapped form and the id of the master key that
 wrapped it; rotation rewraps the rows in batches (``rewrap``).
+
+A command that seals values under a new subject's key inserts that key in its own append's transaction
+(``store/statements.py``, ``store/schema.py``: ``new_key_statement``), plainly: if the subject got a key first,
+the unique (tenant, subject) refuses the append, which is sealed again under that key.
 """
 
 from __future__ import annotations
@@ -110,6 +114,11 @@ class DataKeys(SmallTable):
             rows = self._run("SELECT " + _COLUMNS + " FROM {t} WHERE tenant = %s AND subject = %s",
                              (new.tenant, new.subject))
         return _row(rows[0])
+
+    def find(self, tenant: str, subject: str) -> KeyRow | None:
+        """The subject's key, if it has one (a read: nothing is written)."""
+        rows = self._run("SELECT " + _COLUMNS + " FROM {t} WHERE tenant = %s AND subject = %s", (tenant, subject))
+        return _row(rows[0]) if rows else None
 
     def wrapped_under(self, master_key_ids: Sequence[str]) -> tuple[bool, bool]:
         """(Is any key wrapped under one of ``master_key_ids``, is there any key at all): index probes."""

@@ -34,7 +34,7 @@ from commitline.domain.errors import InvalidValue
 from commitline.domain.personal import ERASED_JSON, Erased, personal_fields, subject_of
 
 if TYPE_CHECKING:
-    from commitline.infrastructure.personal.cipher import PersonalData
+    from commitline.infrastructure.personal.cipher import NewKeys, PersonalData
 
 _OPTIONS = orjson.OPT_SORT_KEYS
 
@@ -90,16 +90,17 @@ class UnknownEventType(LookupError):
 
 
 def encode_event(event: Event, tenant: str, traceparent: str | None = None, *, personal: PersonalData | None = None,
-                 aggregate: Aggregate | None = None) -> StoredEvent:
+                 aggregate: Aggregate | None = None, new_keys: NewKeys | None = None) -> StoredEvent:
     """``traceparent``: the W3C trace context of the append that writes it (tracing on), kept so that its
     publication continues the command's trace. ``personal`` seals the event's personal fields, each under the
     data key of the subject its declaration names (a field of the event, else an attribute of ``aggregate``);
     without it they are written as they are (tests and tools writing events directly: the event store's codec
-    always has it)."""
+    always has it). ``new_keys``: where the keys of new subjects go, for the append to insert them (without it,
+    each is inserted at once, in a transaction of its own)."""
     data = event.payload()
     state: dict[str, Any] = {"id": event.event_id, "at": event.occurred_at, "tenant": tenant, "data": data}
     if personal is not None and (fields := personal_fields(type(event))):
-        state["pd"] = _seal(event, tenant, data, fields, personal, aggregate)
+        state["pd"] = _seal(event, tenant, data, fields, personal, aggregate, new_keys)
     if event.class_version != 1:
         state["v"] = event.class_version
     if traceparent:
@@ -113,13 +114,15 @@ def encode_event(event: Event, tenant: str, traceparent: str | None = None, *, p
 
 
 def _seal(event: Event, tenant: str, data: dict[str, Any], fields: tuple[tuple[str, str], ...],
-          personal: PersonalData, aggregate: Aggregate | None) -> list[str]:
+          personal: PersonalData, aggregate: Aggregate | None, new_keys: NewKeys | None) -> list[str]:
     event_id = str(event.event_id)
     for name, subject in fields:
         who = subject_of(event, aggregate, subject)
         if who is None or who == "":
             raise InvalidValue(subject, who, f"names the data subject of {event.type_name()}.{name}: it must be set")
-        data[name] = personal.seal(tenant, str(who), event_id, name, data[name], dumps(data[name]))
+        # a subject that is the id of the stream this event starts is most likely new (a payment its own holder)
+        fresh = new_keys is not None and event.version == 1 and str(who) == str(event.aggregate_id)
+        data[name] = personal.seal(tenant, str(who), event_id, name, data[name], dumps(data[name]), new_keys, fresh)
     return [name for name, _ in fields]
 
 
@@ -140,9 +143,10 @@ class EventCodec:
         self.personal = personal
 
     def encode(self, event: Event, tenant: str, traceparent: str | None = None,
-               aggregate: Aggregate | None = None) -> StoredEvent:
+               aggregate: Aggregate | None = None, new_keys: NewKeys | None = None) -> StoredEvent:
         """``encode_event`` with this codec's keys for personal fields."""
-        return encode_event(event, tenant, traceparent, personal=self.personal, aggregate=aggregate)
+        return encode_event(event, tenant, traceparent, personal=self.personal, aggregate=aggregate,
+                            new_keys=new_keys)
 
     def preload_keys(self, states: Iterable[bytes]) -> None:
         """Read the data keys of a batch of stored states (those with personal fields) in one statement, before

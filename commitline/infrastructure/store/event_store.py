@@ -19,7 +19,10 @@ appends coalesced with those of concurrent commands (``group_commit``).
 Personal fields (``domain.personal``) are sealed by the codec before the chain hashes the stored bytes, and the
 idempotency record's outcome holds them sealed too (``personal/outcomes.py``), and so do the snapshots of an
 aggregate type whose events have personal fields (``personal/snapshots.py``): a snapshot whose subject was erased
-is passed over, and the stream replayed from its first event.
+is passed over, and the stream replayed from its first event. A new subject's data key is inserted by the
+append of the command that first seals under it, in its transaction (``personal/cipher.NewKeys``); if the
+subject got a key meanwhile, the append is refused and the events sealed again under that key (once: a second
+refusal re-runs the command, as a moved stream does).
 """
 
 from __future__ import annotations
@@ -41,11 +44,12 @@ from commitline.application.ports import CommandLoad, ForeignStream, Idempotency
 from commitline.domain import Aggregate, Event
 from commitline.domain.personal import personal_fields
 from commitline.infrastructure.personal import outcomes, snapshots
+from commitline.infrastructure.personal.cipher import NewKeys
 from commitline.infrastructure.store.aggregate_cache import AggregateCache, Entry
 from commitline.infrastructure.store.codec import EventCodec, decode_snapshot, encode_snapshot
 from commitline.infrastructure.store.event_versions import EventVersions
 from commitline.infrastructure.store.group_commit import GroupCommitter
-from commitline.infrastructure.store.recorder import EventRecorder, PendingAppend
+from commitline.infrastructure.store.recorder import EventRecorder, PendingAppend, SubjectKeyTaken
 from commitline.infrastructure.store.streams import CommandRead, Snapshot
 
 A = TypeVar("A", bound=Aggregate)
@@ -184,11 +188,33 @@ class PostgresEventStore:
 
     def _append(self, aggregate: Aggregate, events: Sequence[Event], tenant: str,
                 idempotency: IdempotencyRecord | None, trace: Any) -> None:
-        traceparent = trace.traceparent if trace is not None else None
         with self._heads_lock:
             epoch = self._decoded_in.pop(aggregate.id, self.cache.epoch)
-        stored = [self.codec.encode(e, tenant, traceparent, aggregate) for e in events]
-        if idempotency is not None and type(aggregate) in self._personal_aggregates:
+        personal = self.codec.personal if type(aggregate) in self._personal_aggregates else None
+        new_keys = NewKeys() if personal is not None else None
+        while True:
+            try:
+                links = self._store(aggregate, events, tenant, idempotency, trace, new_keys)
+                break
+            except SubjectKeyTaken:
+                if new_keys is None or not new_keys.guess:
+                    raise  # taken again, on the keys read just before: the command runs again (a moved stream)
+                new_keys = NewKeys(guess=False)  # sealed again, under the keys the subjects have, read
+        if personal is not None and new_keys is not None:
+            personal.stored(new_keys)
+        self._remember(aggregate.id, aggregate.version, links[-1][1])
+        if self._snapshot_due(events[0].version - 1, aggregate.version):
+            self._take_snapshot(aggregate, tenant)
+        self.cache.put(Entry(aggregate, tenant), epoch)
+
+    def _store(self, aggregate: Aggregate, events: Sequence[Event], tenant: str,
+               idempotency: IdempotencyRecord | None, trace: Any,
+               new_keys: NewKeys | None) -> list[tuple[bytes, bytes]]:
+        """Seal and encode the events (a new subject's key into ``new_keys``) and append them with the key's
+        record and those keys, in one transaction; their chain links."""
+        traceparent = trace.traceparent if trace is not None else None
+        stored = [self.codec.encode(e, tenant, traceparent, aggregate, new_keys) for e in events]
+        if idempotency is not None and new_keys is not None:
             idempotency = dataclasses.replace(idempotency, outcome=outcomes.protect(idempotency.outcome, stored))
         for s in stored:
             if len(s.state) > self.max_event_bytes:
@@ -196,18 +222,15 @@ class PostgresEventStore:
                                     self.max_event_bytes)
         if self.versions is not None:
             self.versions.ensure((e.type_name(), e.class_version) for e in events)
-        before = stored[0].originator_version - 1
-        links = chain(self._head_hash(aggregate.id, before), stored)
+        keys = new_keys.rows if new_keys is not None else []
+        links = chain(self._head_hash(aggregate.id, stored[0].originator_version - 1), stored)
         if self.committer is not None:
-            outcome = self.committer.append_many([PendingAppend(stored, idempotency, links, trace)])[0]
+            outcome = self.committer.append_many([PendingAppend(stored, idempotency, links, trace, keys)])[0]
             if isinstance(outcome, BaseException):
                 raise outcome
         else:
-            self.recorder.append(stored, idempotency, links=links)
-        self._remember(aggregate.id, aggregate.version, links[-1][1])
-        if self._snapshot_due(before, aggregate.version):
-            self._take_snapshot(aggregate, tenant)
-        self.cache.put(Entry(aggregate, tenant), epoch)
+            self.recorder.append(stored, idempotency, links=links, keys=keys)
+        return links
 
     def distrust(self, aggregate_id: UUID) -> None:
         self.cache.distrust(aggregate_id)

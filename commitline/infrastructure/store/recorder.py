@@ -14,7 +14,9 @@ types, LISTEN subscription), with three changes:
    TRUNCATE on events (``schema.py`` defines the tables); the idempotency record is inserted in the events'
    transaction, so both commit or neither does. On commitline's tables an append proves its predecessor in
    the same statement (``EventTables.continues``): version N only on version N-1 as stored, with the hash the
-   events chain from; refused, it raises ``PredecessorMissing`` and writes nothing (not even the key).
+   events chain from; refused, it raises ``PredecessorMissing`` and writes nothing (not even the key). The
+   data keys of the command's new data subjects go in with the events too (``SubjectKeyTaken`` when a subject
+   got its key first; ``statements.py``).
 3. **Two append paths.** ``append``: one transaction per call, in one round trip when small (a command
    without group commit, an ``eventsourcing`` write). ``append_batch``: the group commit, several commands in
    one transaction and one round trip, each atomic on its own (the store's append function).
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eventsourcing.persistence import Notification, StoredEvent, Subscription
 from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
@@ -46,10 +48,13 @@ from commitline.infrastructure.store import pipelined
 from commitline.infrastructure.store.datastore import StoreDatastore
 from commitline.infrastructure.store.log import NotificationLog, first_id
 from commitline.infrastructure.store.pipelined import SYNC
-from commitline.infrastructure.store.schema import EventTables, lock_schema
+from commitline.infrastructure.store.schema import DATA_KEYS_TABLE, EventTables, lock_schema
 from commitline.infrastructure.store.statements import Statements
 from commitline.infrastructure.store.streams import StreamReads
 from commitline.infrastructure.store.subscription import PollingSubscription
+
+if TYPE_CHECKING:
+    from commitline.infrastructure.personal.keys import KeyRow
 
 # Appends whose event states add up to more than this are sent statement by statement instead of in
 # one pipeline. psycopg's pipeline stops flushing once its last command is queued and then waits only
@@ -62,6 +67,11 @@ PIPELINE_MAX_BYTES = 8 * 1024
 InTransaction = Callable[[Any], None]
 
 
+class SubjectKeyTaken(StreamMoved):
+    """Raised by ``append`` when a data key it was to insert (a new data subject's) is refused: the subject got
+    a key first. Nothing was written; the events are to be sealed again, under the key the subject has."""
+
+
 @dataclass(frozen=True)
 class PendingAppend:
     """One command's append, waiting to go out in a batch (``append_batch``)."""
@@ -70,6 +80,8 @@ class PendingAppend:
     idempotency: IdempotencyRecord | None
     links: Sequence[tuple[bytes, bytes]]
     trace: Any = None  # the append's span when tracing is on (``infrastructure/tracing.AppendTrace``)
+    #: the data keys the events are sealed under that are not stored yet, inserted with them
+    keys: Sequence[KeyRow] = ()
 
     @property
     def size(self) -> int:
@@ -125,27 +137,34 @@ class EventRecorder(StreamReads, PostgresApplicationRecorder):
 
     def append(self, stored_events: Sequence[StoredEvent], idempotency: IdempotencyRecord | None = None,
                links: Sequence[tuple[bytes, bytes]] | None = None, *,
-               in_transaction: InTransaction | None = None) -> list[int]:
+               in_transaction: InTransaction | None = None, keys: Sequence[KeyRow] = ()) -> list[int]:
         """Insert events (and the idempotency record) in one transaction; return their notification ids.
 
         ``links`` are the events' (prev_hash, event_hash) pairs (``chain.chain``). When not given they are
         computed per stream, each continuing from the stored hash of the event before its first one
         (``chain.chain_streams``).
-        ``in_transaction`` runs in the same transaction before the inserts (statement by statement)."""
+        ``in_transaction`` runs in the same transaction before the inserts (statement by statement).
+        ``keys``: data keys to insert with the events (commitline's tables only), ``SubjectKeyTaken`` if one's
+        subject has a key already."""
         if links is None:
             links = chain_streams(stored_events, self.event_hash)
         params = _event_arrays(stored_events, links)
+        statement = self._q.insert_proven or self._q.insert_events
         if self._q.insert_proven is not None:  # the key's record goes in with the events (``statements.py``)
             params += _idempotency_params(idempotency) if idempotency is not None else (None,) * 7
             idempotency = None
+            if keys:
+                statement, params = self._q.insert_proven_keyed, params + _key_arrays(keys)
+        elif keys:
+            raise ValueError("an eventsourcing application's tables take no data keys with their events")
         size = sum(len(e.state) for e in stored_events)
         one_trip = size <= PIPELINE_MAX_BYTES and in_transaction is None
 
         def insert(conn: Any) -> list[int]:
             if one_trip:
-                ids = self._insert_in_one_round_trip(conn, params, idempotency)
+                ids = self._insert_in_one_round_trip(conn, statement, params, idempotency)
             else:
-                ids = self._insert_in_steps(conn, params, idempotency, in_transaction, len(stored_events))
+                ids = self._insert_in_steps(conn, statement, params, idempotency, in_transaction, len(stored_events))
             if len(ids) != len(stored_events):  # committed nothing (the steps' COMMIT was not even sent)
                 raise _unproven(stored_events[0])
             return ids
@@ -191,7 +210,10 @@ class EventRecorder(StreamReads, PostgresApplicationRecorder):
         for k, pending in enumerate(batch):
             calls.append(len(steps))
             one = len(pending.events) == 1
-            steps.append((q.append_one if one else q.append_command, _append_params(pending, one)))
+            if pending.keys:
+                steps.append((q.append_one_keyed if one else q.append_keyed, _append_params(pending, one)))
+            else:
+                steps.append((q.append_one if one else q.append_command, _append_params(pending, one)))
             if self.between_commands is not None and k < len(batch) - 1:
                 steps.append(lambda k=k: self.between_commands(k + 1))  # type: ignore[misc]
         if self.before_commit is not None:
@@ -207,8 +229,9 @@ class EventRecorder(StreamReads, PostgresApplicationRecorder):
                     results = pipelined.run(conn, steps)  # nothing ran: the first prepared statement failed
                 return self._batch_outcomes(conn, calls, results, results[commit])
         except pg_errors.UndefinedFunction:  # raised by the function's PREPARE, before anything ran
+            needed = 13 if any(p.keys for p in batch) else 6  # 13: the keyed functions (a new data subject's key)
             raise StoreUnavailable(f"the schema {self.datastore.schema} has no append function: it lacks "
-                                   "migration 6; run commitline migrate") from None
+                                   f"migration {needed}; run commitline migrate") from None
 
     def _batch_outcomes(self, conn: Any, calls: list[int], results: list[Any],
                         commit: Any) -> list[list[int] | Exception]:
@@ -247,9 +270,11 @@ class EventRecorder(StreamReads, PostgresApplicationRecorder):
         """A unique violation on ``constraint``: a twin holds the key, or another writer took the version."""
         if constraint.startswith(self.tables.idempotency):
             return KeyAlreadyRecorded(constraint)
+        if constraint.startswith(DATA_KEYS_TABLE):
+            return SubjectKeyTaken(constraint)
         return StreamMoved(constraint)
 
-    def _insert_in_one_round_trip(self, conn: Any, params: tuple[Any, ...],
+    def _insert_in_one_round_trip(self, conn: Any, statement: Any, params: tuple[Any, ...],
                                   idempotency: IdempotencyRecord | None) -> list[int]:
         # BEGIN ... COMMIT and the wake-up NOTIFY after it go out in one pipeline sync: one round
         # trip per append. On an error the server skips the rest of the pipeline (the COMMIT
@@ -261,7 +286,7 @@ class EventRecorder(StreamReads, PostgresApplicationRecorder):
             cur.execute(self._q.assign_xid)
             if idempotency is not None:
                 cur.execute(self._q.insert_idempotency, _idempotency_params(idempotency))
-            inserted.execute(self._q.insert_proven or self._q.insert_events, params, prepare=True)
+            inserted.execute(statement, params, prepare=True)
             if self.before_commit is not None:
                 pipeline.sync()
                 self.before_commit()
@@ -270,7 +295,8 @@ class EventRecorder(StreamReads, PostgresApplicationRecorder):
             pipeline.sync()
             return [row[0] for row in inserted.fetchall()]
 
-    def _insert_in_steps(self, conn: Any, params: tuple[Any, ...], idempotency: IdempotencyRecord | None,
+    def _insert_in_steps(self, conn: Any, statement: Any, params: tuple[Any, ...],
+                         idempotency: IdempotencyRecord | None,
                          in_transaction: InTransaction | None, events: int) -> list[int]:
         # The same statements without the pipeline: each one is sent completely before its reply is awaited.
         cur = conn.cursor(row_factory=tuple_row)
@@ -280,7 +306,7 @@ class EventRecorder(StreamReads, PostgresApplicationRecorder):
             in_transaction(conn)
         if idempotency is not None:
             cur.execute(self._q.insert_idempotency, _idempotency_params(idempotency))
-        ids = [row[0] for row in cur.execute(self._q.insert_proven or self._q.insert_events, params).fetchall()]
+        ids = [row[0] for row in cur.execute(statement, params).fetchall()]
         if len(ids) != events:
             return ids  # refused: no COMMIT (``append`` raises, and rolls back)
         if self.before_commit is not None:
@@ -315,6 +341,8 @@ def _unproven(first: StoredEvent) -> PredecessorMissing:
 
 def _append_params(pending: PendingAppend, one: bool) -> tuple[Any, ...]:
     key = _idempotency_params(pending.idempotency) if pending.idempotency is not None else (None,) * 7
+    if pending.keys:
+        key += _key_arrays(pending.keys)
     if one:
         e, (prev, this) = pending.events[0], pending.links[0]
         return (*key, e.originator_id, e.originator_version, e.topic, e.state, prev, this)
@@ -325,6 +353,12 @@ def _event_arrays(events: Sequence[StoredEvent], links: Sequence[tuple[bytes, by
     """Events and their chain links as the six arrays of an insert (``unnest``)."""
     return ([e.originator_id for e in events], [e.originator_version for e in events], [e.topic for e in events],
             [e.state for e in events], [p for p, _ in links], [h for _, h in links])
+
+
+def _key_arrays(keys: Sequence[KeyRow]) -> tuple[list[Any], ...]:
+    """Data keys' rows as the five arrays of their insert (``unnest``)."""
+    return ([k.key_id for k in keys], [k.tenant for k in keys], [k.subject for k in keys], [k.wrapped for k in keys],
+            [k.master_key_id for k in keys])
 
 
 def _idempotency_params(row: IdempotencyRecord) -> tuple[Any, ...]:

@@ -9,8 +9,9 @@ an append stores an event (``continues``: it proves its predecessor). Statements
 
 Two users, one definition, so their events tables cannot differ:
 
-- commitline's store: migration steps 1, 6 and 10 (``store_schema_statements``,
-  ``store_append_function_statements``, ``store_proven_append_statements``), and ``EventRecorder.create_table``;
+- commitline's store: migration steps 1, 6, 11 and 13 (``store_schema_statements``,
+  ``store_append_function_statements``, ``store_proven_append_statements``, ``store_keyed_append_statements``),
+  and ``EventRecorder.create_table``;
 - the ``eventsourcing`` module (``commitline.eventsourcing``), one set of tables per application
   (``EventTables.of_application``). Its tables differ only where eventsourcing requires it: originator ids
   of its ``ORIGINATOR_ID_TYPE`` (uuid or text), versions from 0 (the library's aggregates may start there;
@@ -34,6 +35,7 @@ from psycopg.sql import SQL, Composed, Identifier
 from commitline.application.chain import GENESIS
 
 EVENTS_TABLE = "events"
+DATA_KEYS_TABLE = "data_keys"  # personal/keys.py's: the new subjects' keys a keyed append inserts
 IDEMPOTENCY_TABLE = "idempotency_keys"
 SNAPSHOTS_TABLE = "snapshots"
 ID_TYPES = ("uuid", "text")
@@ -99,6 +101,9 @@ class EventTables:
             "id_type": SQL(self.id_type),
             "append": Identifier(schema, f"append_to_{self.events}"),
             "append_one": Identifier(schema, f"append_one_to_{self.events}"),
+            "append_keyed": Identifier(schema, f"append_keyed_to_{self.events}"),
+            "append_one_keyed": Identifier(schema, f"append_one_keyed_to_{self.events}"),
+            "keys": Identifier(schema, DATA_KEYS_TABLE),
         }
 
     # -- the tables ---------------------------------------------------------------
@@ -201,7 +206,7 @@ class EventTables:
                 " WHEN " + row + ".originator_version > 1 THEN " + stored + in_batch +
                 " ELSE true END")
 
-    def append_functions(self, proven: bool = True) -> list[Composed]:
+    def append_functions(self, proven: bool = True, keyed: bool = False) -> list[Composed]:
         """One command's append as one statement that never fails: the key's record, then its events (their
         notification ids in ``ids``). On any error its exception block (a subtransaction) undoes both
         and returns the error's SQLSTATE in ``refused`` and, in ``detail``, the constraint of a unique
@@ -210,12 +215,23 @@ class EventTables:
         ``proven`` (migration 11; without it, migration 6 as released): an event is inserted only where it
         ``continues`` its stream; when fewer are inserted than given, the append is refused with
         ``foreign_key_violation`` (constraint ``<events>_predecessor``): the event references a predecessor
-        that is not stored."""
+        that is not stored.
+
+        ``keyed`` (migration 13): the functions ``append_keyed_to_<events>`` and ``append_one_keyed_to_<events>``,
+        which take five more arrays after the key's record, the rows of the data keys the events are sealed
+        under that are not stored yet (``personal/cipher.NewKeys``), and insert them after the key's record,
+        plainly: a subject that has a key already refuses the append (``unique_violation`` on ``data_keys``)."""
+        keys_params = (" p_key_ids uuid[], p_key_tenants text[], p_key_subjects text[], p_key_wrapped bytea[],"
+                       " p_key_masters text[],") if keyed else ""
+        keys_insert = ("INSERT INTO {keys} (key_id, tenant, subject, wrapped, master_key_id) SELECT * FROM "
+                       "unnest(p_key_ids, p_key_tenants, p_key_subjects, p_key_wrapped, p_key_masters); ") \
+            if keyed else ""
+
         def function(name: str, event_params: str, insert: str) -> Composed:
             return self.sql(
                 "CREATE OR REPLACE FUNCTION " + name + "("
                 " p_tenant text, p_key text, p_fingerprint bytea, p_command_type text, p_aggregate_id uuid,"
-                " p_stream_version int8, p_outcome bytea, " + event_params + ","
+                " p_stream_version int8, p_outcome bytea," + keys_params + " " + event_params + ","
                 " OUT ids int8[], OUT refused text, OUT detail text) LANGUAGE plpgsql AS $$"
                 " DECLARE one int8; BEGIN"
                 " PERFORM pg_current_xact_id();"  # the transaction's xid before any notification id: the gap proof
@@ -223,7 +239,7 @@ class EventTables:
                 "  INSERT INTO {idem} (tenant, key, fingerprint, command_type, aggregate_id, stream_version, outcome)"
                 "  VALUES (p_tenant, p_key, p_fingerprint, p_command_type, p_aggregate_id, p_stream_version,"
                 "  p_outcome);"
-                " END IF; " + insert +
+                " END IF; " + keys_insert + insert +
                 " EXCEPTION WHEN OTHERS THEN"
                 "  GET STACKED DIAGNOSTICS refused = RETURNED_SQLSTATE, detail = CONSTRAINT_NAME;"
                 "  IF refused <> '23505' THEN detail := SQLERRM; END IF;"
@@ -248,12 +264,13 @@ class EventTables:
                     self.continues("n", "batch") + " RETURNING notification_id) ")
             one = (columns + "SELECT * FROM (VALUES (p_id, p_version, p_topic, p_state, p_prev, p_hash)) AS n(" +
                    EVENT_COLUMNS + ") WHERE " + self.continues("n") + " ")
+        many_name, one_name = ("{append_keyed}", "{append_one_keyed}") if keyed else ("{append}", "{append_one}")
         return [
-            function("{append}", "p_ids {id_type}[], p_versions int8[], p_topics text[], p_states bytea[], "
+            function(many_name, "p_ids {id_type}[], p_versions int8[], p_topics text[], p_states bytea[], "
                      "p_prevs bytea[], p_hashes bytea[]",
                      many + "SELECT array_agg(notification_id ORDER BY notification_id) INTO ids FROM inserted;" +
                      refuse_if("cardinality(ids) IS DISTINCT FROM cardinality(p_ids)", "p_ids[1]", "p_versions[1]")),
-            function("{append_one}", "p_id {id_type}, p_version int8, p_topic text, p_state bytea, p_prev bytea, "
+            function(one_name, "p_id {id_type}, p_version int8, p_topic text, p_state bytea, p_prev bytea, "
                      "p_hash bytea",
                      one + "RETURNING notification_id INTO one; ids := ARRAY[one];" +
                      refuse_if("one IS NULL", "p_id", "p_version")),
@@ -274,3 +291,9 @@ def store_proven_append_statements(schema: str) -> list[Composed]:
     """The DDL of the store's append functions that prove each event's predecessor (migration 11), used by
     ``EventRecorder.append_batch``."""
     return EventTables(schema).append_functions()
+
+
+def store_keyed_append_statements(schema: str) -> list[Composed]:
+    """The DDL of the store's append functions that also insert the data keys of the new subjects the events are
+    sealed for (migration 13), used by ``EventRecorder.append_batch`` for the commands that have any."""
+    return EventTables(schema).append_functions(keyed=True)

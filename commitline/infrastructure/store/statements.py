@@ -7,9 +7,16 @@ One command's insert on commitline's own tables (``insert_proven``) proves each 
 only if the events are: a refused append returns no notification ids and writes nothing. The key goes in first
 (the events' WHERE reads its CTE), so a twin's key is waited on before any version is. An ``eventsourcing``
 application's tables keep the library's contract: unique versions, nothing proven (``insert_events``).
+
+A command whose events are sealed under data keys not stored yet (a new data subject's: ``personal/cipher.py``)
+inserts those keys in the same statement, or the same append function's call (``*_keyed``), after the key's
+record and only if the events are: a subject that got its key first refuses the whole append (unique
+violation on ``data_keys``), which writes nothing.
 """
 
 from __future__ import annotations
+
+from psycopg.sql import Composed
 
 from commitline.infrastructure.store.pipelined import Statement
 from commitline.infrastructure.store.schema import EVENT_COLUMNS, EventTables
@@ -27,18 +34,30 @@ class Statements:
         )
         # The events of one command and its key's record (NULLs for none), in one statement: both inserted
         # only if every event continues its stream; RETURNING says how many were (all, or none).
-        self.insert_proven = None if tables.eventsourcing else q(
-            "WITH batch AS (SELECT * FROM unnest(%s::{id_type}[], %s::int8[], %s::text[], %s::bytea[], %s::bytea[], "
-            "%s::bytea[]) AS n(" + EVENT_COLUMNS + ")), "
-            "proof AS (SELECT bool_and(" + tables.continues("n", "batch") + ") AS proven FROM batch n), "
-            "key AS (INSERT INTO {idem} "
-            "(tenant, key, fingerprint, command_type, aggregate_id, stream_version, outcome) "
-            "SELECT * FROM (VALUES (%s::text, %s::text, %s::bytea, %s::text, %s::uuid, %s::int8, %s::bytea)) "
-            "AS k(tenant, key, fingerprint, command_type, aggregate_id, stream_version, outcome) "
-            "WHERE k.key IS NOT NULL AND (SELECT proven FROM proof) RETURNING 1) "
-            "INSERT INTO {events} (" + EVENT_COLUMNS + ") SELECT * FROM batch "
-            "WHERE (SELECT proven FROM proof) AND (SELECT count(*) FROM key) >= 0 RETURNING notification_id"
-        )
+        def proven(keyed: bool) -> Composed:
+            # ``keyed``: five arrays more, the rows of the data keys the events are sealed under that are not
+            # stored yet, inserted after the key's record (whose CTE their WHERE reads) and only if the events
+            # are; plainly: a subject that has a key already raises unique_violation on data_keys.
+            new_keys = ("new_keys AS (INSERT INTO {keys} (key_id, tenant, subject, wrapped, master_key_id) "
+                        "SELECT * FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::bytea[], %s::text[]) "
+                        "WHERE (SELECT proven FROM proof) AND (SELECT count(*) FROM key) >= 0 RETURNING 1) ")
+            return q(
+                "WITH batch AS (SELECT * FROM unnest(%s::{id_type}[], %s::int8[], %s::text[], %s::bytea[], "
+                "%s::bytea[], %s::bytea[]) AS n(" + EVENT_COLUMNS + ")), "
+                "proof AS (SELECT bool_and(" + tables.continues("n", "batch") + ") AS proven FROM batch n), "
+                "key AS (INSERT INTO {idem} "
+                "(tenant, key, fingerprint, command_type, aggregate_id, stream_version, outcome) "
+                "SELECT * FROM (VALUES (%s::text, %s::text, %s::bytea, %s::text, %s::uuid, %s::int8, %s::bytea)) "
+                "AS k(tenant, key, fingerprint, command_type, aggregate_id, stream_version, outcome) "
+                "WHERE k.key IS NOT NULL AND (SELECT proven FROM proof) RETURNING 1)" + (", " + new_keys if keyed
+                                                                                      else " ") +
+                "INSERT INTO {events} (" + EVENT_COLUMNS + ") SELECT * FROM batch "
+                "WHERE (SELECT proven FROM proof) AND (SELECT count(*) FROM key) >= 0" +
+                (" AND (SELECT count(*) FROM new_keys) >= 0" if keyed else "") + " RETURNING notification_id"
+            )
+
+        self.insert_proven = None if tables.eventsourcing else proven(keyed=False)
+        self.insert_proven_keyed = None if tables.eventsourcing else proven(keyed=True)
         self.insert_idempotency = q(
             "INSERT INTO {idem} (tenant, key, fingerprint, command_type, aggregate_id, stream_version, outcome) "
             "VALUES (%s, %s, %s, %s, %s, %s, %s)"
@@ -51,6 +70,13 @@ class Statements:
             q(call % "append"), (*key_types, "uuid[]", "int8[]", "text[]", "bytea[]", "bytea[]", "bytea[]"))
         self.append_one = Statement.of(  # the common case, a command with one event: no arrays to build
             q(call % "append_one"), (*key_types, "uuid", "int8", "text", "bytea", "bytea", "bytea"))
+        # The same with the rows of the data keys of the command's new subjects (migration 13).
+        keyed = "SELECT ids, refused, detail FROM {%s}(" + ", ".join(f"${n}" for n in range(1, 19)) + ")"
+        data_key_types = ("uuid[]", "text[]", "text[]", "bytea[]", "text[]")
+        self.append_keyed = Statement.of(q(keyed % "append_keyed"), (
+            *key_types, *data_key_types, "uuid[]", "int8[]", "text[]", "bytea[]", "bytea[]", "bytea[]"))
+        self.append_one_keyed = Statement.of(q(keyed % "append_one_keyed"), (
+            *key_types, *data_key_types, "uuid", "int8", "text", "bytea", "bytea", "bytea"))
         # -- per-stream reads
         self.select_hash = q("SELECT event_hash FROM {events} WHERE originator_id = %s AND originator_version = %s")
         self.select_idempotency = q(
