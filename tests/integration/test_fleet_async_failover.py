@@ -253,8 +253,9 @@ def test_failover_to_an_asynchronous_standby_held_behind_loses_acknowledged_comm
               f"(standby at {held} when held); {len(void)} Kafka records of generation 1 beyond it; "
               f"{len([r for r in records if int(r['generation']) == 2])} records in generation 2 ({duplicates} "
               f"duplicates overall); from the kill: promoted after {promoted - killed_at:.1f} s, first command accepted "
-              f"on the new primary {first_accepted - killed_at:.1f} s, publisher stop detected "
-              f"{stop_detected - killed_at:.1f} s")
+              f"on the new primary {first_accepted - killed_at:.1f} s ({first_accepted - promoted:.1f} s after the "
+              f"promotion), publisher stop detected {stop_detected - killed_at:.1f} s "
+              f"({stop_detected - promoted:.1f} s after the promotion)")
 
 
 def _answers(pg: EmbeddedPostgres) -> bool:
