@@ -196,6 +196,9 @@ class Follower(OwnedSlots):
         """Work (rounds in one task, supervision in this one) until ``stop``, a yield, or an error; then hand
         everything back."""
         await self.on_owner()
+        log = getattr(self.recorder, "log", None)
+        if log is not None:
+            log.forget_gaps()  # proofs drawn from the server of a lost session prove nothing on another one
         rows = await asyncio.to_thread(self.lease.rows, self.lease.initial_slots())
         await self._took(rows, announce=True)
         halt = asyncio.Event()
