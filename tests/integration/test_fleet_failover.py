@@ -19,80 +19,26 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from commitline.composition import bootstrap
 from commitline.infrastructure.embedded.postgres import EmbeddedPostgres
-from commitline.infrastructure.embedded.postgres_binaries import PostgresBinaries
 from tests.fleet import (Fleet, Load, check_applied_once, check_kafka, check_outage_logged_once, fleet_env,
                          published_beyond, read_kafka, stored_events)
 from tests.fleet_workload import (SETTLED, TENANT, Workload, all_running, caught_up, check_each_applied_once,
                                   check_read_models, start_fleet)
+from tests.standby import DATABASE, fleet_url, primary_and_standby, promote, sql
 from tests.support import settings_for, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.failover]
 
-DATABASE = "commitline"
 SCHEMA = "failover"
-
-
-def sql(pg: EmbeddedPostgres, statement: str, database: str = "postgres") -> list[tuple]:
-    with psycopg.connect(pg.dsn_for(database), autocommit=True) as conn:
-        cursor = conn.execute(statement)
-        return cursor.fetchall() if cursor.description else []
-
-
-def run(data_dir: Path, *argv: str, timeout: float = 120) -> None:
-    """A binary of the embedded PostgreSQL, run as the server's user (``postgres_binaries``)."""
-    rc, out = PostgresBinaries(data_dir).run(list(argv), timeout)
-    assert rc == 0, f"{argv[0]} failed ({rc}):\n{out}"
-
-
-def make_standby(primary: EmbeddedPostgres, data_dir: Path) -> EmbeddedPostgres:
-    """A hot standby of ``primary`` in ``data_dir`` (``pg_basebackup -R``), started on its own port, streaming."""
-    binaries = PostgresBinaries(data_dir)
-    binaries.prepare_data_dir()  # an empty folder the server's user owns
-    data_dir.chmod(0o700)  # pg_basebackup keeps the folder's mode, and the server refuses a readable one
-    run(data_dir, "pg_basebackup", "-h", "127.0.0.1", "-p", str(primary.port), "-U", "postgres", "-D",
-        str(data_dir), "-R", "-X", "stream", "-c", "fast")
-    standby = EmbeddedPostgres(data_dir, database=DATABASE)
-    standby.start()
-    wait_for(lambda: sql(primary, "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'")[0][0] == 1,
-             "the standby to stream", timeout=120)
-    return standby
-
-
-def make_synchronous(primary: EmbeddedPostgres) -> None:
-    """Every commit on ``primary`` waits for the standby (set only once it streams: before, commits block)."""
-    sql(primary, "ALTER SYSTEM SET synchronous_standby_names = '*'")
-    sql(primary, "SELECT pg_reload_conf()")
-    wait_for(lambda: sql(primary, "SELECT sync_state FROM pg_stat_replication") == [("sync",)],
-             "the standby to be synchronous", timeout=60)
-
-
-def promote(standby: EmbeddedPostgres) -> None:
-    """``pg_ctl promote``, then clear the ``synchronous_standby_names`` a promoted server may keep (the runbook)."""
-    run(standby.data_dir, "pg_ctl", "-D", str(standby.data_dir), "-w", "-t", "60", "promote")
-    sql(standby, "ALTER SYSTEM RESET synchronous_standby_names")
-    sql(standby, "SELECT pg_reload_conf()")
-    assert sql(standby, "SELECT pg_is_in_recovery()") == [(False,)]
 
 
 @pytest.fixture
 def servers(tmp_path: Path) -> Iterator[tuple[EmbeddedPostgres, EmbeddedPostgres]]:
-    primary = EmbeddedPostgres(tmp_path / "primary", database=DATABASE,
-                               settings={"wal_level": "replica", "max_wal_senders": "5", "synchronous_commit": "on"})
-    primary.start()
-    standby = None
-    try:
-        standby = make_standby(primary, tmp_path / "standby")
-        make_synchronous(primary)
-        yield primary, standby
-    finally:
-        primary.kill()  # never restarted after a failover: it would be a second primary
-        if standby is not None:
-            standby.stop()
+    with primary_and_standby(tmp_path, synchronous=True) as both:
+        yield both
 
 
 @pytest.mark.timeout(1200)
@@ -100,8 +46,7 @@ def test_failover_to_a_synchronous_standby_under_load_loses_nothing_acknowledged
         servers: tuple[EmbeddedPostgres, EmbeddedPostgres], kafka_bootstrap: str, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
     primary, standby = servers
-    url = (f"postgresql://postgres@127.0.0.1:{primary.port},127.0.0.1:{standby.port}/{DATABASE}"
-           "?target_session_attrs=read-write")
+    url = fleet_url(primary, standby)
     work = Workload(threads=3)
     with Fleet(fleet_env(url, SCHEMA, kafka_bootstrap), tmp_path / "logs") as fleet, ExitStack() as stack:
         key = start_fleet(fleet)

@@ -25,7 +25,8 @@ them; a move past other slots' events only is a watermark saved at most once a s
 LISTEN/NOTIFY or the poll interval, yields the lease to a waiting rebuild (``yields_to_waiters``), resumes
 a slot an operator decided on, reports drain (``on_caught_up``/``on_poisoned``), backs off while
 PostgreSQL cannot be used (logged once as the outage starts and once as it ends, a broken lease session
-being part of it), re-joins after a lost session (or once the store started another generation:
+being part of it), proves its session still stands before handling a page read after an outage or through a
+replaced connection (which may have reached a promoted standby), re-joins after a lost session (or once the store started another generation:
 ``went_back.py``), and hands everything back on the way out. Slots change hands only between rounds, so a
 slot leaves an instance with every event it handled saved: its next owner starts after that position.
 """
@@ -102,6 +103,7 @@ class Follower(OwnedSlots):
         self.logger = logger or logging.getLogger(type(self).__module__)  # outages are logged under its name
         self.outage = Outage(self.logger, self.outage_subject or name, max_backoff)
         self.store_outage = Outage(self.logger, f"{name}: PostgreSQL", max_backoff)
+        self._proven = (False, 0)  # (the session proved since the last outage, connections_lost then)
         OwnedSlots.__init__(self)
 
     @property
@@ -194,6 +196,9 @@ class Follower(OwnedSlots):
         """Work (rounds in one task, supervision in this one) until ``stop``, a yield, or an error; then hand
         everything back."""
         await self.on_owner()
+        log = getattr(self.recorder, "log", None)
+        if log is not None:
+            log.forget_gaps()  # proofs drawn from the server of a lost session prove nothing on another one
         rows = await asyncio.to_thread(self.lease.rows, self.lease.initial_slots())
         await self._took(rows, announce=True)
         halt = asyncio.Event()
@@ -252,6 +257,7 @@ class Follower(OwnedSlots):
                     outcome = await self._one_round()
                 self.store_outage.recovered()
             except StoreUnavailable as e:
+                self._proven = (False, 0)
                 await wait_or_stop(halt, self.store_outage.failed(e))
                 continue
             if outcome is True:
@@ -278,6 +284,7 @@ class Follower(OwnedSlots):
                 await self._save([(s, slot.position, None) for s, slot in self.slots.items()
                                   if slot.status != "failed" and (slot.position != slot.saved or slot.status != "running")])
             return bool(moved) and page.full
+        await self._prove_session()
         try:
             handled = await self.handle_page(page, active)
         except StoreUnavailable:
@@ -313,6 +320,16 @@ class Follower(OwnedSlots):
                                          h.poison["position"], h.poison["message"])
         self.moved()
         return True
+
+    async def _prove_session(self) -> None:
+        """Before handling a page read after an outage or through a replaced connection: the fenced session must
+        still stand (LeaseLost otherwise), or the page may come from another server than the one the slots were
+        taken on (a promoted standby that lacks what the session's server had: the rows are taken again there,
+        checked against it, and the publisher checks the broker)."""
+        lost = getattr(self.recorder.datastore, "connections_lost", 0)
+        if self._proven != (True, lost):
+            await asyncio.to_thread(self.lease.check_generation)
+            self._proven = (True, lost)
 
     # -- one slot, on a lease given (a rebuild's catch-up) -------------------------------
 

@@ -63,7 +63,9 @@ class OwnedSlots:
 
     @property
     def waiting_for_operator(self) -> bool:
-        return bool(self._stopped) or any(s.status == "failed" for s in self.slots.values())
+        # a slot stopped here, then handed over, waits no more once its row says an operator let it go on
+        waiting = {s for s in self._stopped if s not in self._others or self._others[s][1] == "failed"}
+        return bool(waiting) or any(s.status == "failed" for s in self.slots.values())
 
     @property
     def owned(self) -> list[int]:
@@ -95,7 +97,9 @@ class OwnedSlots:
                 self._others.pop(slot, None)
                 if announce:
                     self.logger.info("%s: %s active from position %d", self.lease.names[slot], self.owner, position)
-            self.activated([s for s, (_, status) in rows.items() if status != "failed"])
+            going_on = [s for s, (_, status) in rows.items() if status != "failed"]
+            self._stopped.difference_update(going_on)  # stopped here before, let go on since
+            self.activated(going_on)
         if rows:
             self.moved()
             self.wakeup.poke()

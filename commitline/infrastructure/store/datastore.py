@@ -106,6 +106,9 @@ class StoreDatastore(PostgresDatastore):
         self._kept: list[tuple[psycopg.Connection[Any], float]] = []  # (connection, taken from the pool at)
         self._kept_lock = threading.Lock()
         self._closing = False
+        # How many pooled connections were found ended by the server: each is replaced by one that may reach
+        # another server (a promoted standby), which followers prove their fenced session against.
+        self.connections_lost = 0
 
     def connection(self) -> AbstractContextManager[psycopg.Connection[Any]]:
         """A pooled connection as it is (no type adapters: the recorder's fast path)."""
@@ -176,6 +179,7 @@ class StoreDatastore(PostgresDatastore):
 
         def check_idle_if_broken(_: BaseException) -> None:
             if conn is not None and conn.closed:
+                self.connections_lost += 1
                 self.pool.check()
 
         with store_failures(self.pool.kwargs, check_idle_if_broken):
@@ -197,6 +201,7 @@ class StoreDatastore(PostgresDatastore):
             ConnectionPool.check_connection(conn)
             return False
         except psycopg.Error:
+            self.connections_lost += 1
             conn.close()  # failed its check: neither the pool nor the kept ones may hand it out again
             self._return_kept()  # its kept and idle neighbours are most likely gone too
             self.pool.check()

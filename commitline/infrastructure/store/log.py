@@ -16,7 +16,9 @@ still uncommitted. Every read returns only what lies before the first gap not ye
 
 Consequence: a follower never skips an event that commits late (the leapfrog problem), without
 serialising writers. The cost, as in Emmett: a very long open transaction delays passing a gap (never
-correctness). A gap proven for one reader is passed by all readers of the same ``NotificationLog``.
+correctness). A gap proven for one reader is passed by all readers of the same ``NotificationLog``. Xids are
+one server's: a follower joining again after a lost session forgets every gap (``forget_gaps``), as it may
+be reading a promoted standby now, whose xids went back if it was asynchronous.
 
 Filtered reads (by topic, by bucket) filter before the limit (a page of other events never hides a
 matching one behind it) and still stop before any unproven gap below their last row, read in the same
@@ -179,6 +181,14 @@ class NotificationLog:
             with conn.transaction(force_rollback=True):
                 cur.execute(self._assign_xid)
                 return int(cur.fetchone()[0])  # type: ignore[index]
+
+    def forget_gaps(self) -> None:
+        """Forget every gap met and its proof's bound: a follower joining again after a lost session may now
+        read another server (a promoted standby), whose xids are not those the bounds were drawn from (they
+        went back with an asynchronous standby: a bound from the old server would hold a gap for as long as
+        the new one takes to reach it, or pass one a writer there still fills). A gap met again is proven anew."""
+        with self._gaps_lock:
+            self._gaps.clear()
 
     def gaps_seen(self) -> set[int]:
         """First ids of the gaps readers of this log have met (open or proven aborted): diagnostics."""
