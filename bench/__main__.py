@@ -28,6 +28,7 @@ from types import ModuleType
 
 from bench import (
     audit_verify,
+    cold_cache,
     command_throughput,
     eventsourcing_module,
     http_api,
@@ -40,7 +41,7 @@ from bench import (
 from bench.harness import BenchContext, open_database
 
 #: Benchmark modules, in running order.
-MODULES: list[ModuleType] = [command_throughput, http_api, eventsourcing_module, publisher_throughput,
+MODULES: list[ModuleType] = [command_throughput, cold_cache, http_api, eventsourcing_module, publisher_throughput,
                              projection_rebuild, audit_verify, tracing_overhead, personal_data, scale]
 
 #: Benchmarks run only when named: the scale bench fills millions of events (``make bench-scale``).

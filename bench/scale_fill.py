@@ -34,7 +34,7 @@ from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastor
 from psycopg.sql import SQL, Identifier
 from pydantic_core import to_jsonable_python
 
-from bench.projection_rebuild import inventory_events, survey_events
+from bench.example_log import inventory_events, survey_events
 from commitline.application.chain import GENESIS, chain
 from commitline.application.results import DispatchResult, RecordedEventView
 from commitline.composition import Commitline
