@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.list:
         for name, module, _ in benchmarks:
-            print(f"{name}  (bench/{module}.py)")
+            print(f"{name}  (bench/{module}.py)" + ("  [only when named: make bench-scale]" if name in EXPLICIT else ""))
         return 0
     known = {n for n, _, _ in benchmarks} | {m for _, m, _ in benchmarks}
     unknown = [n for n in args.names if n not in known]

@@ -107,6 +107,14 @@ def catch_up(ctx: BenchContext, schema: str) -> tuple[int, float]:
     return best
 
 
+def events_size(ctx: BenchContext, schema: str) -> tuple[float, str]:
+    """(MiB of the events table with its indexes, the server's shared_buffers)."""
+    with psycopg.connect(ctx.dsn, autocommit=True) as conn:
+        size = conn.execute("SELECT pg_total_relation_size(%s::regclass)", (f'"{schema}".events',)).fetchone()[0]  # type: ignore[index]
+        buffers = conn.execute("SHOW shared_buffers").fetchone()[0]  # type: ignore[index]
+    return size / 2**20, str(buffers)
+
+
 def analyze(ctx: BenchContext, schema: str) -> None:
     with psycopg.connect(ctx.dsn, autocommit=True) as conn:
         for table in ("events", "idempotency_keys", "snapshots"):
@@ -164,11 +172,13 @@ def scale(ctx: BenchContext) -> Iterator[str]:
             filler = Filler(app, stock_recorder(app, stock_schema), min(total, STOCK_SAMPLE))
             fill_s = fill_to(ctx, schema, filler, REFERENCE)
             ref_n, ref_rate = catch_up(ctx, schema)
+            ref_mib, buffers = events_size(ctx, schema)
             fill_s += fill_to(ctx, schema, filler, total)
             filler.stock.datastore.close()  # type: ignore[union-attr]
         stored_cmd = commands(ctx, schema)
         stored_load = cold_load(ctx, schema, item)
         read_n, read_rate = catch_up(ctx, schema)
+        read_mib, _ = events_size(ctx, schema)
         ours, stock = sizes(ctx, schema), sizes(ctx, stock_schema)
 
     events = read_n
@@ -183,6 +193,9 @@ def scale(ctx: BenchContext) -> Iterator[str]:
            f"({verdict(r_read, GOALS['catch_up'], True)}); long aggregate ({LONG:,} events, snapshots on) cold load "
            f"empty={empty_load * 1000:.1f}ms stored={stored_load * 1000:.1f}ms ratio={r_load:.2f} "
            f"({verdict(r_load, GOALS['load'], False)})")
+    yield (f"scale catch-up read: a fresh app, select_notifications pages of 5,000 + decode, best of the rounds; "
+           f"events table with its indexes {ref_mib:.0f} MiB at {ref_n:,} events, {read_mib:.0f} MiB at {events:,}; "
+           f"the server's shared_buffers {buffers} (beyond it pages come from the OS cache or the disk)")
     if empty_cmd.errors or stored_cmd.errors:
         yield f"scale errors: empty {empty_cmd.errors}, stored {stored_cmd.errors} failed commands"
     prefilled = filler.written
