@@ -202,6 +202,8 @@ def scale(ctx: BenchContext) -> Iterator[str]:
     yield (f"scale prefill: {prefilled:,} events with their idempotency records in {fill_s:.1f} s "
            f"({prefilled / fill_s:.0f} events/s, {filler.stock_written:,} of them also into the stock table)")
     yield from bytes_lines(ours, stock, events, filler.stock_written)
+    if total < DEFAULT_EVENTS:
+        yield extrapolation(ours, stock, events, filler.stock_written)
 
 
 def bytes_lines(ours: dict[str, tuple[int, int, int]], stock: dict[str, tuple[int, int, int]], events: int,
@@ -226,6 +228,23 @@ def bytes_lines(ours: dict[str, tuple[int, int, int]], stock: dict[str, tuple[in
            f"{(idem[1] + idem[2]) / max(1, idem[0]):.0f} B each) only need to outlive clients' retries: "
            f"run `commitline idempotency expire --older-than-days D` daily with D above the longest retry window "
            f"(e.g. 7); snapshots are small and one per 100 events of long streams")
+
+
+def extrapolation(ours: dict[str, tuple[int, int, int]], stock: dict[str, tuple[int, int, int]], events: int,
+                  stock_events: int) -> str:
+    """The sizes at the issue's 10,000,000 events from these bytes per event (linear); nothing else is."""
+    def at_default(heap_index: int, n: int) -> str:
+        return f"{heap_index / n * DEFAULT_EVENTS / 1e9:.1f} GB"
+
+    grand = sum(h + i for _, h, i in ours.values())
+    parts = [f"{name} {at_default(ours[name][1] + ours[name][2], events)}"
+             for name in ("events", "idempotency_keys") if name in ours]
+    stock_part = (f", the stock table {at_default(sum(stock['stored_events'][1:]), stock_events)}"
+                  if "stored_events" in stock and stock_events else "")
+    return (f"scale extrapolation: measured at {events:,} events, below {DEFAULT_EVENTS:,}; at {DEFAULT_EVENTS:,} "
+            f"the same bytes per event make {at_default(grand, events)} ({', '.join(parts)}){stock_part}. Only sizes "
+            f"extrapolate linearly: the commands/s, p99, catch-up and load ratios depend on what still fits in "
+            f"the server's cache and are not extrapolated")
 
 
 #: What ``python -m bench scale`` runs (``make bench`` leaves it out: see ``bench.__main__.EXPLICIT``).
