@@ -168,11 +168,14 @@ def scale(ctx: BenchContext) -> Iterator[str]:
         yield f"scale setup: long aggregate of {LONG:,} receive_stock commands in {time.perf_counter() - t0:.1f} s"
         empty_cmd = commands(ctx, schema)
         empty_load = cold_load(ctx, schema, item)
+        yield (f"scale empty store: commands/s={empty_cmd.rate:.0f} p99={empty_cmd.percentile(0.99) * 1000:.1f}ms "
+               f"long aggregate cold load={empty_load * 1000:.1f}ms")
         with commitline_app(ctx.dsn, schema) as app:
             filler = Filler(app, stock_recorder(app, stock_schema), min(total, STOCK_SAMPLE))
             fill_s = fill_to(ctx, schema, filler, REFERENCE)
             ref_n, ref_rate = catch_up(ctx, schema)
             ref_mib, buffers = events_size(ctx, schema)
+            yield f"scale reference: catch-up read of {ref_n:,} events {ref_rate:.0f} events/s; filling to {total:,}"
             fill_s += fill_to(ctx, schema, filler, total)
             filler.stock.datastore.close()  # type: ignore[union-attr]
         stored_cmd = commands(ctx, schema)
