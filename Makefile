@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench unit fuzz clean browser docs docs-serve screenshot
+.PHONY: demo test bench bench-scale unit fuzz clean browser docs docs-serve screenshot
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ unit: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
+
+# Cost as the log grows (not part of `make bench`): the same figures on an empty store and on one of
+# COMMITLINE_BENCH_SCALE_EVENTS events (default 10,000,000: a long run, and several GiB of disk); docs/benchmarks.md.
+bench-scale: $(STAMP)
+	$(BIN)/python -m bench.scale
 
 # A longer fuzzing of a real `commitline serve` from its /openapi.json than `make test`'s, with a fresh seed.
 fuzz: $(STAMP)

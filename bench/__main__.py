@@ -9,6 +9,7 @@ every benchmark works in its own schema, dropped at the end.
     python -m bench --quick              # shorter windows, smaller stores, fewer rounds (~1 min)
     python -m bench contention           # only the named benchmarks (or modules)
     python -m bench --list
+    python -m bench scale                # cost as the log grows (``make bench-scale``; never run by default)
 
 Adding a benchmark: a module ``bench/<name>.py`` with a docstring (what, against which
 baseline) and ``BENCHMARKS = (("name", callable), ...)``, each callable taking a
@@ -27,19 +28,24 @@ from types import ModuleType
 
 from bench import (
     audit_verify,
+    cold_cache,
     command_throughput,
     eventsourcing_module,
     http_api,
     personal_data,
     projection_rebuild,
     publisher_throughput,
+    scale,
     tracing_overhead,
 )
 from bench.harness import BenchContext, open_database
 
 #: Benchmark modules, in running order.
-MODULES: list[ModuleType] = [command_throughput, http_api, eventsourcing_module, publisher_throughput,
-                             projection_rebuild, audit_verify, tracing_overhead, personal_data]
+MODULES: list[ModuleType] = [command_throughput, cold_cache, http_api, eventsourcing_module, publisher_throughput,
+                             projection_rebuild, audit_verify, tracing_overhead, personal_data, scale]
+
+#: Benchmarks run only when named: the scale bench fills millions of events (``make bench-scale``).
+EXPLICIT = {"scale"}
 
 Benchmark = tuple[str, str, Callable[[BenchContext], Iterator[str]]]  # (name, module, callable)
 
@@ -58,13 +64,14 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.list:
         for name, module, _ in benchmarks:
-            print(f"{name}  (bench/{module}.py)")
+            print(f"{name}  (bench/{module}.py)" + ("  [only when named: make bench-scale]" if name in EXPLICIT else ""))
         return 0
     known = {n for n, _, _ in benchmarks} | {m for _, m, _ in benchmarks}
     unknown = [n for n in args.names if n not in known]
     if unknown:
         parser.error(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-    selected = [b for b in benchmarks if not args.names or b[0] in args.names or b[1] in args.names]
+    selected = [b for b in benchmarks if b[0] in args.names or b[1] in args.names
+                or (not args.names and b[0] not in EXPLICIT)]
 
     started = time.perf_counter()
     failed = 0

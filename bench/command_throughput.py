@@ -26,12 +26,15 @@
       It has no idempotency record (commitline does strictly more work per command).
 
     - state_stored: the design the seeds use instead of event sourcing (seed 002's write path),
-      written with psycopg and a pool of the same size: one row per item with a version column;
-      per command one read (the idempotency key's row and the item's row, one statement), then
-      one transaction, pipelined: ``UPDATE items SET state, version = version + 1 WHERE id AND
-      version``, an outbox ``INSERT`` and an idempotency-key ``INSERT``.
+      written with psycopg (``bench.baselines``): one row per item with a version column; per command
+      one read (the idempotency key's row and the item's row, one statement), then one transaction,
+      pipelined: ``UPDATE items SET state, version = version + 1 WHERE id AND version``, an outbox
+      ``INSERT`` and an idempotency-key ``INSERT``.
     - raw_insert: the ceiling: one-row ``INSERT`` transactions (autocommit) from the same number
-      of psycopg threads on a pool of the same size. Nothing can do a command in fewer commits.
+      of psycopg threads. Nothing can do a command in fewer commits.
+
+    Both psycopg baselines keep one connection per writer, as commitline's writers do (a pool
+    check-out per command would cost them about 8%).
 
     Each measurement uses fresh aggregates and a freshly opened app, runs a warm-up (pool
     growth, prepared statements) and then counts the commands completed within the fixed
@@ -47,30 +50,30 @@
 ``processes``
     commitline's commands/s at 32 writers in 1 process and split over 2 processes (16 each, as
     the HTTP server's workers would be), each with its own pool and aggregate cache, same server,
-    each claiming its CPU as the server's workers do (``COMMITLINE_DISPATCH_CPU=auto``).
+    each claiming its CPU as the server's workers do (``COMMITLINE_DISPATCH_CPU=auto``). The two
+    processes start their warm-ups and windows together: each reports ``ready`` once its app is
+    open and its items exist, and waits for the bench's ``go``, sent when both are ready.
+
+Goal lines name the figure they read: ``(goal: commitline / raw_insert at 32 writers)`` and
+``(goal: 2 processes / 1 process at 32 writers)``.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 import subprocess
 import sys
 import textwrap
-import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import Any
 from uuid import UUID
 
-import orjson
 from eventsourcing.application import Application
 from eventsourcing.domain import Aggregate, event
-from psycopg import sql
-from psycopg_pool import ConnectionPool
 
+from bench.baselines import measure_raw_insert, measure_state_stored
+from bench.driving import Measurement, drive
 from bench.harness import POOL_MAX_OVERFLOW, POOL_SIZE, BenchContext, commitline_app, fresh_schema, run_together
 from commitline.application.errors import ConcurrencyConflict
 from commitline.infrastructure.dispatch_cpu import usable_cpus
@@ -147,69 +150,11 @@ def stock_environment(ctx: BenchContext, schema: str) -> dict[str, str]:
     }
 
 
-@dataclass
-class Measurement:
-    rate: float  # commands/s in the measured window
-    latencies: list[float] = field(default_factory=list)  # seconds, commands completed in the window
-    errors: int = 0
-    first_error: BaseException | None = None
-
-    def percentile(self, q: float) -> float:
-        if not self.latencies:
-            return float("nan")
-        ordered = sorted(self.latencies)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def drive(writers: int, command: Callable[[int, int], Any], warmup: float, duration: float,
-          cpu: int | None = None) -> Measurement:
-    """Each writer i loops command(i, seq) until the window ends; count what completes inside it. With ``cpu``,
-    every writer thread first moves to that CPU (``os.sched_setaffinity``), as commitline's own
-    ``COMMITLINE_DISPATCH_CPU`` moves its dispatching threads."""
-    window: dict[str, float] = {}
-
-    def set_window() -> None:
-        now = time.perf_counter()
-        window["start"] = now + warmup
-        window["end"] = now + warmup + duration
-
-    def loop(i: int) -> tuple[list[float], int, BaseException | None]:
-        if cpu is not None:
-            os.sched_setaffinity(0, {cpu})  # this writer thread only: the next measurement's threads start free
-        start, end = window["start"], window["end"]
-        latencies: list[float] = []
-        errors, first_error = 0, None
-        for seq in itertools.count():
-            t0 = time.perf_counter()
-            if t0 >= end:
-                break
-            try:
-                command(i, seq)
-            except Exception as e:
-                errors += 1
-                first_error = first_error or e
-                continue
-            t1 = time.perf_counter()
-            if start <= t1 <= end:
-                latencies.append(t1 - t0)
-        return latencies, errors, first_error
-
-    outcomes = run_together(writers, loop, action=set_window, timeout=warmup + duration + 120)
-    result = Measurement(0.0)
-    for outcome in outcomes:
-        if isinstance(outcome, BaseException):
-            raise outcome
-        latencies, errors, first_error = outcome
-        result.latencies.extend(latencies)
-        result.errors += errors
-        result.first_error = result.first_error or first_error
-    result.rate = len(result.latencies) / duration
-    return result
-
-
 def measure_commitline(ctx: BenchContext, schema: str, writers: int, warmup: float, duration: float,
-                       cpu: int | None = None, *, dispatch_cpu: str = "off") -> Measurement:
-    """``dispatch_cpu`` off: the bench alone places the writer threads (``cpu``), as for every other system."""
+                       cpu: int | None = None, *, dispatch_cpu: str = "off",
+                       ready: Callable[[], None] | None = None) -> Measurement:
+    """``dispatch_cpu`` off: the bench alone places the writer threads (``cpu``), as for every other system.
+    ``ready``: see ``drive``."""
     run = uuid.uuid4().hex[:8]
     with commitline_app(ctx.dsn, schema, snapshot_interval=SNAPSHOT_INTERVAL, dispatch_cpu=dispatch_cpu) as app:
         items = []
@@ -222,7 +167,7 @@ def measure_commitline(ctx: BenchContext, schema: str, writers: int, warmup: flo
             app.dispatch({"type": "receive_stock", "item_id": items[i], "quantity": 1},
                          idempotency_key=f"{run}-{i}-{seq}")
 
-        return drive(writers, command, warmup, duration, cpu)
+        return drive(writers, command, warmup, duration, cpu, ready)
 
 
 def measure_stock(ctx: BenchContext, schema: str, writers: int, warmup: float, duration: float,
@@ -245,71 +190,6 @@ def measure_stock(ctx: BenchContext, schema: str, writers: int, warmup: float, d
         return drive(writers, command, warmup, duration, cpu)
     finally:
         app.close()
-
-
-def _pool(ctx: BenchContext, schema: str) -> ConnectionPool:
-    pool = ConnectionPool(ctx.dsn, min_size=POOL_SIZE, max_size=POOL_SIZE + POOL_MAX_OVERFLOW, open=False,
-                          kwargs={"autocommit": True, "options": f"-c search_path={schema}"})
-    pool.open(wait=True, timeout=30)
-    return pool
-
-
-def measure_state_stored(ctx: BenchContext, schema: str, writers: int, warmup: float,
-                         duration: float, cpu: int | None = None) -> Measurement:
-    run = uuid.uuid4().hex[:8]
-    items, outbox, keys = (sql.Identifier(f"ss_{name}_{run}") for name in ("items", "outbox", "keys"))
-    with _pool(ctx, schema) as pool:
-        with pool.connection() as conn:
-            conn.execute(sql.SQL("CREATE TABLE {} (id uuid PRIMARY KEY, state jsonb NOT NULL, version int8 NOT NULL)")
-                         .format(items))
-            conn.execute(sql.SQL("CREATE TABLE {} (id bigserial PRIMARY KEY, aggregate_id uuid NOT NULL, "
-                                 "type text NOT NULL, payload jsonb NOT NULL, published boolean NOT NULL DEFAULT "
-                                 "false)").format(outbox))
-            conn.execute(sql.SQL("CREATE TABLE {} (tenant text, key text, response jsonb NOT NULL, "
-                                 "PRIMARY KEY (tenant, key))").format(keys))
-            ids = [uuid.uuid4() for _ in range(writers)]
-            for i in ids:
-                conn.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s, 1)").format(items),
-                             (i, orjson.dumps({"on_hand": 1}).decode()))
-        read = sql.SQL("SELECT i.state, i.version, (SELECT response FROM {} WHERE tenant = %s AND key = %s) "
-                       "FROM {} i WHERE i.id = %s").format(keys, items)
-        update = sql.SQL("UPDATE {} SET state = %s, version = version + 1 WHERE id = %s AND version = %s").format(items)
-        to_outbox = sql.SQL("INSERT INTO {} (aggregate_id, type, payload) VALUES (%s, %s, %s)").format(outbox)
-        to_keys = sql.SQL("INSERT INTO {} (tenant, key, response) VALUES (%s, %s, %s)").format(keys)
-
-        def command(i: int, seq: int) -> None:
-            key = f"{run}-{i}-{seq}"
-            with pool.connection() as conn:
-                state, version, earlier = conn.execute(read, ("default", key, ids[i]), prepare=True).fetchone()
-                if earlier is not None:
-                    return
-                state = {**state, "on_hand": state["on_hand"] + 1}
-                payload = orjson.dumps({"quantity": 1}).decode()
-                with conn.pipeline(), conn.transaction():
-                    moved = conn.execute(update, (orjson.dumps(state).decode(), ids[i], version), prepare=True)
-                    conn.execute(to_outbox, (ids[i], "StockReceived", payload), prepare=True)
-                    conn.execute(to_keys, ("default", key, orjson.dumps({"version": version + 1}).decode()),
-                                 prepare=True)
-                if moved.rowcount != 1:
-                    raise ConcurrencyConflict(ids[i], version, None)
-
-        return drive(writers, command, warmup, duration, cpu)
-
-
-def measure_raw_insert(ctx: BenchContext, schema: str, writers: int, warmup: float, duration: float,
-                       cpu: int | None = None) -> Measurement:
-    table = sql.Identifier(f"raw_{uuid.uuid4().hex[:8]}")
-    with _pool(ctx, schema) as pool:
-        with pool.connection() as conn:
-            conn.execute(sql.SQL("CREATE TABLE {} (id bigserial PRIMARY KEY, payload bytea NOT NULL)").format(table))
-        insert = sql.SQL("INSERT INTO {} (payload) VALUES (%s)").format(table)
-        payload = bytes(100)
-
-        def command(i: int, seq: int) -> None:
-            with pool.connection() as conn:
-                conn.execute(insert, (payload,), prepare=True)
-
-        return drive(writers, command, warmup, duration, cpu)
 
 
 SYSTEMS: dict[str, Callable[..., Measurement]] = {
@@ -349,7 +229,9 @@ def throughput(ctx: BenchContext) -> Iterator[str]:
                    + " ".join(f"{name}={best[name].rate:.0f}" for name in names)
                    + f" ratio={_ratio(ours, best['stock_eventsourcing']):.2f}"
                    f" ratio_state_stored={_ratio(ours, best['state_stored']):.2f}"
-                   f" ratio_raw={_ratio(ours, best['raw_insert']):.2f}")
+                   f" ratio_raw={_ratio(ours, best['raw_insert']):.2f}"
+                   + (" (goal reads ratio_raw: commitline / raw one-row INSERT at 32 writers, one connection per "
+                      "writer)" if writers == 32 else ""))
             yield (f"latency writers={writers}: " + "; ".join(
                 f"{name} p50={best[name].percentile(0.5) * 1000:.1f}ms p99={best[name].percentile(0.99) * 1000:.1f}ms"
                 for name in names))
@@ -367,13 +249,20 @@ _WORKER = textwrap.dedent("""
     from bench.harness import BenchContext
     dsn, schema, writers, warmup, duration = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), \
         float(sys.argv[5])
-    m = measure_commitline(BenchContext(dsn=dsn, quick=True), schema, writers, warmup, duration, dispatch_cpu="auto")
+
+    def ready():
+        print("ready", flush=True)
+        if sys.stdin.readline().strip() != "go":
+            raise SystemExit("the bench did not say go")
+
+    m = measure_commitline(BenchContext(dsn=dsn, quick=True), schema, writers, warmup, duration, dispatch_cpu="auto",
+                           ready=ready)
     print(len(m.latencies), m.errors)
 """)
 
 
 def processes(ctx: BenchContext) -> Iterator[str]:
-    """32 writers in 1 process, then 16 in each of 2 processes started together (same window)."""
+    """32 writers in 1 process, then 16 in each of 2 processes whose warm-ups and windows start together."""
     warmup, duration = (1.0, 1.0) if ctx.quick else (2.0, 3.0)
     total_writers = 32
     rates = {}
@@ -381,8 +270,17 @@ def processes(ctx: BenchContext) -> Iterator[str]:
         for count in (1, 2):
             env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
             procs = [subprocess.Popen([sys.executable, "-c", _WORKER, ctx.dsn, schema, str(total_writers // count),
-                                       str(warmup), str(duration)], stdout=subprocess.PIPE, text=True, env=env)
+                                       str(warmup), str(duration)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      text=True, env=env)
                      for _ in range(count)]
+            for proc in procs:  # every app open and its items created
+                assert proc.stdout is not None
+                if proc.stdout.readline().strip() != "ready":
+                    raise RuntimeError(f"a bench worker process ended before its window (exit code {proc.wait()})")
+            for proc in procs:
+                assert proc.stdin is not None
+                proc.stdin.write("go\n")
+                proc.stdin.flush()
             done, errors = 0, 0
             for proc in procs:
                 out, _ = proc.communicate(timeout=300)
@@ -393,7 +291,8 @@ def processes(ctx: BenchContext) -> Iterator[str]:
             rates[count] = done / duration
             yield (f"commands/s processes={count} writers={total_writers}: commitline={rates[count]:.0f}"
                    + (f" errors={errors}" if errors else ""))
-    yield f"processes: 2 vs 1 ratio={_ratio(Measurement(rates[2]), Measurement(rates[1])):.2f}"
+    yield (f"processes: 2 vs 1 ratio={_ratio(Measurement(rates[2]), Measurement(rates[1])):.2f} "
+           f"(goal: 2 processes / 1 process at {total_writers} writers, windows started together)")
 
 
 #: What ``python -m bench`` runs from this module, in order: (name, callable).
