@@ -33,7 +33,7 @@ bench: $(STAMP)
 # Cost as the log grows (not part of `make bench`): the same figures on an empty store and on one of
 # COMMITLINE_BENCH_SCALE_EVENTS events (default 10,000,000: a long run, and several GiB of disk); docs/benchmarks.md.
 bench-scale: $(STAMP)
-	$(BIN)/python -m bench.scale
+	$(BIN)/python -m bench scale
 
 # A longer fuzzing of a real `commitline serve` from its /openapi.json than `make test`'s, with a fresh seed.
 fuzz: $(STAMP)

@@ -1,6 +1,6 @@
 """Cost as the log grows: the same figures on an empty store and on one holding millions of events.
 
-``make bench-scale`` (``python -m bench.scale``, or ``python -m bench scale``; not part of ``make bench``).
+``make bench-scale`` (``python -m bench scale``; not part of ``make bench``).
 Size: ``COMMITLINE_BENCH_SCALE_EVENTS`` events (default 10,000,000), written by ``bench.scale_fill`` (the
 examples' survey and inventory streams over 100 tenants, real hash chains, and the idempotency record with its
 stored outcome that each event's command left). One schema, filled in steps, the baseline being the same store
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -252,8 +251,3 @@ def extrapolation(ours: dict[str, tuple[int, int, int]], stock: dict[str, tuple[
 
 #: What ``python -m bench scale`` runs (``make bench`` leaves it out: see ``bench.__main__.EXPLICIT``).
 BENCHMARKS = (("scale", scale),)
-
-if __name__ == "__main__":
-    from bench.__main__ import main
-
-    sys.exit(main(["scale", *sys.argv[1:]]))
