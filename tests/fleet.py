@@ -326,10 +326,14 @@ def outage_lines(text: str) -> tuple[Counter[str], Counter[str]]:
     return Counter(OUTAGE_BEGAN.findall(text)), Counter(OUTAGE_ENDED.findall(text))
 
 
-def check_outage_logged_once(name: str, log: str, schema: str) -> None:
+def check_outage_logged_once(name: str, output: Callable[[], str], schema: str) -> None:
     """Each follower of the process logged the outage once as it began and once as it ended, under no other
     subject (neither as its handler's failure nor as a lost lease); each LISTEN wake-up connection once as it
-    broke and once as it listened again."""
+    broke and once as it listened again. A standby follower (another process owns its work) learns the outage
+    ended at its next attempt, up to its longest back-off after the owners caught up: waited for."""
+    wait_for(lambda: (lambda b, e: b == e)(*outage_lines(output())), f"{name}'s followers to log the outage's end",
+             timeout=60)
+    log = output()
     began, ended = outage_lines(log)
     assert began and began == ended and set(began.values()) == {1}, (name, began, ended)
     assert log.count(" unavailable (") == len(began), (name, log[-5000:])  # Outage.failed's line, any subject

@@ -88,7 +88,7 @@ def test_failover_to_a_synchronous_standby_under_load_loses_nothing_acknowledged
         verified = fleet.cli("audit", "verify", "--all")
         assert verified.returncode == 0, verified.stdout + verified.stderr
         for name in ("publish-1", "publish-2", "project", "sagas"):
-            check_outage_logged_once(name, fleet.processes[name].output(), SCHEMA)
+            check_outage_logged_once(name, fleet.processes[name].output, SCHEMA)
         codes = fleet.stop()
     assert codes == dict.fromkeys(codes, 0), codes
     for process in fleet.processes.values():

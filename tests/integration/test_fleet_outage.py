@@ -89,7 +89,7 @@ def test_a_two_minute_outage_under_load_loses_nothing_and_every_process_recovers
         verified = fleet.cli("audit", "verify", "--all")
         assert verified.returncode == 0, verified.stdout + verified.stderr
         for name in FOLLOWER_PROCESSES:
-            check_outage_logged_once(name, fleet.processes[name].output(), SCHEMA)
+            check_outage_logged_once(name, fleet.processes[name].output, SCHEMA)
         codes = fleet.stop()
     assert codes == dict.fromkeys(codes, 0), codes
     for process in fleet.processes.values():
