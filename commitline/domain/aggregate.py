@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from enum import Enum
 from typing import Any, ClassVar, Self, dataclass_transform
-from uuid import UUID, uuid4
+from uuid import UUID
 
 from commitline.domain.fsm import TransitionTable
+from commitline.domain.ids import new_id
 
 
 @dataclass_transform(kw_only_default=True, frozen_default=True)
@@ -189,7 +190,7 @@ class Aggregate:
 
     def _emit(self, event_type: type[Event], **payload: Any) -> None:
         event = event_type(
-            event_id=uuid4(), aggregate_id=self.id, version=self.version + 1, occurred_at=utcnow(), **payload
+            event_id=new_id(), aggregate_id=self.id, version=self.version + 1, occurred_at=utcnow(), **payload
         )
         self.apply(event)
         self._pending().append(event)
