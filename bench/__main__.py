@@ -30,6 +30,7 @@ from bench import (
     audit_verify,
     cold_cache,
     command_throughput,
+    cpu_per_command,
     eventsourcing_module,
     http_api,
     personal_data,
@@ -41,7 +42,7 @@ from bench import (
 from bench.harness import BenchContext, open_database
 
 #: Benchmark modules, in running order.
-MODULES: list[ModuleType] = [command_throughput, cold_cache, http_api, eventsourcing_module, publisher_throughput,
+MODULES: list[ModuleType] = [command_throughput, cpu_per_command, cold_cache, http_api, eventsourcing_module, publisher_throughput,
                              projection_rebuild, audit_verify, tracing_overhead, personal_data, scale]
 
 #: Benchmarks run only when named: the scale bench fills millions of events (``make bench-scale``).
