@@ -9,16 +9,17 @@ and its commands/s beside in-process ``dispatch``.
     ``concurrency_conflict``, anything else).
 
 ``http_throughput``
-    Commands/s of ``commitline serve --workers 2 --no-access-log`` at 32 concurrent clients, beside
-    in-process ``dispatch`` with 32 threads measured in the same run against the same database with the
-    same pool per process (8 + 40 overflow) and the same command mix: one ``InventoryItem`` per client,
-    each client looping ``receive_stock`` (quantity 1, a fresh key each time) on its own item
-    (``bench.command_throughput.measure_commitline`` is the in-process side, its threads on one CPU as
-    in the server's workers, ``COMMITLINE_DISPATCH_CPU``). Each HTTP client holds one
-    keep-alive connection (the standard library's ``http.client``, the lightest client at hand: it runs
-    on the same machine as the server, so its CPU is taken from the server). Warm-up, then a fixed
-    window; rounds alternate HTTP/in-process then in-process/HTTP and the best of each is reported, with
-    the p50/p99 latency of both in that round. ``ratio`` is http / in_process.
+    Commands/s of ``commitline serve --workers 2 --no-access-log`` at 32 concurrent keep-alive connections,
+    each commanding its own ``InventoryItem`` with ``receive_stock`` (quantity 1, a fresh
+    ``Idempotency-Key`` each time), driven two ways: by ``wrk`` (``bench/wrk.py``, ``bench/http_post.lua``:
+    one wrk thread per connection, every status checked, any unexpected one failing the benchmark), and by
+    32 Python threads of the standard library's ``http.client`` (which share the two cores with the server
+    and cost about as much CPU per request as it does). Both beside in-process ``dispatch`` with 32 threads
+    measured in the same run against the same database with the same pool per process (8 + 40 overflow) and
+    the same command mix (``bench.command_throughput.measure_commitline``, its threads on one CPU as in the
+    server's workers, ``COMMITLINE_DISPATCH_CPU``). Warm-up, then a fixed window; rounds alternate the order
+    and the best of each is reported with its p50/p99 latency and the server's CPU per command (serving
+    process and workers, ``psutil``). The goal reads the wrk line's ``ratio``: http / in_process.
 """
 
 from __future__ import annotations
@@ -208,7 +209,7 @@ def _create_items(served: Served, run: str, count: int) -> list[str]:
     return items
 
 
-def measure_wrk(served: Served, clients: int, warmup: float, duration: float) -> Figure:
+def measure_wrk(served: Served, clients: int, warmup: int, duration: int) -> Figure:
     """``wrk`` with ``clients`` connections (one thread each), each looping receive_stock on its own item with
     a fresh key (``bench/http_post.lua``); a warm-up run creates the items (201, then 200), the measured run
     follows up on them (200 only). Any other answer fails the benchmark."""
@@ -262,14 +263,14 @@ def _ms(seconds: float) -> str:
 
 
 def http_throughput(ctx: BenchContext) -> Iterator[str]:
-    warmup, duration, rounds = (0.5, 2.0, 1) if ctx.quick else (1.0, 4.0, 2)
+    warmup, duration, rounds = (0.5, 2, 1) if ctx.quick else (1.0, 4, 2)
     names = ("wrk", "python", "in_process")
     best: dict[str, Figure] = {}
     with fresh_schema(ctx.dsn) as http_schema, fresh_schema(ctx.dsn) as local_schema, \
             serving(ctx.dsn, http_schema) as served:
         for r in range(rounds):
             for name in names if r % 2 == 0 else names[::-1]:
-                f = (measure_wrk(served, CLIENTS, max(warmup, 1.0), duration) if name == "wrk"
+                f = (measure_wrk(served, CLIENTS, 1, duration) if name == "wrk"
                      else measure_python(served, CLIENTS, warmup, duration) if name == "python"
                      else measure_in_process(ctx, local_schema, CLIENTS, warmup, duration))
                 if name not in best or f.rate > best[name].rate:

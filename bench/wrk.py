@@ -78,10 +78,12 @@ def parse_report(output: str) -> WrkReport:
         responses=int(script.group(1)), unexpected=int(script.group(2)), first_unexpected=script.group(3).strip())
 
 
-def run_wrk(url: str, *, connections: int, duration: float, env: dict[str, str], timeout_s: float = 30) -> WrkReport:
+def run_wrk(url: str, *, connections: int, duration: int, env: dict[str, str], timeout_s: float = 30) -> WrkReport:
     """``wrk -t N -c N --latency`` (one thread per connection, as ``http_post.lua`` expects) for ``duration``
-    seconds; WrkFailed unless every response was the one expected."""
-    command = [wrk_binary(), "-t", str(connections), "-c", str(connections), "-d", f"{duration:g}s",
+    seconds (wrk takes whole seconds); WrkFailed unless every response was the one expected."""
+    if not isinstance(duration, int) or duration < 1:
+        raise ValueError(f"wrk runs for whole seconds, at least 1: not {duration!r}")
+    command = [wrk_binary(), "-t", str(connections), "-c", str(connections), "-d", f"{duration}s",
                "--timeout", f"{timeout_s:g}s", "--latency", "-s", str(LUA_SCRIPT), url]
     done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **env},
                           timeout=duration + timeout_s + 60)

@@ -28,12 +28,14 @@ def test_every_counted_response_is_one_event_and_any_other_status_fails_the_run(
     assert report.requests == report.responses > 2 and report.unexpected == report.non_2xx == 0
     assert 0 < report.p50 <= report.p99 and report.rate > 0
     rows = count_rows(pg_dsn, schema)
-    assert rows["events"] == rows["idempotency_keys"] == report.responses  # one fresh key per request
+    assert rows["events"] == rows["idempotency_keys"]  # one fresh key per request
+    # wrk stops with up to one request per connection still in flight, which the server completes uncounted
+    assert report.responses <= rows["events"] <= report.responses + 2
 
     with pytest.raises(WrkFailed, match=r"responses not the status expected, first: 200 \(expected 201\)"):
-        run_wrk(url, connections=2, duration=0.5, env={**env, "BENCH_RUN": "again"})  # the items exist by now
+        run_wrk(url, connections=2, duration=1, env={**env, "BENCH_RUN": "again"})  # the items exist by now
 
     unknown = "clk_000000000000_" + "A" * 43
     with pytest.raises(WrkFailed, match="non-2xx/3xx responses") as refused:
-        run_wrk(url, connections=2, duration=0.5, env={**env, "BENCH_KEY": unknown, "BENCH_CREATE": "0"})
+        run_wrk(url, connections=2, duration=1, env={**env, "BENCH_KEY": unknown, "BENCH_CREATE": "0"})
     assert "401" in str(refused.value)
