@@ -158,7 +158,8 @@ _PROBLEM = {"content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/
     },
 )
 async def post_command(request: Request) -> Response:
-    """The route as FastAPI sees it (its description in /openapi.json); ``CommandEndpoint`` answers it."""
+    # The route as FastAPI sees it, for /openapi.json (a docstring here would become its description): in the
+    # application ``CommandEndpoint`` answers it first, the same way.
     status, headers, body = await command(request.app.state.commitline, request.headers, request.receive,
                                           _threads(request.app.state))
     response = Response(body, status_code=status)
