@@ -220,7 +220,6 @@ class CommandEndpoint:
     def __init__(self, app: ASGIApp, route: Any = None):
         self.app = app
         self.route = route  # the declared route: the request's metrics and span are labelled with its path
-        self.state: Any = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] != PATH or scope["method"] != "POST":
