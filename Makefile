@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench bench-scale unit fuzz clean browser docs docs-serve screenshot
+.PHONY: demo test bench bench-scale unit fuzz clean browser wrk docs docs-serve screenshot
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,8 +27,13 @@ browser:
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit
 
-bench: $(STAMP)
+bench: $(STAMP) wrk
 	$(BIN)/python -m bench
+
+# wrk, the native load generator of the HTTP benchmark, from the Debian package: installed when missing (as
+# root, or with password-less sudo), saying so; a no-op after.
+wrk:
+	@.ci/install-wrk
 
 # Cost as the log grows (not part of `make bench`): the same figures on an empty store and on one of
 # COMMITLINE_BENCH_SCALE_EVENTS events (default 10,000,000: a long run, and several GiB of disk); docs/benchmarks.md.

@@ -9,16 +9,17 @@ and its commands/s beside in-process ``dispatch``.
     ``concurrency_conflict``, anything else).
 
 ``http_throughput``
-    Commands/s of ``commitline serve --workers 2 --no-access-log`` at 32 concurrent clients, beside
-    in-process ``dispatch`` with 32 threads measured in the same run against the same database with the
-    same pool per process (8 + 40 overflow) and the same command mix: one ``InventoryItem`` per client,
-    each client looping ``receive_stock`` (quantity 1, a fresh key each time) on its own item
-    (``bench.command_throughput.measure_commitline`` is the in-process side, its threads on one CPU as
-    in the server's workers, ``COMMITLINE_DISPATCH_CPU``). Each HTTP client holds one
-    keep-alive connection (the standard library's ``http.client``, the lightest client at hand: it runs
-    on the same machine as the server, so its CPU is taken from the server). Warm-up, then a fixed
-    window; rounds alternate HTTP/in-process then in-process/HTTP and the best of each is reported, with
-    the p50/p99 latency of both in that round. ``ratio`` is http / in_process.
+    Commands/s of ``commitline serve --workers 2 --no-access-log`` at 32 concurrent keep-alive connections,
+    each commanding its own ``InventoryItem`` with ``receive_stock`` (quantity 1, a fresh
+    ``Idempotency-Key`` each time), driven two ways: by ``wrk`` (``bench/wrk.py``, ``bench/http_post.lua``:
+    one wrk thread per connection, every status checked, any unexpected one failing the benchmark), and by
+    32 Python threads of the standard library's ``http.client`` (which share the two cores with the server
+    and cost about as much CPU per request as it does). Both beside in-process ``dispatch`` with 32 threads
+    measured in the same run against the same database with the same pool per process (8 + 40 overflow) and
+    the same command mix (``bench.command_throughput.measure_commitline``, its threads on one CPU as in the
+    server's workers, ``COMMITLINE_DISPATCH_CPU``). Warm-up, then a fixed window; rounds alternate the order
+    and the best of each is reported with its p50/p99 latency and the server's CPU per command (serving
+    process and workers, ``psutil``). The goal reads the wrk line's ``ratio``: http / in_process.
 """
 
 from __future__ import annotations
@@ -36,12 +37,15 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from math import nan
 from typing import Any
 
 import orjson
+import psutil
 
-from bench.command_throughput import Measurement, drive, measure_commitline, placements
+from bench.command_throughput import drive, measure_commitline, placements
 from bench.harness import POOL_MAX_OVERFLOW, POOL_SIZE, BenchContext, fresh_schema, run_together
+from bench.wrk import run_wrk
 
 CLIENTS = 32
 CONTENDERS = 50
@@ -51,11 +55,22 @@ TENANT = "bench"
 
 @dataclass(frozen=True)
 class Served:
-    """A running ``commitline serve``: where it listens and a tenant's API key."""
+    """A running ``commitline serve``: where it listens, a tenant's API key, and its process id."""
 
     host: str
     port: int
     key: str
+    pid: int
+
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) used so far by the serving process and its worker processes."""
+        main = psutil.Process(self.pid)
+        total = 0.0
+        for process in [main, *main.children(recursive=True)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                times = process.cpu_times()
+                total += times.user + times.system
+        return total
 
     def connection(self) -> http.client.HTTPConnection:
         return http.client.HTTPConnection(self.host, self.port, timeout=120)
@@ -106,7 +121,7 @@ def serving(dsn: str, schema: str, workers: int = WORKERS, timeout: float = 120)
                     output = log.read().decode(errors="replace")
                     raise RuntimeError(f"commitline serve did not start:\n{output[-2000:]}")
                 time.sleep(0.1)
-            yield Served(host, port, added.stdout.strip())
+            yield Served(host, port, added.stdout.strip(), process.pid)
         finally:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
@@ -169,54 +184,110 @@ def http_contention(ctx: BenchContext) -> Iterator[str]:
 # --------------------------------------------------------------------------- throughput
 
 
-def measure_http(served: Served, clients: int, warmup: float, duration: float) -> Measurement:
-    """``clients`` threads, each on its own connection and its own item, looping receive_stock."""
-    run = uuid.uuid4().hex[:8]
-    connections = [served.connection() for _ in range(clients)]
-    items = [str(uuid.uuid4()) for _ in range(clients)]
+@dataclass(frozen=True)
+class Figure:
+    """One measured window: commands/s, latency, and the server's CPU per command (nan in process)."""
+
+    rate: float
+    p50: float  # seconds
+    p99: float
+    cpu_us: float = float("nan")  # server CPU (serving process and workers) per command, microseconds
+
+
+def _create_items(served: Served, run: str, count: int) -> list[str]:
+    """``count`` new items, each made by a receive_stock over HTTP (201)."""
+    items = [str(uuid.uuid4()) for _ in range(count)]
+    conn = served.connection()
     try:
         for i, item in enumerate(items):
-            status, body = served.post(connections[i], {"type": "receive_stock", "item_id": item, "quantity": 1},
+            status, body = served.post(conn, {"type": "receive_stock", "item_id": item, "quantity": 1},
                                        f"{run}-create-{i}")
             if status != 201:
                 raise RuntimeError(f"receive_stock (new item): {status} {body[:300]!r}")
+    finally:
+        conn.close()
+    return items
+
+
+def measure_wrk(served: Served, clients: int, warmup: int, duration: int) -> Figure:
+    """``wrk`` with ``clients`` connections (one thread each), each looping receive_stock on its own item with
+    a fresh key (``bench/http_post.lua``); a warm-up run creates the items (201, then 200), the measured run
+    follows up on them (200 only). Any other answer fails the benchmark."""
+    run = uuid.uuid4().hex[:8]
+    url = f"http://{served.host}:{served.port}/v1/commands"
+    env = {"BENCH_KEY": served.key, "BENCH_ITEMS": ",".join(str(uuid.uuid4()) for _ in range(clients))}
+    run_wrk(url, connections=clients, duration=warmup, env={**env, "BENCH_RUN": f"{run}-w", "BENCH_CREATE": "1"})
+    cpu = served.cpu_seconds()
+    report = run_wrk(url, connections=clients, duration=duration, env={**env, "BENCH_RUN": run, "BENCH_CREATE": "0"})
+    cpu = served.cpu_seconds() - cpu
+    return Figure(report.rate, report.p50, report.p99, cpu / report.requests * 1e6 if report.requests else nan)
+
+
+def measure_python(served: Served, clients: int, warmup: float, duration: float) -> Figure:
+    """``clients`` Python threads, each on its own keep-alive connection and its own item, looping
+    receive_stock (``http.client``)."""
+    run = uuid.uuid4().hex[:8]
+    items = _create_items(served, run, clients)
+    connections = [served.connection() for _ in range(clients)]
+    cpu: dict[str, float] = {}
+    try:
         def command(i: int, seq: int) -> None:
             status, body = served.post(connections[i], {"type": "receive_stock", "item_id": items[i], "quantity": 1},
                                        f"{run}-{i}-{seq}")
             if status != 200:
                 raise RuntimeError(f"HTTP {status}: {body[:200]!r}")
 
-        return drive(clients, command, warmup, duration)
+        cpu["start"] = served.cpu_seconds()
+        m = drive(clients, command, warmup, duration)
+        cpu["used"] = served.cpu_seconds() - cpu["start"]  # warm-up included: per request sent in both
     finally:
         for c in connections:
             c.close()
+    if m.errors:
+        raise RuntimeError(f"http (python clients): {m.errors} failed commands, first: "
+                           f"{type(m.first_error).__name__}: {m.first_error}")
+    sent = m.rate * (warmup + duration)  # about: the warm-up's pace taken as the window's
+    return Figure(m.rate, m.percentile(0.5), m.percentile(0.99), cpu["used"] / sent * 1e6 if sent else nan)
+
+
+def measure_in_process(ctx: BenchContext, schema: str, clients: int, warmup: float, duration: float) -> Figure:
+    m = measure_commitline(ctx, schema, clients, warmup, duration, placements()[-1])
+    if m.errors:
+        raise RuntimeError(f"in_process: {m.errors} failed commands, first: {type(m.first_error).__name__}: "
+                           f"{m.first_error}")
+    return Figure(m.rate, m.percentile(0.5), m.percentile(0.99))
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f}"
 
 
 def http_throughput(ctx: BenchContext) -> Iterator[str]:
-    warmup, duration, rounds = (0.5, 1.5, 1) if ctx.quick else (1.0, 4.0, 2)
-    best: dict[str, Measurement] = {}
+    warmup, duration, rounds = (0.5, 2, 1) if ctx.quick else (1.0, 4, 2)
+    names = ("wrk", "python", "in_process")
+    best: dict[str, Figure] = {}
     with fresh_schema(ctx.dsn) as http_schema, fresh_schema(ctx.dsn) as local_schema, \
             serving(ctx.dsn, http_schema) as served:
         for r in range(rounds):
-            order = ("http", "in_process") if r % 2 == 0 else ("in_process", "http")
-            for name in order:
-                m = (measure_http(served, CLIENTS, warmup, duration) if name == "http"
-                     else measure_commitline(ctx, local_schema, CLIENTS, warmup, duration, placements()[-1]))
-                if name not in best or m.rate > best[name].rate:
-                    best[name] = m
-    over_http, local = best["http"], best["in_process"]
-    ratio = over_http.rate / local.rate if local.rate else float("nan")
-    yield (f"http commands/s: http={over_http.rate:.0f} in_process={local.rate:.0f} ratio={ratio:.2f} "
-           f"p50_ms={over_http.percentile(0.5) * 1000:.1f} p99_ms={over_http.percentile(0.99) * 1000:.1f} "
-           f"in_process_p50_ms={local.percentile(0.5) * 1000:.1f} "
-           f"in_process_p99_ms={local.percentile(0.99) * 1000:.1f}")
-    yield (f"# http: commitline serve --workers {WORKERS}, {CLIENTS} keep-alive clients, receive_stock on "
-           f"{CLIENTS} items; in_process: {CLIENTS} threads calling dispatch, same commands; {os.cpu_count()} CPUs "
-           "shared by clients and server")
-    for name, m in best.items():
-        if m.errors:
-            yield (f"http errors: {name} {m.errors} failed commands, first: "
-                   f"{type(m.first_error).__name__}: {m.first_error}")
+            for name in names if r % 2 == 0 else names[::-1]:
+                f = (measure_wrk(served, CLIENTS, 1, duration) if name == "wrk"
+                     else measure_python(served, CLIENTS, warmup, duration) if name == "python"
+                     else measure_in_process(ctx, local_schema, CLIENTS, warmup, duration))
+                if name not in best or f.rate > best[name].rate:
+                    best[name] = f
+    local = best["in_process"]
+    for name, driver in (("wrk", "wrk"), ("python", "python_clients")):
+        f = best[name]
+        ratio = f.rate / local.rate if local.rate else nan
+        yield (f"http commands/s {driver}: http={f.rate:.0f} in_process={local.rate:.0f} ratio={ratio:.2f} "
+               f"p50_ms={_ms(f.p50)} p99_ms={_ms(f.p99)} in_process_p50_ms={_ms(local.p50)} "
+               f"in_process_p99_ms={_ms(local.p99)} server_cpu_us_per_command={f.cpu_us:.0f}"
+               + (" (goal reads this ratio: commitline serve driven by wrk / in-process dispatch, 32 clients)"
+                  if name == "wrk" else ""))
+    yield (f"# http: commitline serve --workers {WORKERS}, {CLIENTS} keep-alive connections, receive_stock on "
+           f"{CLIENTS} items, driven by wrk (one thread per connection) and by {CLIENTS} Python threads "
+           f"(http.client); in_process: {CLIENTS} threads calling dispatch, same commands; {os.cpu_count()} CPUs "
+           "shared by the load generator, the server and PostgreSQL")
 
 
 #: What ``python -m bench`` runs from this module, in order: (name, callable).

@@ -68,6 +68,7 @@ class Commitline(Followers, Projections, Sagas, Operations, PersonalDataOperatio
     tracing: Tracing | None = field(default=None, repr=False)  # OTEL_*: None unless traces are asked for
     liveness: LoopLiveness = field(default_factory=LoopLiveness, repr=False)  # probed by /healthz of --metrics-port
     _closed: bool = field(default=False, repr=False)
+    _api_keys: ApiKeys | None = field(default=None, repr=False)
 
     @property
     def codec(self) -> EventCodec:
@@ -94,7 +95,9 @@ class Commitline(Followers, Projections, Sagas, Operations, PersonalDataOperatio
         return self.domain.reads_class(self.datastore)
 
     def api_keys(self) -> ApiKeys:
-        return ApiKeys(self.datastore.get_connection, self.settings.schema_name)
+        if self._api_keys is None:  # one, its queries composed once: the HTTP API resolves a key per request
+            self._api_keys = ApiKeys(self.datastore.get_connection, self.settings.schema_name)
+        return self._api_keys
 
     def status(self) -> StatusReport:
         # The publisher's bucket rows are shown per publish instance (``publisher``), not as followers.

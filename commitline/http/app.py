@@ -128,6 +128,9 @@ def create_app(commitline: Commitline | None, *, domain: Domain | None = None, l
         docs_url=None,  # served by docs.py from installed assets, not FastAPI's CDN-backed pages
         redoc_url=None,
         redirect_slashes=False,  # "/v1/commands/" is not found, not redirected (before authentication) elsewhere
+        # commitline traces (tracing.py) and counts (operations.py) requests itself: FastAPI's own telemetry
+        # would only look up the global OpenTelemetry providers on every request
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.commitline = commitline
     app.state.domain = domain
@@ -135,6 +138,7 @@ def create_app(commitline: Commitline | None, *, domain: Domain | None = None, l
     for module in (commands, reads, erasures, operations, status_page, docs):
         app.include_router(module.router)
     app.include_router(queries.router_for(domain))
+    app.add_middleware(commands.CommandEndpoint, route=commands.declared_route())  # inside metrics and tracing
     operations.instrument(app)  # every request counted and timed in /metrics
     tracing.instrument(app, commitline.tracing if commitline is not None else tracing_from_environment())
     app.add_middleware(HeadAsGet)

@@ -4,9 +4,10 @@ for the routes only a tenant's administrative key may call (erasing data subject
 
 from __future__ import annotations
 
-from fastapi import Request
-
 from typing import Any
+
+from fastapi import Request
+from starlette.datastructures import Headers
 
 from commitline.http.problems import AdminKeyRequired, DuplicateHeader, Unauthorized
 
@@ -29,7 +30,13 @@ def admin_key(request: Request) -> Any:
 
 def caller(request: Request) -> Any:
     """The request's active API key; Unauthorized (401) otherwise."""
-    sent = request.headers.getlist("authorization")
+    return resolved(request.app.state.commitline, presented_in(request.headers))
+
+
+def presented_in(headers: Headers) -> str:
+    """The key a request's ``headers`` present, as far as they tell without the database: Unauthorized (401)
+    without one, DuplicateHeader (400) with two. ``resolved`` then checks it (a blocking read)."""
+    sent = headers.getlist("authorization")
     if len(sent) > 1:  # two keys, perhaps of two tenants: acting as either would be a guess
         raise DuplicateHeader("Authorization", len(sent))
     header = sent[0] if sent else None
@@ -38,7 +45,12 @@ def caller(request: Request) -> Any:
     scheme, _, key = header.strip().partition(" ")
     if scheme.lower() != _SCHEME or not key.strip():
         raise Unauthorized("the Authorization header must be 'Bearer <key>'")
-    found = request.app.state.commitline.api_keys().resolve(key.strip())
+    return key.strip()
+
+
+def resolved(commitline: Any, key: str) -> Any:
+    """The active API key ``key`` is (``presented``); Unauthorized (401) for an unknown or revoked one."""
+    found = commitline.api_keys().resolve(key)
     if found is None:
         raise Unauthorized("the API key is unknown or revoked")
     return found

@@ -10,31 +10,54 @@ key answers with the first response's status, ``Location`` and body, byte for by
 ``Location``, any other 200. A refused command wrote nothing and recorded nothing, so the same key may be
 used again (after fixing the request, or once the state allows it); the same key with a different
 command after a success is refused with ``idempotency_key_reused`` (422).
+
+The route is the API's hot path, so ``CommandEndpoint`` answers it straight from ASGI (inside the request's
+metrics and trace span, before FastAPI's routing and dependency solving; the route below is its
+description): the headers are read once, the body goes to ``dispatch`` as received (parsed and validated
+once, by the command boundary), the blocking part (the API key's one-statement read, then ``dispatch``) takes
+one trip to a worker thread, and the result's stored outcome is the body as it is, serialised once.
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request
-from starlette.responses import Response
+import asyncio
+import contextvars
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
-from starlette.concurrency import run_in_threadpool
+from fastapi import APIRouter, Request
+from starlette.datastructures import Headers
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from commitline.application.boundary import KEY_WHITE_SPACE, check_idempotency_key
-from commitline.application.errors import MissingIdempotencyKey
+from commitline.application.errors import CommitlineError, MissingIdempotencyKey
 from commitline.application.results import DispatchResult
-from commitline.http.auth import tenant
+from commitline.http.auth import presented_in, resolved
 from commitline.http.problems import (
     PROBLEM_JSON,
     BodyTooLarge,
     DuplicateHeader,
+    InternalError,
     MalformedJson,
     UnsupportedMediaType,
+    problem_response,
 )
 
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 router = APIRouter()
+PATH = "/v1/commands"
 KEY_HEADER = "idempotency-key"
 REPLAYED_HEADERS = {"Idempotent-Replayed": "true", "X-Idempotent-Replayed": "true"}
+_REPLAYED_RAW = [(b"idempotent-replayed", b"true"), (b"x-idempotent-replayed", b"true")]
+_JSON_RAW = (b"content-type", b"application/json")
 _REQUEST = "POST /v1/commands"
+#: Threads running the blocking part of a command (the key's read and ``dispatch``): as many as Starlette's
+#: default thread pool has for a route's blocking work.
+THREADS = 40
 
 
 def is_json(content_type: str | None) -> bool:
@@ -42,11 +65,11 @@ def is_json(content_type: str | None) -> bool:
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
-def idempotency_key(request: Request) -> str:
+def idempotency_key(headers: Headers) -> str:
     """The header's key: a plain token, or a quoted string as the Idempotency-Key draft writes it; refused when
     sent twice (which one counts would be a guess). ``check_idempotency_key`` then drops surrounding white
     space and refuses anything but printable ASCII, exactly as for Python and the CLI."""
-    sent = request.headers.getlist(KEY_HEADER)
+    sent = headers.getlist(KEY_HEADER)
     if len(sent) > 1:
         raise DuplicateHeader("Idempotency-Key", len(sent))
     raw = sent[0] if sent else None
@@ -61,16 +84,31 @@ def idempotency_key(request: Request) -> str:
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The body, read only while it stays within ``limit`` bytes (BodyTooLarge otherwise)."""
-    declared = request.headers.get("content-length")
+    return await received_body(request.headers, request.receive, limit)
+
+
+async def received_body(headers: Headers, receive: Receive, limit: int) -> bytes:
+    """The body of the request ``receive`` delivers, read only while it stays within ``limit`` bytes
+    (BodyTooLarge otherwise; ClientGone when the client left before sending it all)."""
+    declared = headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise BodyTooLarge(limit)
     chunks, size = [], 0
-    async for chunk in request.stream():
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            raise ClientGone()
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
             raise BodyTooLarge(limit)
         chunks.append(chunk)
-    return b"".join(chunks)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+class ClientGone(Exception):
+    """The client disconnected before its request's body was read: there is no one to answer."""
 
 
 def utf8_only(body: bytes) -> None:
@@ -86,19 +124,23 @@ def created(result: DispatchResult) -> bool:
     return bool(result.events) and result.events[0].version == 1
 
 
-def result_response(result: DispatchResult) -> Response:
-    headers = dict(REPLAYED_HEADERS) if result.replayed else {}
-    status = 200
+def answer(result: DispatchResult) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """The status, headers and body of a dispatch result: its stored outcome, serialised once."""
+    body = result.outcome_bytes()
+    headers = [_JSON_RAW, (b"content-length", str(len(body)).encode())]
+    if result.replayed:
+        headers += _REPLAYED_RAW
     if created(result):
-        status, headers["Location"] = 201, f"/v1/aggregates/{result.aggregate_id}"
-    return Response(result.outcome_bytes(), status_code=status, headers=headers, media_type="application/json")
+        headers.append((b"location", f"/v1/aggregates/{result.aggregate_id}".encode()))
+        return 201, headers, body
+    return 200, headers, body
 
 
 _PROBLEM = {"content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}}
 
 
 @router.post(
-    "/v1/commands",
+    PATH,
     summary="Dispatch one command, exactly once per Idempotency-Key",
     responses={
         200: {"description": "applied to an existing aggregate (or replayed)"},
@@ -115,12 +157,88 @@ _PROBLEM = {"content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/
         "requestBody": {"required": True, "content": {"application/json": {"schema": {"type": "object"}}}},
     },
 )
-async def post_command(request: Request, caller: str = Depends(tenant)) -> Response:
-    commitline = request.app.state.commitline
-    if not is_json(request.headers.get("content-type")):
-        raise UnsupportedMediaType(request.headers.get("content-type"))
-    body = await read_body(request, commitline.settings.http_max_body_bytes)
-    key = idempotency_key(request)
-    utf8_only(body)
-    result = await run_in_threadpool(commitline.dispatch, body, idempotency_key=key, tenant=caller)
-    return result_response(result)
+async def post_command(request: Request) -> Response:
+    # The route as FastAPI sees it, for /openapi.json (a docstring here would become its description): in the
+    # application ``CommandEndpoint`` answers it first, the same way.
+    status, headers, body = await command(request.app.state.commitline, request.headers, request.receive,
+                                          _threads(request.app.state))
+    response = Response(body, status_code=status)
+    response.raw_headers = headers
+    return response
+
+
+def declared_route() -> Any:
+    """The route ``POST /v1/commands`` as declared here."""
+    (route,) = [r for r in router.routes if getattr(r, "path", None) == PATH and "POST" in getattr(r, "methods", ())]
+    return route
+
+
+async def command(commitline: Any, headers: Headers, receive: Receive, threads: Callable[..., Any]
+                  ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """One command request, checked in the documented order, its blocking part (the API key's read and
+    ``dispatch``) in one call of ``threads``; CommitlineError for a refusal."""
+    api_key = presented_in(headers)
+    try:
+        if not is_json(headers.get("content-type")):
+            raise UnsupportedMediaType(headers.get("content-type"))
+        body = await received_body(headers, receive, commitline.settings.http_max_body_bytes)
+        key = idempotency_key(headers)
+        utf8_only(body)
+    except CommitlineError:
+        await threads(resolved, commitline, api_key)  # an unknown key is told first (401)
+        raise
+    return answer(await threads(authorised_dispatch, commitline, api_key, body, key))
+
+
+def authorised_dispatch(commitline: Any, api_key: str, body: bytes, key: str) -> DispatchResult:
+    """The key resolved and the command dispatched (the raw body: parsed and validated once, by the command
+    boundary), both blocking, in one trip to a worker thread."""
+    return commitline.dispatch(body, idempotency_key=key, tenant=resolved(commitline, api_key).tenant)
+
+
+def _threads(state: Any) -> Callable[..., Any]:
+    """``state``'s runner of blocking calls: a thread pool made on first use (in the worker process, by its
+    event loop's thread, so its threads run where that thread may), each call in a copy of the caller's
+    context (the request's trace span is the parent of the command's)."""
+    run = getattr(state, "command_threads", None)
+    if run is None:
+        pool = ThreadPoolExecutor(THREADS, thread_name_prefix="commitline-http")
+
+        def run(func: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+            return asyncio.get_running_loop().run_in_executor(pool, contextvars.copy_context().run, func, *args)
+
+        state.command_threads = run
+    return run  # type: ignore[no-any-return]
+
+
+class CommandEndpoint:
+    """ASGI middleware answering ``POST /v1/commands`` itself, inside the request's metrics and trace span
+    and before FastAPI's routing, request objects and dependency solving (the route is still declared, for
+    its description): the headers read once, the body passed as received to ``dispatch``, the result's
+    stored outcome sent as the body. Anything else goes on to the application."""
+
+    def __init__(self, app: ASGIApp, route: Any = None):
+        self.app = app
+        self.route = route  # the declared route: the request's metrics and span are labelled with its path
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != PATH or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        fastapi_app = scope["app"]
+        if self.route is not None:
+            scope["route"] = self.route
+        try:
+            status, headers, body = await command(fastapi_app.state.commitline, Headers(scope=scope), receive,
+                                                  _threads(fastapi_app.state))
+        except ClientGone:
+            return
+        except CommitlineError as error:
+            await problem_response(error, Request(scope).url.path)(scope, receive, send)
+            return
+        except Exception as error:
+            log.error("unexpected error on POST %s", PATH, exc_info=error)
+            await problem_response(InternalError(), Request(scope).url.path)(scope, receive, send)
+            return
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})

@@ -5,7 +5,7 @@ used to revoke one key; the secret (43 URL-safe characters, 256 random bits) is 
 is made. Only the SHA-256 of the whole key is stored: the key has full entropy, so a slow password hash
 would add latency to every request and no protection. A tenant may hold several keys (rotation: add the
 new one, move the callers, revoke the old one). Resolving a key is one primary-key read, compared in
-constant time; a revoked key is refused from the next request on.
+constant time (one round trip, no transaction around it); a revoked key is refused from the next request on.
 
 An administrative key (``admin``, made with ``tenants add NAME --admin``) may do everything an ordinary key of
 its tenant may, and also erase the tenant's data subjects; whether a key is one is fixed when it is made.
@@ -86,6 +86,12 @@ class ApiKeys(SmallTable):
 
     table_name = API_KEYS_TABLE
 
+    def __init__(self, connection: Any, schema: str):
+        super().__init__(connection, schema)
+        # Rendered once (identifiers quoted): every request resolves its key.
+        self._resolving = SQL(f"SELECT {_LISTED}, key_hash FROM {{t}} WHERE key_id = %s AND revoked_at IS NULL"
+                              ).format(t=self.table).as_string(None)
+
     def add(self, tenant: str, *, admin: bool = False) -> NewApiKey:
         """A new key for ``tenant`` (InvalidTenant for an unusable name); ``admin`` makes an administrative one."""
         tenant = check_tenant(tenant)
@@ -121,8 +127,7 @@ class ApiKeys(SmallTable):
         match = _KEY.fullmatch(key)
         if match is None:
             return None
-        rows = self._run(f"SELECT {_LISTED}, key_hash FROM {{t}} WHERE key_id = %s AND revoked_at IS NULL",
-                         (match.group(1),))
+        rows = self._read(self._resolving, (match.group(1),))
         if not rows or not hmac.compare_digest(bytes(rows[0][-1]), digest(key)):
             return None
         return ApiKey(*rows[0][:-1])

@@ -25,3 +25,16 @@ class SmallTable:
         with self._connection() as conn:
             cur = conn.cursor(row_factory=tuple_row).execute(SQL(query).format(t=self.table, **names), params)
             return cur.fetchall() if cur.description else []
+
+    def _read(self, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """The rows of one read, ``query`` rendered beforehand (``Composed.as_string``), in one round trip: the
+        statement alone, in autocommit, with no BEGIN and COMMIT around it (the connection goes back to the pool
+        as it came)."""
+        conn: psycopg.Connection[Any]
+        with self._connection() as conn:
+            before, conn.autocommit = conn.autocommit, True
+            try:
+                return conn.cursor(row_factory=tuple_row).execute(query, params).fetchall()
+            finally:
+                if not conn.closed:
+                    conn.autocommit = before

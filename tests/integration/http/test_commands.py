@@ -337,6 +337,12 @@ def test_no_valid_api_key_is_401(served: Server, rows: Any, authorization: str |
 def test_the_key_is_checked_before_anything_else(served: Server) -> None:
     with httpx.Client(base_url=served.base_url, timeout=60) as client:
         unauthorized(client.post("/v1/commands", content=b"{", headers={"Content-Type": "text/plain"}))
+    # a well-formed key is read from the database after the request's own checks: an unknown one still wins
+    unknown = {"Authorization": "Bearer clk_0123456789ab_" + "a" * 43}
+    with httpx.Client(base_url=served.base_url, timeout=60, headers=unknown) as client:
+        unauthorized(client.post("/v1/commands", content=b"{", headers={"Content-Type": "text/plain"}))
+        unauthorized(post(client, PAYMENT))  # no Idempotency-Key
+        unauthorized(post(client, b"{", key()))  # malformed JSON
 
 
 def test_a_revoked_key_is_refused_from_the_next_request(served: Server, rows: Any) -> None:
@@ -446,6 +452,9 @@ def test_a_body_over_the_limit_is_413(small: tuple[Server, str], pg_dsn: str) ->
         document = problem(post(client, padded(200_000), key()), 413, "body_too_large")
         assert count_rows(pg_dsn, schema) == before
         assert post(client, padded(1500), key()).status_code == 201  # the server still serves
+    with httpx.Client(base_url=server.base_url, timeout=60,
+                      headers={"Authorization": "Bearer clk_0123456789ab_" + "a" * 43}) as unknown:
+        unauthorized(post(unknown, padded(2049), key()))  # an unknown key is told first
 
 
 def test_a_chunked_body_over_the_limit_is_413(small: tuple[Server, str], pg_dsn: str) -> None:
