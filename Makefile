@@ -16,7 +16,7 @@ demo: $(STAMP)
 	$(BIN)/commitline demo
 	@echo "commitline is $(BIN)/commitline: 'source $(BIN)/activate' puts it on your PATH"
 
-test: $(STAMP) browser
+test: $(STAMP) browser wrk
 	$(BIN)/python -m pytest -q
 
 # Headless Chromium and Tesseract OCR from the Debian packages, for the status page's browser test:

@@ -1,8 +1,8 @@
 """The HTTP benchmark's native load generator (``bench/wrk.py`` with ``bench/http_post.lua``) against a real
 ``commitline serve``: every response it counts wrote one event under its own Idempotency-Key, and a run
 where any response is not the status expected (a 200 where the item should have been created, a 401 for an
-unknown key) fails loudly instead of printing a figure. Skipped where wrk is not installed (``make bench``
-installs it: ``.ci/install-wrk``)."""
+unknown key) fails loudly instead of printing a figure. ``make test`` and ``make bench`` install wrk
+(``.ci/install-wrk``); without it the test fails saying so."""
 
 from __future__ import annotations
 
@@ -15,7 +15,12 @@ from bench.wrk import WrkFailed, run_wrk
 from tests.integration.http.conftest import Server
 from tests.support import count_rows
 
-pytestmark = pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed (make bench installs it)")
+
+
+@pytest.fixture(autouse=True)
+def wrk_installed() -> None:
+    if shutil.which("wrk") is None:
+        pytest.fail("wrk is not installed: run .ci/install-wrk (make test and make bench run it)")
 
 
 def test_every_counted_response_is_one_event_and_any_other_status_fails_the_run(
