@@ -153,13 +153,14 @@ class PostgresEventStore:
     def _decoded(self, cls: type[A], aggregate_id: UUID, read: CommandRead, tenant: str) -> A:
         """The aggregate from a command's read: its snapshot (if any) and the events after it, each state parsed
         once (the first one's names the owner, when no snapshot came with the state of the stream's first)."""
-        states = [orjson.loads(e.state) for e in read.events]
-        first = read.snapshot.first_event_state if read.snapshot is not None else None
-        owner = stored_tenant(first) if first is not None else states[0]["tenant"] if states else None
-        if owner is not None and owner != tenant:
-            raise ForeignStream(aggregate_id)
-        start: A | None = None
         events = read.events
+        head = orjson.loads(events[0].state) if events else None
+        first = read.snapshot.first_event_state if read.snapshot is not None else None
+        owner = stored_tenant(first) if first is not None else head["tenant"] if head is not None else None
+        if owner is not None and owner != tenant:
+            raise ForeignStream(aggregate_id)  # before any more of it is parsed
+        states = [head, *(orjson.loads(e.state) for e in events[1:])] if head is not None else []
+        start: A | None = None
         if read.snapshot is not None:
             start = self._snapshot_start(cls, read.snapshot, owner)
             if start is None:  # its subject was erased: from the first event
