@@ -101,6 +101,32 @@ def test_long_streams_load_from_a_snapshot(pg_dsn: str, schema: str) -> None:
         assert app.store.load(InventoryItem, item_id).on_hand == 10_005
 
 
+def test_a_stream_that_is_most_of_its_table_is_read_by_its_key_not_by_a_scan_of_the_table(
+        app: Commitline, pg_dsn: str, schema: str) -> None:
+    """The reads of a stream's tail after its snapshot (a load's, a command's) are planned as an index range on
+    the primary key even when the statistics say the stream is the whole table: its tail is a small part of it."""
+    item_id = uuid4()
+    app.dispatch({"type": "receive_stock", "item_id": str(item_id), "quantity": 1}, idempotency_key="first")
+    item = app.store.load(InventoryItem, item_id)
+    for _ in range(2_999):
+        item.receive(1)
+    app.recorder.append([encode_event(e, "default") for e in item.collect_events()])
+    app.store._take_snapshot(item)  # noqa: SLF001
+    q = app.recorder._q  # noqa: SLF001
+    statements = {"load": (q.stream_after_snapshot.as_string(None).replace("%(id)s", "$1"), "uuid", f"'{item_id}'"),
+                  "command": (q.read_for_command.sql.decode(), "uuid, int8, text, text, bool",
+                              f"'{item_id}', 0, 'default', 'no-such-key', true")}
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f"ANALYZE {schema}.events")
+        for name, (text, types, values) in statements.items():
+            conn.execute(f"PREPARE {name}({types}) AS {text}")
+            for mode in ("force_custom_plan", "force_generic_plan"):
+                conn.execute(f"SET plan_cache_mode = {mode}")
+                plan = "\n".join(r[0] for r in conn.execute(f"EXPLAIN EXECUTE {name}({values})"))
+                assert "Seq Scan" not in plan, f"{name}, {mode}:\n{plan}"
+    assert app.store.load(InventoryItem, item_id).on_hand == 3_000
+
+
 def test_dispatch_takes_snapshots_at_the_interval(pg_dsn: str, schema: str) -> None:
     with bootstrap(settings_for(pg_dsn, schema, snapshot_interval=10)) as app:
         item_id = uuid4()

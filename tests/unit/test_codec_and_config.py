@@ -92,3 +92,38 @@ def test_retry_policy_is_bounded_and_jittered() -> None:
     assert max(row[4] for row in pauses) > 0.04  # the later pauses reach towards the cap
     with pytest.raises(ValueError):
         RetryPolicy(max_attempts=0)
+
+
+def test_a_replay_decodes_each_stored_state_as_decode_event_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``decode_state`` (the command path's replay: the state parsed once, the payload filled in place) gives the
+    event ``decode_event`` gives, for plain, Decimal and upcast payloads; an upcaster's own dict is never changed."""
+    from commitline.examples.inventory import StockReceived
+    from commitline.examples.orders import OrderPlaced
+
+    at = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    events = [StockReceived(event_id=uuid4(), aggregate_id=uuid4(), version=3, occurred_at=at, quantity=7),
+              OrderPlaced(event_id=uuid4(), aggregate_id=uuid4(), version=1, occurred_at=at, item_id=uuid4(),
+                          quantity=2, amount=Decimal("9.90"), currency="EUR", account="acc")]
+    for event in events:
+        stored = encode_event(event, "t1")
+        replayed = CODEC.decode_state(stored.topic, stored.originator_id, event.version, orjson.loads(stored.state))
+        assert replayed == CODEC.decode_event(stored.topic, stored.originator_id, event.version, stored.state).event
+        assert replayed == event and type(replayed.event_id) is type(event.event_id)
+
+    shared = {"quantity": 5}  # an upcaster returning a dict of its own (here: always the same one)
+    stored = encode_event(events[0], "t1")
+    monkeypatch.setattr(StockReceived, "class_version", 2, raising=False)
+    monkeypatch.setattr(StockReceived, "upcast_v1_v2", staticmethod(lambda d: shared), raising=False)
+    for _ in range(2):
+        assert CODEC.decode_state(stored.topic, stored.originator_id, 3, orjson.loads(stored.state)).quantity == 5
+    assert shared == {"quantity": 5}
+
+
+def test_an_event_class_s_own_upcast_runs_on_a_replay_at_its_current_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    from commitline.examples.inventory import StockReceived
+
+    event = StockReceived(event_id=uuid4(), aggregate_id=uuid4(), version=1, occurred_at=datetime.now(timezone.utc),
+                          quantity=1)
+    stored = encode_event(event, "t1")
+    monkeypatch.setattr(StockReceived, "upcast", classmethod(lambda cls, d, v: {**d, "quantity": d["quantity"] * 10}))
+    assert CODEC.decode_state(stored.topic, stored.originator_id, 1, orjson.loads(stored.state)).quantity == 10

@@ -89,6 +89,10 @@ class UnknownEventType(LookupError):
     pass
 
 
+#: The base ``Event.upcast``: an event class that keeps it has nothing to upcast at its own version.
+_EVENT_UPCAST = Event.upcast.__func__  # type: ignore[attr-defined]
+
+
 def encode_event(event: Event, tenant: str, traceparent: str | None = None, *, personal: PersonalData | None = None,
                  aggregate: Aggregate | None = None, new_keys: NewKeys | None = None) -> StoredEvent:
     """``traceparent``: the W3C trace context of the append that writes it (tracing on), kept so that its
@@ -126,11 +130,6 @@ def _seal(event: Event, tenant: str, data: dict[str, Any], fields: tuple[tuple[s
     return [name for name, _ in fields]
 
 
-def stored_version(state: dict[str, Any]) -> int:
-    """The class version a stored event state was written at."""
-    return int(state.get("v", 1))
-
-
 # The data key id of a sealed value as it stands in a stored state's JSON (``personal/cipher.py``: KEY_ID).
 _SEALED_KEY_ID = re.compile(rb'"key_id":"([0-9a-f-]{36})"')
 
@@ -141,6 +140,7 @@ class EventCodec:
     def __init__(self, registry: EventRegistry, personal: PersonalData | None = None):
         self.registry = registry
         self.personal = personal
+        self._decoders: dict[str, tuple[type[Event], Any]] = {}  # by stored type name (``_decoder``)
 
     def encode(self, event: Event, tenant: str, traceparent: str | None = None,
                aggregate: Aggregate | None = None, new_keys: NewKeys | None = None) -> StoredEvent:
@@ -168,22 +168,43 @@ class EventCodec:
         return data
 
     def decode_event(self, topic: str, originator_id: UUID, originator_version: int, state: bytes) -> RecordedEvent:
-        cls = self.registry.event_class(topic)
-        if cls is None:
-            raise UnknownEventType(f"no event class is registered for stored type {topic!r}")
         stored = orjson.loads(state)
-        version = stored_version(stored)
+        event = self.decode_state(topic, originator_id, originator_version, stored)
+        return RecordedEvent(event=event, tenant=stored["tenant"],
+                             aggregate_type=self.registry.aggregate_of_event[type(event)].__name__)
+
+    def decode_state(self, topic: str, originator_id: UUID, originator_version: int, stored: dict[str, Any]) -> Event:
+        """The domain event of a stored state already parsed (``orjson.loads`` of it, which this may change):
+        ``decode_event``'s event without the rest of its ``RecordedEvent``, for a replay (the same validation,
+        personal fields opened and old versions upcast the same way; only fewer objects made)."""
+        decoder = self._decoders.get(topic)
+        if decoder is None:
+            decoder = self._decoder(topic)
+        cls, validate = decoder
+        version = int(stored["v"]) if "v" in stored else 1  # the class version it was written at
         if version > cls.class_version:  # written by a newer release: reading it as this one would drop fields
             raise ConfigurationError("COMMITLINE_APP", f"{topic} event {originator_id} v{originator_version} was stored "
                                      f"at class version {version}, newer than this release's {cls.class_version}: "
                                      "run the release that wrote it (or a newer one)")
-        data = cls.upcast(self.opened(stored) if "pd" in stored else stored["data"], version)
-        event = _adapter(cls).validate_python(
-            {**data, "event_id": stored["id"], "aggregate_id": originator_id, "version": originator_version,
-             "occurred_at": stored["at"]}
-        )
-        return RecordedEvent(event=event, tenant=stored["tenant"],
-                            aggregate_type=self.registry.aggregate_of_event[cls].__name__)
+        data = self.opened(stored) if "pd" in stored else stored["data"]
+        if version != cls.class_version or cls.upcast.__func__ is not _EVENT_UPCAST:  # type: ignore[attr-defined]
+            data = cls.upcast(data, version)
+        if data is stored["data"]:  # the parsed state's own dict, nobody else's: filled in place
+            data["event_id"], data["aggregate_id"] = stored["id"], originator_id
+            data["version"], data["occurred_at"] = originator_version, stored["at"]
+        else:
+            data = {**data, "event_id": stored["id"], "aggregate_id": originator_id, "version": originator_version,
+                    "occurred_at": stored["at"]}
+        return validate(data)  # type: ignore[no-any-return]
+
+    def _decoder(self, topic: str) -> tuple[type[Event], Any]:
+        """(event class, its validator) of a stored type name."""
+        cls = self.registry.event_class(topic)
+        if cls is None:
+            raise UnknownEventType(f"no event class is registered for stored type {topic!r}")
+        decoder = (cls, _adapter(cls).validator.validate_python)
+        self._decoders[topic] = decoder
+        return decoder
 
 
 def encode_snapshot(aggregate: Aggregate) -> bytes:

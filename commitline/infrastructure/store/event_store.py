@@ -50,7 +50,7 @@ from commitline.infrastructure.store.codec import EventCodec, decode_snapshot, e
 from commitline.infrastructure.store.event_versions import EventVersions
 from commitline.infrastructure.store.group_commit import GroupCommitter
 from commitline.infrastructure.store.recorder import EventRecorder, PendingAppend, SubjectKeyTaken
-from commitline.infrastructure.store.streams import CommandRead, Snapshot
+from commitline.infrastructure.store.streams import CommandRead, ReadEvent, Snapshot
 
 A = TypeVar("A", bound=Aggregate)
 log = logging.getLogger(__name__)
@@ -97,10 +97,8 @@ class PostgresEventStore:
             start = self._snapshot_start(cls, snapshot, owner)
             if start is None:  # its subject was erased: from the first event
                 _, stored, head_hash = self.recorder.load_stream(aggregate_id, after_snapshot=False)
-        recorded = [self.codec.decode_event(s.topic, s.originator_id, s.originator_version, s.state) for s in stored]
-        if recorded and recorded[0].aggregate_type != cls.__name__:
-            raise WrongAggregateType(aggregate_id, cls.__name__, recorded[0].aggregate_type)
-        aggregate = cls.replay(aggregate_id, [r.event for r in recorded], start)
+        aggregate = self._replayed(cls, aggregate_id, [(s.originator_version, s.topic, orjson.loads(s.state))
+                                                       for s in stored], start)
         self._remember(aggregate_id, aggregate.version, head_hash)
         return aggregate
 
@@ -128,14 +126,14 @@ class PostgresEventStore:
             if entry is not None:
                 self.cache.put(entry, epoch)
             return CommandLoad(None, False, self._revealed(read.idempotency))
-        if entry is not None and read.events and read.events[0].originator_version != known + 1:
+        if entry is not None and read.events and read.events[0].version != known + 1:
             entry = None  # cannot happen with an append-only store: trust nothing, read it all again
             read = self.recorder.read_for_command(aggregate_id, 0, self.snapshot_interval > 0, tenant, key)
         if entry is not None:
             aggregate: A = entry.aggregate  # type: ignore[assignment]
-            for s in read.events:
-                aggregate.apply(self.codec.decode_event(s.topic, s.originator_id, s.originator_version,
-                                                         s.state).event)
+            decode = self.codec.decode_state
+            for e in read.events:
+                aggregate.apply(decode(e.topic, aggregate_id, e.version, orjson.loads(e.state)))
         else:
             try:
                 aggregate = self._decoded(cls, aggregate_id, read, tenant)
@@ -153,20 +151,33 @@ class PostgresEventStore:
                 self._decoded_in.popitem(last=False)
 
     def _decoded(self, cls: type[A], aggregate_id: UUID, read: CommandRead, tenant: str) -> A:
-        owner = stream_owner(read.snapshot, read.events)
-        if owner is not None and owner != tenant:
-            raise ForeignStream(aggregate_id)
-        start: A | None = None
+        """The aggregate from a command's read: its snapshot (if any) and the events after it, each state parsed
+        once (the first one's names the owner, when no snapshot came with the state of the stream's first)."""
         events = read.events
+        head = orjson.loads(events[0].state) if events else None
+        first = read.snapshot.first_event_state if read.snapshot is not None else None
+        owner = stored_tenant(first) if first is not None else head["tenant"] if head is not None else None
+        if owner is not None and owner != tenant:
+            raise ForeignStream(aggregate_id)  # before any more of it is parsed
+        states = [head, *(orjson.loads(e.state) for e in events[1:])] if head is not None else []
+        start: A | None = None
         if read.snapshot is not None:
             start = self._snapshot_start(cls, read.snapshot, owner)
             if start is None:  # its subject was erased: from the first event
-                _, events, _ = self.recorder.load_stream(aggregate_id, after_snapshot=False)
-        recorded = [self.codec.decode_event(s.topic, s.originator_id, s.originator_version, s.state)
-                    for s in events]
-        if recorded and recorded[0].aggregate_type != cls.__name__:
-            raise WrongAggregateType(aggregate_id, cls.__name__, recorded[0].aggregate_type)
-        return cls.replay(aggregate_id, [r.event for r in recorded], start)
+                _, stored, _ = self.recorder.load_stream(aggregate_id, after_snapshot=False)
+                events = [ReadEvent(s.originator_version, s.topic, s.state) for s in stored]
+                states = [orjson.loads(e.state) for e in events]
+        return self._replayed(cls, aggregate_id, [(e.version, e.topic, state) for e, state in zip(events, states)],
+                              start)
+
+    def _replayed(self, cls: type[A], aggregate_id: UUID, stored: list[tuple[int, str, dict[str, Any]]],
+                  start: A | None) -> A:
+        """``start`` (None: blank) with the stored events applied: (version, type name, parsed state) each."""
+        decode = self.codec.decode_state
+        events = [decode(topic, aggregate_id, version, state) for version, topic, state in stored]
+        if events and (found := self.codec.registry.aggregate_of_event[type(events[0])].__name__) != cls.__name__:
+            raise WrongAggregateType(aggregate_id, cls.__name__, found)
+        return cls.replay(aggregate_id, events, start)
 
     def _snapshot_start(self, cls: type[A], snapshot: Snapshot, owner: str | None) -> A | None:
         if snapshot.aggregate_type != cls.__name__:

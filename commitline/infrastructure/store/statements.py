@@ -22,6 +22,13 @@ from commitline.infrastructure.store.pipelined import Statement
 from commitline.infrastructure.store.schema import EVENT_COLUMNS, EventTables
 
 
+#: A stream's events after a version the statement itself reads (its latest snapshot's), written as a range up to
+#: int8's largest: the planner then takes the tail for a small part of the stream (a range of unknown bounds) rather
+#: than a third of it (one unknown bound), so a stream that is most of its table is still read through the primary
+#: key, not by a sequential scan of the table (measured: 0.03 against 0.45-1.2 ms for a 10,000-event stream).
+_TAIL = "BETWEEN {} + 1 AND 9223372036854775807"
+
+
 class Statements:
     def __init__(self, tables: EventTables):
         q = tables.sql
@@ -89,8 +96,8 @@ class Statements:
             "SELECT true, version, aggregate_type, state, event_hash, (SELECT state FROM {events} "
             "WHERE originator_id = %(id)s AND originator_version = 1) FROM s UNION ALL "
             "SELECT false, originator_version, topic, state, event_hash, NULL FROM {events} "
-            "WHERE originator_id = %(id)s AND originator_version > coalesce((SELECT version FROM s), 0) "
-            "ORDER BY 1 DESC, 2"
+            "WHERE originator_id = %(id)s AND originator_version " + _TAIL.format("coalesce((SELECT version FROM s), 0)") +
+            " ORDER BY 1 DESC, 2"
         )
         self.stream_from_start = q(
             "SELECT false, originator_version, topic, state, event_hash, NULL FROM {events} "
@@ -112,5 +119,6 @@ class Statements:
             "SELECT 1, version, aggregate_type, state, event_hash, (SELECT state FROM {events} "
             "WHERE originator_id = $1 AND originator_version = 1), NULL::uuid FROM s UNION ALL "
             "SELECT 0, originator_version, topic, state, event_hash, NULL::bytea, NULL::uuid FROM {events} "
-            "WHERE originator_id = $1 AND originator_version > greatest($2, coalesce((SELECT version FROM s), 0)) "
-            "ORDER BY 1 DESC, 2"), ("uuid", "int8", "text", "text", "bool"))
+            "WHERE originator_id = $1 AND originator_version " +
+            _TAIL.format("greatest($2, coalesce((SELECT version FROM s), 0))") +
+            " ORDER BY 1 DESC, 2"), ("uuid", "int8", "text", "text", "bool"))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 from eventsourcing.persistence import StoredEvent
@@ -33,6 +33,14 @@ class Snapshot:
     first_event_state: bytes | None = None
 
 
+class ReadEvent(NamedTuple):
+    """One event as the command's read returns it (its stream's id is the read's)."""
+
+    version: int
+    topic: str
+    state: bytes
+
+
 @dataclass
 class CommandRead:
     """What ``read_for_command`` found: the key's record, the snapshot, the events after it or after the
@@ -40,8 +48,19 @@ class CommandRead:
 
     idempotency: IdempotencyRecord | None = None
     snapshot: Snapshot | None = None
-    events: list[StoredEvent] = field(default_factory=list)
+    events: list[ReadEvent] = field(default_factory=list)
     head_hash: bytes | None = None
+
+
+#: Stored type names as read (bytes) and decoded: a stream's events repeat a few of them.
+_topics: dict[bytes, str] = {}
+
+
+def _topic(raw: bytes) -> str:
+    topic = raw.decode()
+    if len(_topics) < 10_000:  # a domain has far fewer event types: whatever else is stored is not kept
+        _topics[raw] = topic
+    return topic
 
 
 class StreamReads:
@@ -80,22 +99,27 @@ class StreamReads:
         assert result is not None
         value = result.get_value
         read = CommandRead()
-        int8, text = pipelined.int8, pipelined.text
-        for row in range(result.ntuples):
+        events = read.events
+        rows = result.ntuples
+        for row in range(rows):
             kind = int.from_bytes(value(row, 0), "big")  # type: ignore[arg-type]
-            version, name, state, hashed = int8(value(row, 1)), text(value(row, 2)), bytes(value(row, 3)), bytes(
-                value(row, 4))  # type: ignore[arg-type]
-            if kind == 0:
-                read.events.append(StoredEvent(aggregate_id, version, name, state))
-                read.head_hash = hashed
+            if kind == 0:  # the most rows by far: only what a replay needs (the head's hash is read below)
+                raw = value(row, 2)
+                topic = _topics.get(raw) or _topic(raw)  # type: ignore[arg-type]
+                events.append(ReadEvent(int.from_bytes(value(row, 1), "big", signed=True),  # type: ignore[arg-type]
+                                        topic, value(row, 3)))  # type: ignore[arg-type]
             elif kind == 1:
                 first = value(row, 5)
-                read.snapshot = Snapshot(aggregate_id, version, name, state, hashed,
+                read.snapshot = Snapshot(aggregate_id, pipelined.int8(value(row, 1)), pipelined.text(value(row, 2)),
+                                         bytes(value(row, 3)), bytes(value(row, 4)),  # type: ignore[arg-type]
                                          bytes(first) if first is not None else None)
-                read.head_hash = hashed
+                read.head_hash = read.snapshot.event_hash
             else:
-                read.idempotency = IdempotencyRecord(tenant, key, hashed, name, pipelined.uuid(value(row, 6)),
-                                                     version, state)  # type: ignore[arg-type]
+                read.idempotency = IdempotencyRecord(tenant, key, bytes(value(row, 4)),  # type: ignore[arg-type]
+                                                     pipelined.text(value(row, 2)), pipelined.uuid(value(row, 6)),
+                                                     pipelined.int8(value(row, 1)), bytes(value(row, 3)))  # type: ignore[arg-type]
+        if events:
+            read.head_hash = bytes(value(rows - 1, 4))  # type: ignore[arg-type]
         return read
 
     def event_hash(self, aggregate_id: UUID, version: int) -> bytes:
