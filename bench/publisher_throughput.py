@@ -57,16 +57,20 @@ import asyncio
 import contextlib
 import gc
 import inspect
+import json
 import os
-import threading
+import subprocess
+import sys
 import time
 import uuid
 from collections import defaultdict
+from dataclasses import dataclass
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import orjson
 import psycopg
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.partitioner import murmur2
 from eventsourcing.persistence import StoredEvent
 
@@ -79,10 +83,8 @@ from commitline.infrastructure.store.codec import encode_event
 from commitline.infrastructure.config import Settings, load_settings
 from commitline.infrastructure.kafka.envelope import KafkaRecord, to_record, topic_for
 from commitline.infrastructure.followers.thread import FollowerThread
-from commitline.infrastructure.kafka.producer import ensure_topics, new_producer
-from commitline.infrastructure.kafka.publisher import Publisher
+from commitline.infrastructure.kafka.producer import client_options, ensure_topics, new_producer
 from commitline.infrastructure.kafka.publisher import PUBLISHER
-from commitline.infrastructure.store.log import BucketLog, BucketPage
 from commitline.infrastructure.store.recorder import EventRecorder
 
 AGGREGATE_COUNT = 1_000
@@ -135,20 +137,6 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 # --------------------------------------------------------------------------- publish_throughput
-
-
-class GatedLog(BucketLog):
-    """The bucket log, empty until ``go`` is set: the instances join, share the buckets and start their
-    producers first, so the timed part is publishing only."""
-
-    def __init__(self, recorder: EventRecorder, buckets: int, go: threading.Event):
-        super().__init__(recorder, buckets)
-        self.go = go
-
-    def read(self, positions: Mapping[int, int], limit: int) -> BucketPage:
-        if not self.go.is_set():
-            return BucketPage([], [], min(positions.values()))
-        return super().read(positions, limit)
 
 
 def chain_links() -> Callable[[Sequence[StoredEvent]], list[tuple[bytes, bytes]]] | None:
@@ -221,69 +209,169 @@ def reset_positions(app: Commitline) -> None:
                      "OR starts_with(name, %s)", (PUBLISHER, f"{PUBLISHER}/"))
 
 
-def measure_publishers(app: Commitline, settings: Settings, instances: int) -> tuple[float, int]:
-    """(seconds, events published) for ``instances`` publish instances, each on its own thread and event loop
-    in this process (sharing the GIL, not the CPU of separate processes), from position 0 to the head.
-    Timed from ``go`` (every instance joined, the buckets shared fairly, every producer started and the
-    topics created) until every bucket's position reached the head."""
-    reset_positions(app)
-    head = app.recorder.max_notification_id() or 0
-    go = threading.Event()
-    buckets = settings.publish_buckets
+def process_cpu(pids: Sequence[int], reaped_of: int | None = None) -> float:
+    """CPU seconds (user + system) the processes ``pids`` used so far, plus, with ``reaped_of``, what its
+    children that already ended used (``/proc``; processes that are gone count 0)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+        if pid == reaped_of:
+            total += int(fields[13]) + int(fields[14])  # cutime, cstime
+    return total / tick
 
-    def make() -> Publisher:
-        publisher = app.publisher(settings, owner=f"{OWNER}-{uuid.uuid4().hex[:4]}")
-        publisher.log = GatedLog(app.recorder, buckets, go)
-        return publisher
 
-    threads = [FollowerThread(make).start() for _ in range(instances)]
+def postgres_pids(app: Commitline) -> tuple[int, list[int]] | None:
+    """(postmaster pid, every pid of its server) when the bench database runs on this machine, else None."""
+    with psycopg.connect(**app.conninfo, autocommit=True) as conn:
+        backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
     try:
-        deadline = time.monotonic() + 60
-        shares = sorted([buckets // instances + (1 if i < buckets % instances else 0) for i in range(instances)])
-        while sorted(len(t.follower.owned) for t in threads) != shares:  # type: ignore[union-attr]
-            assert time.monotonic() < deadline, "the instances did not share the buckets"
-            time.sleep(0.01)
+        with open(f"/proc/{backend}/stat") as f:
+            postmaster = int(f.read().rsplit(")", 1)[1].split()[1])
+        with open(f"/proc/{postmaster}/comm") as f:
+            if "postgres" not in f.read():
+                return None
+    except OSError:
+        return None
+    pids = [postmaster]
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == postmaster:
+                        pids.append(int(entry))
+            except OSError:
+                continue
+    return postmaster, pids
 
-        async def warm(publisher: Publisher) -> None:
-            async with publisher.producers.use():
-                pass
 
-        for t in threads:
-            asyncio.run_coroutine_threadsafe(warm(t.follower), t._loop).result(60)  # type: ignore[arg-type]
-        t0 = time.perf_counter()
-        go.set()
-        for t in threads:
-            t._loop.call_soon_threadsafe(t.follower.wakeup.poke)  # type: ignore[union-attr]
+def service_cpu(app: Commitline) -> dict[str, float]:
+    """CPU seconds so far of the broker (the embedded one) and of the PostgreSQL server (when local)."""
+    out: dict[str, float] = {}
+    broker = getattr(app.embedded_kafka, "pid", None)
+    if broker is not None:
+        out["broker"] = process_cpu([broker])
+    server = postgres_pids(app)
+    if server is not None:
+        out["postgresql"] = process_cpu(server[1], reaped_of=server[0])
+    return out
 
-        def low() -> int:
-            positions: dict[int, int] = {}
-            for t in threads:
-                positions.update(t.follower.positions)  # type: ignore[union-attr]
-            return min(positions.get(b, 0) for b in range(buckets))
 
-        while low() < head:
-            assert time.monotonic() < deadline + 120, "the publishers did not reach the head"
-            time.sleep(0.005)
-        seconds = time.perf_counter() - t0
-        published = sum(t.follower.metrics.events_published for t in threads)  # type: ignore[union-attr]
+async def delivered(settings: Settings, expected: int) -> tuple[int, int]:
+    """(records, distinct event ids) the run's topics hold, read back by a consumer from the beginning until
+    ``expected`` distinct events were seen (or 2 s brought nothing new); raises if an aggregate's events
+    arrive out of order or with one missing (its versions must go 1, 2, 3...). An independent count (Tansu's end offsets count a record batch as one offset)."""
+    consumer = AIOKafkaConsumer(**client_options(settings), enable_auto_commit=False, auto_offset_reset="earliest",
+                                request_timeout_ms=10_000, max_partition_fetch_bytes=4 * 1024 * 1024)
+    await consumer.start()
+    try:
+        await consumer.topics()  # the metadata of every topic
+        consumer.assign([TopicPartition(t, p) for t in all_topics(settings.kafka_topic_prefix)
+                         for p in consumer.partitions_for_topic(t) or ()])
+        records, ids, versions = 0, set(), {}
+        while len(ids) < expected:
+            batches = await consumer.getmany(timeout_ms=2_000, max_records=10_000)
+            if not batches:
+                break
+            for batch in batches.values():
+                for message in batch:
+                    records += 1
+                    envelope = orjson.loads(message.value)
+                    if envelope["event_id"] in ids:
+                        continue  # sent twice (at-least-once): counted once
+                    ids.add(envelope["event_id"])
+                    previous = versions.get(message.key, 0)
+                    if envelope["version"] != previous + 1:
+                        raise AssertionError(f"aggregate {message.key!r}: version {envelope['version']} after "
+                                             f"{previous}")
+                    versions[message.key] = envelope["version"]
+        return records, len(ids)
     finally:
-        for t in threads:
-            t.stop()
-    return seconds, published
+        await consumer.stop()
 
 
-def measure_raw_throughput(settings: Settings, prefix: str, rows: Sequence[RawRow], old_prefix: str) -> float:
-    """Seconds for a bare producer to send ``rows`` (to the topics of ``prefix``) and see every ack.
+@dataclass
+class Window:
+    """One measured run of ``instances`` publish processes."""
+
+    instances: int
+    seconds: float  # from ``go`` until the last process had every bucket it owned at the head, positions saved
+    published: int  # what the processes say they published
+    delivered: int  # distinct events the topics hold, read back by a consumer
+    records: int  # records the topics hold (more than ``delivered`` if any event was sent twice)
+    cpu: dict[str, float]  # CPU seconds in the window: publish (all processes), broker, postgresql
+
+    def per_event(self, part: str) -> float:
+        return self.cpu[part] / self.delivered
+
+
+def measure_processes(dsn: str, app: Commitline, settings: Settings, instances: int, head: int) -> Window:
+    """``instances`` publish processes (``bench/publish_process.py``: what ``commitline publish --drain`` runs) started
+    together from position 0: timed from ``go`` (every process joined, owns its fair share of the buckets, its
+    producer started and the topics created) until every process had all its buckets at the head."""
+    reset_positions(app)
+    buckets = settings.publish_buckets
+    assert buckets % instances == 0, (buckets, instances)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+    env.pop("KAFKA_BOOTSTRAP_SERVERS", None)  # given as an argument; the other COMMITLINE_KAFKA_* stay
+    procs = [subprocess.Popen([sys.executable, "-m", "bench.publish_process", dsn,
+                               app.settings.schema_name, settings.kafka_bootstrap_servers or "",
+                               settings.kafka_topic_prefix or "", str(buckets // instances), str(head)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+             for _ in range(instances)]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            if proc.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"a publish process ended before its window (exit code {proc.wait()})")
+        before = service_cpu(app)
+        t0 = time.perf_counter()
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        reports = []
+        for proc in procs:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            if not line.startswith("done "):
+                raise RuntimeError(f"a publish process ended before reaching the head (exit code {proc.wait()})")
+            reports.append(json.loads(line[5:]))
+        after = service_cpu(app)
+        for proc in procs:
+            proc.communicate(timeout=60)
+            if proc.returncode != 0:
+                raise RuntimeError(f"a publish process failed with exit code {proc.returncode}")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    cpu = {"publish": sum(r["cpu"] for r in reports), **{k: after[k] - before[k] for k in after if k in before}}
+    records, distinct = asyncio.run(delivered(settings, head))
+    return Window(instances, max(r["done"] for r in reports) - t0, sum(r["published"] for r in reports),
+                  distinct, records, cpu)
+
+
+def measure_raw_throughput(settings: Settings, prefix: str, rows: Sequence[RawRow],
+                           old_prefix: str) -> tuple[float, float]:
+    """(seconds, CPU seconds of this process) for a bare producer to send ``rows`` (to the topics of ``prefix``)
+    and see every ack.
 
     ``send_batch`` per partition: records grouped by partition (murmur2, as aiokafka's default
     partitioner and the publisher do), packed into as few record batches as fit, every batch
     queued at once, all acks awaited at the end. Grouping and batch building are timed too.
     """
 
-    async def main() -> float:
+    async def main() -> tuple[float, float]:
         producer = await started_raw_producer(settings, prefix)
         try:
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.process_time()
             topics: dict[str, str] = {}
             partitions: dict[str, int] = {}
             groups: dict[tuple[str, int], list[RawRow]] = defaultdict(list)
@@ -302,7 +390,7 @@ def measure_raw_throughput(settings: Settings, prefix: str, rows: Sequence[RawRo
                         batch.append(key=key, value=value, timestamp=timestamp_ms, headers=list(headers))
                 futures.append(await producer.send_batch(batch, topic, partition=partition))
             await asyncio.gather(*futures)
-            return time.perf_counter() - t0
+            return time.perf_counter() - t0, time.process_time() - cpu0
         finally:
             await producer.stop()
 
@@ -327,14 +415,31 @@ def measure_raw_send(settings: Settings, prefix: str, rows: Sequence[RawRow], ol
     return asyncio.run(main())
 
 
-INSTANCES = (1, 2, 4)
+INSTANCES = (1, 2)
+MODEL_CORES = (2, 4, 8, 16, 32)
+
+
+def scaling_model(one: Window, buckets: int) -> Iterator[str]:
+    """What N cores would give, from the CPU per event measured with one publish process: publishing is
+    CPU-bound once the instances are enough (events/s = N / CPU per event, publish + broker + PostgreSQL),
+    and each instance adds at most what one did here (its rate includes its waits for acks and reads), up
+    to one instance per bucket."""
+    parts = {k: one.per_event(k) for k in one.cpu}
+    total = sum(parts.values())
+    single = one.delivered / one.seconds
+    for cores in MODEL_CORES:
+        instances = min(buckets, max(1, round(cores * parts["publish"] / total)))
+        rate = min(cores / total, instances * single)
+        yield (f"publish scaling model cores={cores}: instances={instances} events/s={rate:.0f} "
+               f"(min(cores / {total * 1e6:.1f} us CPU per event, instances x {single:.0f}))")
 
 
 def publish_throughput(ctx: BenchContext) -> Iterator[str]:
     events = 20_000 if ctx.quick else 60_000
-    rounds = 1 if ctx.quick else 2  # each round: raw, then 1, 2 and 4 instances; a last raw run at the end
-    ours: dict[int, list[float]] = {n: [] for n in INSTANCES}
-    raw_times: list[float] = []
+    # each round: raw, then 1 and 2 processes (the second round in the other order); a last raw run at the end
+    rounds = 1 if ctx.quick else 2
+    ours: dict[int, list[Window]] = {n: [] for n in INSTANCES}
+    raw_runs: list[tuple[float, float, float]] = []  # seconds, client CPU, broker CPU
     letters = iter("cdefghijklmnopq")
     with fresh_schema(ctx.dsn) as schema, kafka_app(ctx, schema) as (app, settings, prefix):
         t0 = time.perf_counter()
@@ -342,24 +447,43 @@ def publish_throughput(ctx: BenchContext) -> Iterator[str]:
         fill_s = time.perf_counter() - t0
         rows = read_rows(app, settings)  # also warms the table (hint bits, cache) for both sides
         assert len(rows) == events, (len(rows), events)
-        for _ in range(rounds):
-            raw_times.append(measure_raw_throughput(settings, prefix(next(letters)), rows, settings.kafka_topic_prefix))
-            for n in INSTANCES:
+        head = app.recorder.max_notification_id() or 0
+
+        def raw_run() -> None:
+            before = service_cpu(app).get("broker", 0.0)
+            seconds, cpu = measure_raw_throughput(settings, prefix(next(letters)), rows, settings.kafka_topic_prefix)
+            raw_runs.append((seconds, cpu, service_cpu(app).get("broker", 0.0) - before))
+
+        for round_ in range(rounds):
+            raw_run()
+            for n in (INSTANCES if round_ % 2 == 0 else INSTANCES[::-1]):
                 run_settings = settings.model_copy(update={"kafka_topic_prefix": prefix(next(letters))})
                 asyncio.run(ensure_topics(run_settings, all_topics(run_settings.kafka_topic_prefix)))
-                seconds, published = measure_publishers(app, run_settings, n)
-                assert published >= events, (published, events)
-                ours[n].append(seconds)
-        raw_times.append(measure_raw_throughput(settings, prefix(next(letters)), rows, settings.kafka_topic_prefix))
-    raw = events / min(raw_times)
+                window = measure_processes(ctx.dsn, app, run_settings, n, head)
+                assert window.published >= events and window.delivered >= events, (window, events)
+                ours[n].append(window)
+        raw_run()
+    best_raw = min(raw_runs)
+    raw = events / best_raw[0]
+    best = {n: min(ours[n], key=lambda w: w.seconds) for n in INSTANCES}
+    rate = {n: best[n].delivered / best[n].seconds for n in INSTANCES}
     for n in INSTANCES:
-        rate = events / min(ours[n])
-        yield (f"publish throughput instances={n}: commitline={rate:.0f} events/s raw_aiokafka={raw:.0f} records/s "
-               f"ratio={rate / raw:.2f}")
+        w = best[n]
+        yield (f"publish throughput processes={n}: commitline={rate[n]:.0f} events/s raw_aiokafka={raw:.0f} "
+               f"records/s ratio={rate[n] / raw:.2f}"
+               + (" (goal reads ratio: one publish process / raw aiokafka send_batch of the same records)"
+                  if n == 1 else ""))
+        yield (f"publish cpu per event processes={n}: "
+               + " ".join(f"{k}={w.per_event(k) * 1e6:.1f}us" for k in w.cpu)
+               + f"; raw aiokafka client={best_raw[1] / events * 1e6:.1f}us broker={best_raw[2] / events * 1e6:.1f}us")
+    yield (f"publish processes: 2 vs 1 ratio={rate[2] / rate[1]:.2f} (goal: 2 publish processes / 1, "
+           "started together on the same prefilled log, >= 1.0)")
+    yield from scaling_model(best[1], settings.publish_buckets)
     yield (f"publish throughput details: {events} events over {AGGREGATE_COUNT} aggregates, "
-           f"{settings.publish_buckets} buckets; instances are Publishers on threads of this process "
-           f"(one event loop each, one GIL); runs {'; '.join(f'{n}: ' + ', '.join(f'{s:.2f}' for s in ours[n]) for n in INSTANCES)} s; "
-           f"raw send_batch runs {', '.join(f'{s:.2f}' for s in raw_times)} s; "
+           f"{settings.publish_buckets} buckets; each instance a process running what commitline publish --drain "
+           f"runs; delivered counted by a consumer reading the topics back; runs "
+           f"{'; '.join(f'{n}: ' + ', '.join(f'{w.seconds:.2f}' for w in ours[n]) for n in INSTANCES)} s; "
+           f"raw send_batch runs {', '.join(f'{r[0]:.2f}' for r in raw_runs)} s; "
            f"avg value {sum(len(r[2]) for r in rows) // len(rows)} B; prefill {fill_s:.1f} s; "
            f"broker {'KAFKA_BOOTSTRAP_SERVERS' if kafka_overrides() else 'embedded Tansu'}")
 

@@ -56,7 +56,7 @@ from commitline.infrastructure.followers.group import GroupLease, GroupState, pl
 from commitline.infrastructure.followers.wakeup import wait_or_stop
 from commitline.infrastructure.followers.went_back import went_back
 from commitline.infrastructure.kafka.broker_check import evidence, last_records
-from commitline.infrastructure.kafka.envelope import KafkaRecord, to_record, topics_of
+from commitline.infrastructure.kafka.envelope import KafkaRecord, RecordBuilder, topics_of
 from commitline.infrastructure.kafka.producer import (
     RecordRefused,
     TopicSetupFailed,
@@ -134,6 +134,7 @@ class Publisher(Follower):
         self._used: AIOKafkaProducer | None = None
         self._lag = 0
         self._unchecked: set[int] = set()  # buckets taken or resumed, the broker not checked for them yet
+        self._records: RecordBuilder | None = None
 
     @property
     def metrics(self) -> PublisherMetrics:  # type: ignore[override]
@@ -190,10 +191,9 @@ class Publisher(Follower):
 
     def prepare(self, page: Page, positions: Mapping[int, int]) -> Records:
         """The page's records (in the reading thread), each bucket's up to its first record over the limit."""
-        prefix, owner, limit = self.settings.kafka_topic_prefix, self.owner, self.settings.kafka_max_message_bytes
-        generation = self.group.generation
-        built = Records({b: [to_record(n, prefix, owner, self.registry, generation) for n in batch]
-                         for b, batch in page.events.items()}, {})
+        limit = self.settings.kafka_max_message_bytes
+        build = self._builder().build
+        built = Records({b: [build(n) for n in batch] for b, batch in page.events.items()}, {})
         for bucket, batch in built.records.items():
             for i, record in enumerate(batch):
                 if (size := record_size(record)) > limit:
@@ -202,6 +202,13 @@ class Publisher(Follower):
                         "(COMMITLINE_KAFKA_MAX_MESSAGE_BYTES)"))
                     break
         return built
+
+    def _builder(self) -> RecordBuilder:
+        """The record builder of the generation the instance joined under (a new one when that changes)."""
+        generation = self.group.generation
+        if self._records is None or self._records.generation != generation:
+            self._records = RecordBuilder(self.settings.kafka_topic_prefix, self.owner, self.registry, generation)
+        return self._records
 
     async def handle_page(self, page: Page, positions: Mapping[int, int]) -> dict[int, Handled]:
         if self._unchecked & set(positions):
