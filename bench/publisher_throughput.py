@@ -14,28 +14,36 @@ product's own producer configuration (``kafka_producer.new_producer``: acks="all
     over 1,000 ``InventoryItem`` aggregates: ``recorder.append`` of 1,000 stored events per
     transaction (version v of every aggregate), built with ``codec.encode_event`` from real
     domain events (with valid per-stream hash-chain links precomputed when the recorder's
-    ``append`` takes ``links``; otherwise it would look up each event's predecessor). Then 1, 2
-    and 4 publish instances (``Publisher``, ``COMMITLINE_PUBLISH_BUCKETS`` buckets, each
-    on its own thread and event loop in this process: one GIL for all) publish everything from
-    position 0 with the default batch size (``COMMITLINE_PUBLISH_BATCH_SIZE``, 2,000). Timed: from
-    the moment every instance joined, the buckets are shared fairly and every producer started
-    (until then their log reads return nothing: ``GatedLog``) until every bucket's position
-    reached the head. What remains is every read of the log, ``to_record``, ``send_in_order``
-    with its acks and every position save.
+    ``append`` takes ``links``; otherwise it would look up each event's predecessor). Then 1 and 2
+    publish instances, each its own process (``bench/publish_process.py``: what ``commitline publish
+    --drain`` runs, ``app.publisher()`` and ``app.run_until_signalled``), publish everything from
+    position 0 with the default batch size (``COMMITLINE_PUBLISH_BATCH_SIZE``, 2,000) and
+    ``COMMITLINE_PUBLISH_BUCKETS`` buckets. The processes start together; each says ``ready`` once it
+    joined, owns its fair share of the buckets and started its producer (until ``go`` its log reads
+    return nothing), and the bench tells them all to go at once. Timed: from ``go`` until the last
+    process had every bucket it owns at the head, positions saved. Every record is then read back by a
+    consumer (distinct event ids, each aggregate's versions 1, 2, 3... in order): that count is the
+    events/s figure. CPU in the window: each publish process's own (user + system, all threads), the
+    embedded broker's and the PostgreSQL server's (``/proc``, when they run on this machine), printed
+    per event. From the one-process figures a scaling model says what N cores would give
+    (``scaling_model``).
 
     Baseline, same run, same broker, same records: before any measurement the whole log is
     read with ``select_notifications`` and turned into the very same records with
     ``to_record`` (same keys, values, headers, timestamps; this read also warms the table for
-    both sides). They are kept as plain tuples, which the GC stops tracking, so holding them
-    does not slow the publisher's run. A bare ``AIOKafkaProducer`` then sends them with
-    ``send_batch`` per partition: grouped by partition (murmur2, as aiokafka's default
-    partitioner and the publisher do), packed into as few record batches as fit, every batch
-    queued at once, all acks awaited at the end; grouping and batch building (including
-    turning each held header tuple back into the list aiokafka wants) are timed, from after
-    ``producer.start()`` to the last ack. That is the fastest honest raw variant: the
-    per-record ``send()`` pipeline (every future awaited at the end) is 2-3x slower in
-    Python (``measure_raw_send``, not run by default). Order: raw, 1, 2, 4 instances, twice
-    (``--quick``: once), then raw again; the best run of each is reported.
+    both sides). They are kept as plain tuples, which the GC stops tracking. A bare
+    ``AIOKafkaProducer`` in the bench's process then sends them with ``send_batch`` per partition:
+    grouped by partition (murmur2, as aiokafka's default partitioner and the publisher do), packed
+    into as few record batches as fit, every batch queued at once, all acks awaited at the end;
+    grouping and batch building (including turning each held header tuple back into the list
+    aiokafka wants) are timed, from after ``producer.start()`` to the last ack, and its CPU time
+    too. That is the fastest honest raw variant: the per-record ``send()`` pipeline is 2-3x slower
+    in Python (``measure_raw_send``, not run by default). Order: raw, 1, 2 processes, (full run: raw,
+    2, 1 processes,) then raw again; the best run of each is reported. The goal lines: one process /
+    raw ``send_batch`` (>= 0.7), 2 processes / 1 (>= 1.0).
+
+    ``BENCH_PUBLISH_PYTHONPATH`` runs the publish processes on another checkout's code (a before/after
+    comparison in one run of the same bench); ``BENCH_PROFILE=<file>`` writes each process's cProfile.
 
 ``commit_to_ack_latency``
     The publisher runs on its own event loop in a thread (as in production: never on the
@@ -317,7 +325,9 @@ def measure_processes(dsn: str, app: Commitline, settings: Settings, instances: 
     reset_positions(app)
     buckets = settings.publish_buckets
     assert buckets % instances == 0, (buckets, instances)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+    # BENCH_PUBLISH_PYTHONPATH: the processes' own path (e.g. another checkout's commitline, to compare)
+    path = os.environ.get("BENCH_PUBLISH_PYTHONPATH") or os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path}
     env.pop("KAFKA_BOOTSTRAP_SERVERS", None)  # given as an argument; the other COMMITLINE_KAFKA_* stay
     procs = [subprocess.Popen([sys.executable, "-m", "bench.publish_process", dsn,
                                app.settings.schema_name, settings.kafka_bootstrap_servers or "",
@@ -419,19 +429,31 @@ INSTANCES = (1, 2)
 MODEL_CORES = (2, 4, 8, 16, 32)
 
 
-def scaling_model(one: Window, buckets: int) -> Iterator[str]:
-    """What N cores would give, from the CPU per event measured with one publish process: publishing is
-    CPU-bound once the instances are enough (events/s = N / CPU per event, publish + broker + PostgreSQL),
-    and each instance adds at most what one did here (its rate includes its waits for acks and reads), up
-    to one instance per bucket."""
-    parts = {k: one.per_event(k) for k in one.cpu}
-    total = sum(parts.values())
-    single = one.delivered / one.seconds
+def scaling_model(one: Window, two: Window, buckets: int) -> Iterator[str]:
+    """What N cores would give, from this run's CPU per event (publish processes, broker, PostgreSQL) and
+    one process's rate. An instance is one process, bounded by its own rate here (``r1``: its CPU and its waits
+    for reads and acks); all together need ``c(k)`` CPU seconds per event with k instances: the publish and
+    broker parts as measured with two, PostgreSQL's growing by (2 instances' - 1 instance's) per added
+    instance (each instance's filtered read hashes every row of its window: k rows hashed per event). The
+    model picks the best k <= min(N, buckets): events/s = max_k min(k * r1, N / c(k)). It ignores the broker's
+    own limits (one embedded Tansu here; a Kafka cluster spreads partitions) and the disks."""
+    r1 = one.delivered / one.seconds
+    pg1, pg2 = one.cpu.get("postgresql", 0.0) / one.delivered, two.cpu.get("postgresql", 0.0) / two.delivered
+    grow = max(0.0, pg2 - pg1)
+
+    def cost(k: int) -> float:
+        if k == 1:
+            return sum(one.per_event(part) for part in one.cpu)
+        rest = sum(two.per_event(part) for part in two.cpu if part != "postgresql")
+        return rest + pg1 + (k - 1) * grow
+
+    yield (f"publish scaling model: r1={r1:.0f} events/s per process; CPU per event c(1)={cost(1) * 1e6:.1f}us, "
+           f"c(k)={(cost(2) - grow) * 1e6:.1f}us + k x {grow * 1e6:.1f}us (PostgreSQL's filtered reads)")
     for cores in MODEL_CORES:
-        instances = min(buckets, max(1, round(cores * parts["publish"] / total)))
-        rate = min(cores / total, instances * single)
-        yield (f"publish scaling model cores={cores}: instances={instances} events/s={rate:.0f} "
-               f"(min(cores / {total * 1e6:.1f} us CPU per event, instances x {single:.0f}))")
+        best_k, best = max(((k, min(k * r1, cores / cost(k))) for k in range(1, min(cores, buckets) + 1)),
+                           key=lambda kr: kr[1])
+        yield (f"publish scaling model cores={cores}: instances={best_k} events/s={best:.0f} "
+               f"({'CPU-bound' if best < best_k * r1 else 'instance-bound'})")
 
 
 def publish_throughput(ctx: BenchContext) -> Iterator[str]:
@@ -478,7 +500,7 @@ def publish_throughput(ctx: BenchContext) -> Iterator[str]:
                + f"; raw aiokafka client={best_raw[1] / events * 1e6:.1f}us broker={best_raw[2] / events * 1e6:.1f}us")
     yield (f"publish processes: 2 vs 1 ratio={rate[2] / rate[1]:.2f} (goal: 2 publish processes / 1, "
            "started together on the same prefilled log, >= 1.0)")
-    yield from scaling_model(best[1], settings.publish_buckets)
+    yield from scaling_model(best[1], best[2], settings.publish_buckets)
     yield (f"publish throughput details: {events} events over {AGGREGATE_COUNT} aggregates, "
            f"{settings.publish_buckets} buckets; each instance a process running what commitline publish --drain "
            f"runs; delivered counted by a consumer reading the topics back; runs "

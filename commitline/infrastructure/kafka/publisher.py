@@ -72,6 +72,10 @@ from commitline.infrastructure.store.recorder import EventRecorder
 log = logging.getLogger(__name__)
 PUBLISHER = "kafka-publisher"
 REBALANCE_SECONDS = 1.0
+#: Bytes a record holds besides its value and its event type's name, the batch framing included, at most (the
+#: publisher's name aside): key (36), the event_id, event_type, publisher and generation headers' names and
+#: values, their length prefixes, the record's and the batch's headers (61) come to about 270.
+SIZE_MARGIN = 1024
 # aiokafka logs every failed connection attempt; the publisher reports an outage once itself.
 logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
 
@@ -194,9 +198,12 @@ class Publisher(Follower):
         limit = self.settings.kafka_max_message_bytes
         build = self._builder().build
         built = Records({b: [build(n) for n in batch] for b, batch in page.events.items()}, {})
+        # A record's size is estimated only when its value and type name come near the limit: what else it
+        # holds (key, the other headers, the batch's framing) stays below SIZE_MARGIN plus the publisher's name.
+        near = limit - SIZE_MARGIN - len(self.owner)
         for bucket, batch in built.records.items():
             for i, record in enumerate(batch):
-                if (size := record_size(record)) > limit:
+                if len(record.value) + len(record.headers[1][1]) > near and (size := record_size(record)) > limit:
                     built.stop_at(page.events[bucket], bucket, i, positions[bucket], (
                         f"record of {size} bytes is larger than the broker's limit of {limit} bytes "
                         "(COMMITLINE_KAFKA_MAX_MESSAGE_BYTES)"))
@@ -248,14 +255,13 @@ class Publisher(Follower):
                     positions: Mapping[int, int]) -> list[KafkaRecord]:
         """Send every bucket's records (up to its first poison record) in one ``send_in_order``; a record batch
         the broker refuses as too large stops the bucket of its first record there. The records acknowledged."""
-        bucket_of_record = {r.notification_id: b for b, batch in built.records.items() for r in batch}
         while True:
             flat = [r for batch in built.records.values() for r in batch]
             try:
                 await send_in_order(producer, flat)
                 return flat
             except RecordRefused as refused:
-                bucket = bucket_of_record[refused.record.notification_id]
+                bucket = next(b for b, batch in built.records.items() if refused.record in batch)
                 built.stop_at(page.events[bucket], bucket, built.records[bucket].index(refused.record),
                               positions[bucket],
                               f"the broker refused the record batch starting here as too large ({refused}); "
