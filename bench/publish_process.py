@@ -69,9 +69,14 @@ def main(dsn: str, schema: str, bootstrap: str, prefix: str, share: int, head: i
         publisher.on_start = on_start  # type: ignore[method-assign]
         moved = publisher.moved
 
+        trace = os.environ.get("BENCH_TRACE")
+
         def on_moved() -> None:
             moved()
             positions = publisher.positions
+            if trace and go.is_set():
+                print(f"{os.getpid()} {time.perf_counter() - marks['go']:.3f} {min(positions.values())}",
+                      file=sys.stderr, flush=True)
             if go.is_set() and "done" not in marks and len(positions) == share and min(positions.values()) >= head:
                 marks["done"], marks["cpu_done"] = time.perf_counter(), time.process_time()
                 if profiler is not None:

@@ -313,6 +313,7 @@ class Window:
     delivered: int  # distinct events the topics hold, read back by a consumer
     records: int  # records the topics hold (more than ``delivered`` if any event was sent twice)
     cpu: dict[str, float]  # CPU seconds in the window: publish (all processes), broker, postgresql
+    each: list[float]  # seconds from ``go`` until each process was done
 
     def per_event(self, part: str) -> float:
         return self.cpu[part] / self.delivered
@@ -365,7 +366,7 @@ def measure_processes(dsn: str, app: Commitline, settings: Settings, instances: 
     cpu = {"publish": sum(r["cpu"] for r in reports), **{k: after[k] - before[k] for k in after if k in before}}
     records, distinct = asyncio.run(delivered(settings, head))
     return Window(instances, max(r["done"] for r in reports) - t0, sum(r["published"] for r in reports),
-                  distinct, records, cpu)
+                  distinct, records, cpu, sorted(r["done"] - t0 for r in reports))
 
 
 def measure_raw_throughput(settings: Settings, prefix: str, rows: Sequence[RawRow],
@@ -504,7 +505,8 @@ def publish_throughput(ctx: BenchContext) -> Iterator[str]:
     yield (f"publish throughput details: {events} events over {AGGREGATE_COUNT} aggregates, "
            f"{settings.publish_buckets} buckets; each instance a process running what commitline publish --drain "
            f"runs; delivered counted by a consumer reading the topics back; runs "
-           f"{'; '.join(f'{n}: ' + ', '.join(f'{w.seconds:.2f}' for w in ours[n]) for n in INSTANCES)} s; "
+           f"{'; '.join(f'{n}: ' + ', '.join('/'.join(f'{e:.2f}' for e in w.each) for w in ours[n]) for n in INSTANCES)} s "
+           "(each process's); "
            f"raw send_batch runs {', '.join(f'{r[0]:.2f}' for r in raw_runs)} s; "
            f"avg value {sum(len(r[2]) for r in rows) // len(rows)} B; prefill {fill_s:.1f} s; "
            f"broker {'KAFKA_BOOTSTRAP_SERVERS' if kafka_overrides() else 'embedded Tansu'}")
