@@ -455,6 +455,9 @@ def scaling_model(one: Window, two: Window, buckets: int) -> Iterator[str]:
                            key=lambda kr: kr[1])
         yield (f"publish scaling model cores={cores}: instances={best_k} events/s={best:.0f} "
                f"({'CPU-bound' if best < best_k * r1 else 'instance-bound'})")
+    here = os.cpu_count() or 1
+    yield (f"publish scaling model check: {here} cores, 2 instances: model={min(2 * r1, here / cost(2)):.0f} "
+           f"measured={two.delivered / two.seconds:.0f} events/s (the model assumes the cores are ours alone)")
 
 
 def publish_throughput(ctx: BenchContext) -> Iterator[str]:
