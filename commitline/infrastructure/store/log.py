@@ -32,8 +32,8 @@ the id and the count, so it is stable across restarts, processes, machines, Post
 whatever the kind of UUID (a hash, not the id's own bits: uuid1 ids from one host share their last bytes).
 ``BucketLog.read`` reads a set of buckets (all those an instance publishes), each from its own position, in
 one read, and says how far the log is proven read (``through``): past the page's last event when the page
-is not full, up to the newest committed id, so a bucket with no new events still moves on and its position
-is a true watermark. Reading every bucket needs no filter at all, so no hash is computed in SQL: rows are
+is not full, up to the newest committed id (for some buckets: within the window of ids the read looked at),
+so a bucket with no new events still moves on and its position is a true watermark. Reading every bucket needs no filter at all, so no hash is computed in SQL: rows are
 assigned to buckets in Python (``bucket_of``, cached per aggregate id).
 """
 
