@@ -14,28 +14,36 @@ product's own producer configuration (``kafka_producer.new_producer``: acks="all
     over 1,000 ``InventoryItem`` aggregates: ``recorder.append`` of 1,000 stored events per
     transaction (version v of every aggregate), built with ``codec.encode_event`` from real
     domain events (with valid per-stream hash-chain links precomputed when the recorder's
-    ``append`` takes ``links``; otherwise it would look up each event's predecessor). Then 1, 2
-    and 4 publish instances (``Publisher``, ``COMMITLINE_PUBLISH_BUCKETS`` buckets, each
-    on its own thread and event loop in this process: one GIL for all) publish everything from
-    position 0 with the default batch size (``COMMITLINE_PUBLISH_BATCH_SIZE``, 2,000). Timed: from
-    the moment every instance joined, the buckets are shared fairly and every producer started
-    (until then their log reads return nothing: ``GatedLog``) until every bucket's position
-    reached the head. What remains is every read of the log, ``to_record``, ``send_in_order``
-    with its acks and every position save.
+    ``append`` takes ``links``; otherwise it would look up each event's predecessor). Then 1 and 2
+    publish instances, each its own process (``bench/publish_process.py``: what ``commitline publish
+    --drain`` runs, ``app.publisher()`` and ``app.run_until_signalled``), publish everything from
+    position 0 with the default batch size (``COMMITLINE_PUBLISH_BATCH_SIZE``, 2,000) and
+    ``COMMITLINE_PUBLISH_BUCKETS`` buckets. The processes start together; each says ``ready`` once it
+    joined, owns its fair share of the buckets and started its producer (until ``go`` its log reads
+    return nothing), and the bench tells them all to go at once. Timed: from ``go`` until the last
+    process had every bucket it owns at the head, positions saved. Every record is then read back by a
+    consumer (distinct event ids, each aggregate's versions 1, 2, 3... in order): that count is the
+    events/s figure. CPU in the window: each publish process's own (user + system, all threads), the
+    embedded broker's and the PostgreSQL server's (``/proc``, when they run on this machine), printed
+    per event. From the one-process figures a scaling model says what N cores would give
+    (``scaling_model``).
 
     Baseline, same run, same broker, same records: before any measurement the whole log is
     read with ``select_notifications`` and turned into the very same records with
     ``to_record`` (same keys, values, headers, timestamps; this read also warms the table for
-    both sides). They are kept as plain tuples, which the GC stops tracking, so holding them
-    does not slow the publisher's run. A bare ``AIOKafkaProducer`` then sends them with
-    ``send_batch`` per partition: grouped by partition (murmur2, as aiokafka's default
-    partitioner and the publisher do), packed into as few record batches as fit, every batch
-    queued at once, all acks awaited at the end; grouping and batch building (including
-    turning each held header tuple back into the list aiokafka wants) are timed, from after
-    ``producer.start()`` to the last ack. That is the fastest honest raw variant: the
-    per-record ``send()`` pipeline (every future awaited at the end) is 2-3x slower in
-    Python (``measure_raw_send``, not run by default). Order: raw, 1, 2, 4 instances, twice
-    (``--quick``: once), then raw again; the best run of each is reported.
+    both sides). They are kept as plain tuples, which the GC stops tracking. A bare
+    ``AIOKafkaProducer`` in the bench's process then sends them with ``send_batch`` per partition:
+    grouped by partition (murmur2, as aiokafka's default partitioner and the publisher do), packed
+    into as few record batches as fit, every batch queued at once, all acks awaited at the end;
+    grouping and batch building (including turning each held header tuple back into the list
+    aiokafka wants) are timed, from after ``producer.start()`` to the last ack, and its CPU time
+    too. That is the fastest honest raw variant: the per-record ``send()`` pipeline is 2-3x slower
+    in Python (``measure_raw_send``, not run by default). Order: raw, 1, 2 processes, (full run: raw,
+    2, 1 processes,) then raw again; the best run of each is reported. The goal lines: one process /
+    raw ``send_batch`` (>= 0.7), 2 processes / 1 (>= 1.0).
+
+    ``BENCH_PUBLISH_PYTHONPATH`` runs the publish processes on another checkout's code (a before/after
+    comparison in one run of the same bench); ``BENCH_PROFILE=<file>`` writes each process's cProfile.
 
 ``commit_to_ack_latency``
     The publisher runs on its own event loop in a thread (as in production: never on the
@@ -57,16 +65,20 @@ import asyncio
 import contextlib
 import gc
 import inspect
+import json
 import os
-import threading
+import subprocess
+import sys
 import time
 import uuid
 from collections import defaultdict
+from dataclasses import dataclass
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import orjson
 import psycopg
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.partitioner import murmur2
 from eventsourcing.persistence import StoredEvent
 
@@ -79,10 +91,8 @@ from commitline.infrastructure.store.codec import encode_event
 from commitline.infrastructure.config import Settings, load_settings
 from commitline.infrastructure.kafka.envelope import KafkaRecord, to_record, topic_for
 from commitline.infrastructure.followers.thread import FollowerThread
-from commitline.infrastructure.kafka.producer import ensure_topics, new_producer
-from commitline.infrastructure.kafka.publisher import Publisher
+from commitline.infrastructure.kafka.producer import client_options, ensure_topics, new_producer
 from commitline.infrastructure.kafka.publisher import PUBLISHER
-from commitline.infrastructure.store.log import BucketLog, BucketPage
 from commitline.infrastructure.store.recorder import EventRecorder
 
 AGGREGATE_COUNT = 1_000
@@ -135,20 +145,6 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 # --------------------------------------------------------------------------- publish_throughput
-
-
-class GatedLog(BucketLog):
-    """The bucket log, empty until ``go`` is set: the instances join, share the buckets and start their
-    producers first, so the timed part is publishing only."""
-
-    def __init__(self, recorder: EventRecorder, buckets: int, go: threading.Event):
-        super().__init__(recorder, buckets)
-        self.go = go
-
-    def read(self, positions: Mapping[int, int], limit: int) -> BucketPage:
-        if not self.go.is_set():
-            return BucketPage([], [], min(positions.values()))
-        return super().read(positions, limit)
 
 
 def chain_links() -> Callable[[Sequence[StoredEvent]], list[tuple[bytes, bytes]]] | None:
@@ -221,69 +217,172 @@ def reset_positions(app: Commitline) -> None:
                      "OR starts_with(name, %s)", (PUBLISHER, f"{PUBLISHER}/"))
 
 
-def measure_publishers(app: Commitline, settings: Settings, instances: int) -> tuple[float, int]:
-    """(seconds, events published) for ``instances`` publish instances, each on its own thread and event loop
-    in this process (sharing the GIL, not the CPU of separate processes), from position 0 to the head.
-    Timed from ``go`` (every instance joined, the buckets shared fairly, every producer started and the
-    topics created) until every bucket's position reached the head."""
-    reset_positions(app)
-    head = app.recorder.max_notification_id() or 0
-    go = threading.Event()
-    buckets = settings.publish_buckets
+def process_cpu(pids: Sequence[int], reaped_of: int | None = None) -> float:
+    """CPU seconds (user + system) the processes ``pids`` used so far, plus, with ``reaped_of``, what its
+    children that already ended used (``/proc``; processes that are gone count 0)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+        if pid == reaped_of:
+            total += int(fields[13]) + int(fields[14])  # cutime, cstime
+    return total / tick
 
-    def make() -> Publisher:
-        publisher = app.publisher(settings, owner=f"{OWNER}-{uuid.uuid4().hex[:4]}")
-        publisher.log = GatedLog(app.recorder, buckets, go)
-        return publisher
 
-    threads = [FollowerThread(make).start() for _ in range(instances)]
+def postgres_pids(app: Commitline) -> tuple[int, list[int]] | None:
+    """(postmaster pid, every pid of its server) when the bench database runs on this machine, else None."""
+    with psycopg.connect(**app.conninfo, autocommit=True) as conn:
+        backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
     try:
-        deadline = time.monotonic() + 60
-        shares = sorted([buckets // instances + (1 if i < buckets % instances else 0) for i in range(instances)])
-        while sorted(len(t.follower.owned) for t in threads) != shares:  # type: ignore[union-attr]
-            assert time.monotonic() < deadline, "the instances did not share the buckets"
-            time.sleep(0.01)
+        with open(f"/proc/{backend}/stat") as f:
+            postmaster = int(f.read().rsplit(")", 1)[1].split()[1])
+        with open(f"/proc/{postmaster}/comm") as f:
+            if "postgres" not in f.read():
+                return None
+    except OSError:
+        return None
+    pids = [postmaster]
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == postmaster:
+                        pids.append(int(entry))
+            except OSError:
+                continue
+    return postmaster, pids
 
-        async def warm(publisher: Publisher) -> None:
-            async with publisher.producers.use():
-                pass
 
-        for t in threads:
-            asyncio.run_coroutine_threadsafe(warm(t.follower), t._loop).result(60)  # type: ignore[arg-type]
-        t0 = time.perf_counter()
-        go.set()
-        for t in threads:
-            t._loop.call_soon_threadsafe(t.follower.wakeup.poke)  # type: ignore[union-attr]
+def service_cpu(app: Commitline) -> dict[str, float]:
+    """CPU seconds so far of the broker (the embedded one) and of the PostgreSQL server (when local)."""
+    out: dict[str, float] = {}
+    broker = getattr(app.embedded_kafka, "pid", None)
+    if broker is not None:
+        out["broker"] = process_cpu([broker])
+    server = postgres_pids(app)
+    if server is not None:
+        out["postgresql"] = process_cpu(server[1], reaped_of=server[0])
+    return out
 
-        def low() -> int:
-            positions: dict[int, int] = {}
-            for t in threads:
-                positions.update(t.follower.positions)  # type: ignore[union-attr]
-            return min(positions.get(b, 0) for b in range(buckets))
 
-        while low() < head:
-            assert time.monotonic() < deadline + 120, "the publishers did not reach the head"
-            time.sleep(0.005)
-        seconds = time.perf_counter() - t0
-        published = sum(t.follower.metrics.events_published for t in threads)  # type: ignore[union-attr]
+async def delivered(settings: Settings, expected: int) -> tuple[int, int]:
+    """(records, distinct event ids) the run's topics hold, read back by a consumer from the beginning until
+    ``expected`` distinct events were seen (or 2 s brought nothing new); raises if an aggregate's events
+    arrive out of order or with one missing (its versions must go 1, 2, 3...). An independent count (Tansu's end offsets count a record batch as one offset)."""
+    consumer = AIOKafkaConsumer(**client_options(settings), enable_auto_commit=False, auto_offset_reset="earliest",
+                                request_timeout_ms=10_000, max_partition_fetch_bytes=4 * 1024 * 1024)
+    await consumer.start()
+    try:
+        await consumer.topics()  # the metadata of every topic
+        consumer.assign([TopicPartition(t, p) for t in all_topics(settings.kafka_topic_prefix)
+                         for p in consumer.partitions_for_topic(t) or ()])
+        records, ids, versions = 0, set(), {}
+        while len(ids) < expected:
+            batches = await consumer.getmany(timeout_ms=2_000, max_records=10_000)
+            if not batches:
+                break
+            for batch in batches.values():
+                for message in batch:
+                    records += 1
+                    envelope = orjson.loads(message.value)
+                    if envelope["event_id"] in ids:
+                        continue  # sent twice (at-least-once): counted once
+                    ids.add(envelope["event_id"])
+                    previous = versions.get(message.key, 0)
+                    if envelope["version"] != previous + 1:
+                        raise AssertionError(f"aggregate {message.key!r}: version {envelope['version']} after "
+                                             f"{previous}")
+                    versions[message.key] = envelope["version"]
+        return records, len(ids)
     finally:
-        for t in threads:
-            t.stop()
-    return seconds, published
+        await consumer.stop()
 
 
-def measure_raw_throughput(settings: Settings, prefix: str, rows: Sequence[RawRow], old_prefix: str) -> float:
-    """Seconds for a bare producer to send ``rows`` (to the topics of ``prefix``) and see every ack.
+@dataclass
+class Window:
+    """One measured run of ``instances`` publish processes."""
+
+    instances: int
+    seconds: float  # from ``go`` until the last process had every bucket it owned at the head, positions saved
+    published: int  # what the processes say they published
+    delivered: int  # distinct events the topics hold, read back by a consumer
+    records: int  # records the topics hold (more than ``delivered`` if any event was sent twice)
+    cpu: dict[str, float]  # CPU seconds in the window: publish (all processes), broker, postgresql
+    each: list[float]  # seconds from ``go`` until each process was done
+
+    def per_event(self, part: str) -> float:
+        return self.cpu[part] / self.delivered
+
+
+def measure_processes(dsn: str, app: Commitline, settings: Settings, instances: int, head: int) -> Window:
+    """``instances`` publish processes (``bench/publish_process.py``: what ``commitline publish --drain`` runs) started
+    together from position 0: timed from ``go`` (every process joined, owns its fair share of the buckets, its
+    producer started and the topics created) until every process had all its buckets at the head."""
+    reset_positions(app)
+    buckets = settings.publish_buckets
+    assert buckets % instances == 0, (buckets, instances)
+    # BENCH_PUBLISH_PYTHONPATH: the processes' own path (e.g. another checkout's commitline, to compare)
+    path = os.environ.get("BENCH_PUBLISH_PYTHONPATH") or os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path}
+    env.pop("KAFKA_BOOTSTRAP_SERVERS", None)  # given as an argument; the other COMMITLINE_KAFKA_* stay
+    procs = [subprocess.Popen([sys.executable, "-m", "bench.publish_process", dsn,
+                               app.settings.schema_name, settings.kafka_bootstrap_servers or "",
+                               settings.kafka_topic_prefix or "", str(buckets // instances), str(head)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+             for _ in range(instances)]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            if proc.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"a publish process ended before its window (exit code {proc.wait()})")
+        before = service_cpu(app)
+        t0 = time.perf_counter()
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        reports = []
+        for proc in procs:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            if not line.startswith("done "):
+                raise RuntimeError(f"a publish process ended before reaching the head (exit code {proc.wait()})")
+            reports.append(json.loads(line[5:]))
+        after = service_cpu(app)
+        for proc in procs:
+            proc.communicate(timeout=60)
+            if proc.returncode != 0:
+                raise RuntimeError(f"a publish process failed with exit code {proc.returncode}")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    cpu = {"publish": sum(r["cpu"] for r in reports), **{k: after[k] - before[k] for k in after if k in before}}
+    records, distinct = asyncio.run(delivered(settings, head))
+    return Window(instances, max(r["done"] for r in reports) - t0, sum(r["published"] for r in reports),
+                  distinct, records, cpu, sorted(r["done"] - t0 for r in reports))
+
+
+def measure_raw_throughput(settings: Settings, prefix: str, rows: Sequence[RawRow],
+                           old_prefix: str) -> tuple[float, float]:
+    """(seconds, CPU seconds of this process) for a bare producer to send ``rows`` (to the topics of ``prefix``)
+    and see every ack.
 
     ``send_batch`` per partition: records grouped by partition (murmur2, as aiokafka's default
     partitioner and the publisher do), packed into as few record batches as fit, every batch
     queued at once, all acks awaited at the end. Grouping and batch building are timed too.
     """
 
-    async def main() -> float:
+    async def main() -> tuple[float, float]:
         producer = await started_raw_producer(settings, prefix)
         try:
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.process_time()
             topics: dict[str, str] = {}
             partitions: dict[str, int] = {}
             groups: dict[tuple[str, int], list[RawRow]] = defaultdict(list)
@@ -302,7 +401,7 @@ def measure_raw_throughput(settings: Settings, prefix: str, rows: Sequence[RawRo
                         batch.append(key=key, value=value, timestamp=timestamp_ms, headers=list(headers))
                 futures.append(await producer.send_batch(batch, topic, partition=partition))
             await asyncio.gather(*futures)
-            return time.perf_counter() - t0
+            return time.perf_counter() - t0, time.process_time() - cpu0
         finally:
             await producer.stop()
 
@@ -327,14 +426,46 @@ def measure_raw_send(settings: Settings, prefix: str, rows: Sequence[RawRow], ol
     return asyncio.run(main())
 
 
-INSTANCES = (1, 2, 4)
+INSTANCES = (1, 2)
+MODEL_CORES = (2, 4, 8, 16, 32)
+
+
+def scaling_model(one: Window, two: Window, buckets: int) -> Iterator[str]:
+    """What N cores would give, from this run's CPU per event (publish processes, broker, PostgreSQL) and
+    one process's rate. An instance is one process, bounded by its own rate here (``r1``: its CPU and its waits
+    for reads and acks); all together need ``c(k)`` CPU seconds per event with k instances: the publish and
+    broker parts as measured with two, PostgreSQL's growing by (2 instances' - 1 instance's) per added
+    instance (each instance's filtered read hashes every row of its window: k rows hashed per event). The
+    model picks the best k <= min(N, buckets): events/s = max_k min(k * r1, N / c(k)). It ignores the broker's
+    own limits (one embedded Tansu here; a Kafka cluster spreads partitions) and the disks."""
+    r1 = one.delivered / one.seconds
+    pg1, pg2 = one.cpu.get("postgresql", 0.0) / one.delivered, two.cpu.get("postgresql", 0.0) / two.delivered
+    grow = max(0.0, pg2 - pg1)
+
+    def cost(k: int) -> float:
+        if k == 1:
+            return sum(one.per_event(part) for part in one.cpu)
+        rest = sum(two.per_event(part) for part in two.cpu if part != "postgresql")
+        return rest + pg1 + (k - 1) * grow
+
+    yield (f"publish scaling model: r1={r1:.0f} events/s per process; CPU per event c(1)={cost(1) * 1e6:.1f}us, "
+           f"c(k)={(cost(2) - grow) * 1e6:.1f}us + k x {grow * 1e6:.1f}us (PostgreSQL's filtered reads)")
+    for cores in MODEL_CORES:
+        best_k, best = max(((k, min(k * r1, cores / cost(k))) for k in range(1, min(cores, buckets) + 1)),
+                           key=lambda kr: kr[1])
+        yield (f"publish scaling model cores={cores}: instances={best_k} events/s={best:.0f} "
+               f"({'CPU-bound' if best < best_k * r1 else 'instance-bound'})")
+    here = os.cpu_count() or 1
+    yield (f"publish scaling model check: {here} cores, 2 instances: model={min(2 * r1, here / cost(2)):.0f} "
+           f"measured={two.delivered / two.seconds:.0f} events/s (the model assumes the cores are ours alone)")
 
 
 def publish_throughput(ctx: BenchContext) -> Iterator[str]:
     events = 20_000 if ctx.quick else 60_000
-    rounds = 1 if ctx.quick else 2  # each round: raw, then 1, 2 and 4 instances; a last raw run at the end
-    ours: dict[int, list[float]] = {n: [] for n in INSTANCES}
-    raw_times: list[float] = []
+    # each round: raw, then 1 and 2 processes (the second round in the other order); a last raw run at the end
+    rounds = 1 if ctx.quick else 2
+    ours: dict[int, list[Window]] = {n: [] for n in INSTANCES}
+    raw_runs: list[tuple[float, float, float]] = []  # seconds, client CPU, broker CPU
     letters = iter("cdefghijklmnopq")
     with fresh_schema(ctx.dsn) as schema, kafka_app(ctx, schema) as (app, settings, prefix):
         t0 = time.perf_counter()
@@ -342,24 +473,44 @@ def publish_throughput(ctx: BenchContext) -> Iterator[str]:
         fill_s = time.perf_counter() - t0
         rows = read_rows(app, settings)  # also warms the table (hint bits, cache) for both sides
         assert len(rows) == events, (len(rows), events)
-        for _ in range(rounds):
-            raw_times.append(measure_raw_throughput(settings, prefix(next(letters)), rows, settings.kafka_topic_prefix))
-            for n in INSTANCES:
+        head = app.recorder.max_notification_id() or 0
+
+        def raw_run() -> None:
+            before = service_cpu(app).get("broker", 0.0)
+            seconds, cpu = measure_raw_throughput(settings, prefix(next(letters)), rows, settings.kafka_topic_prefix)
+            raw_runs.append((seconds, cpu, service_cpu(app).get("broker", 0.0) - before))
+
+        for round_ in range(rounds):
+            raw_run()
+            for n in (INSTANCES if round_ % 2 == 0 else INSTANCES[::-1]):
                 run_settings = settings.model_copy(update={"kafka_topic_prefix": prefix(next(letters))})
                 asyncio.run(ensure_topics(run_settings, all_topics(run_settings.kafka_topic_prefix)))
-                seconds, published = measure_publishers(app, run_settings, n)
-                assert published >= events, (published, events)
-                ours[n].append(seconds)
-        raw_times.append(measure_raw_throughput(settings, prefix(next(letters)), rows, settings.kafka_topic_prefix))
-    raw = events / min(raw_times)
+                window = measure_processes(ctx.dsn, app, run_settings, n, head)
+                assert window.published >= events and window.delivered >= events, (window, events)
+                ours[n].append(window)
+        raw_run()
+    best_raw = min(raw_runs)
+    raw = events / best_raw[0]
+    best = {n: min(ours[n], key=lambda w: w.seconds) for n in INSTANCES}
+    rate = {n: best[n].delivered / best[n].seconds for n in INSTANCES}
     for n in INSTANCES:
-        rate = events / min(ours[n])
-        yield (f"publish throughput instances={n}: commitline={rate:.0f} events/s raw_aiokafka={raw:.0f} records/s "
-               f"ratio={rate / raw:.2f}")
+        w = best[n]
+        yield (f"publish throughput processes={n}: commitline={rate[n]:.0f} events/s raw_aiokafka={raw:.0f} "
+               f"records/s ratio={rate[n] / raw:.2f}"
+               + (" (goal reads ratio: one publish process / raw aiokafka send_batch of the same records)"
+                  if n == 1 else ""))
+        yield (f"publish cpu per event processes={n}: "
+               + " ".join(f"{k}={w.per_event(k) * 1e6:.1f}us" for k in w.cpu)
+               + f"; raw aiokafka client={best_raw[1] / events * 1e6:.1f}us broker={best_raw[2] / events * 1e6:.1f}us")
+    yield (f"publish processes: 2 vs 1 ratio={rate[2] / rate[1]:.2f} (goal: 2 publish processes / 1, "
+           "started together on the same prefilled log, >= 1.0)")
+    yield from scaling_model(best[1], best[2], settings.publish_buckets)
     yield (f"publish throughput details: {events} events over {AGGREGATE_COUNT} aggregates, "
-           f"{settings.publish_buckets} buckets; instances are Publishers on threads of this process "
-           f"(one event loop each, one GIL); runs {'; '.join(f'{n}: ' + ', '.join(f'{s:.2f}' for s in ours[n]) for n in INSTANCES)} s; "
-           f"raw send_batch runs {', '.join(f'{s:.2f}' for s in raw_times)} s; "
+           f"{settings.publish_buckets} buckets; each instance a process running what commitline publish --drain "
+           f"runs; delivered counted by a consumer reading the topics back; runs "
+           f"{'; '.join(f'{n}: ' + ', '.join('/'.join(f'{e:.2f}' for e in w.each) for w in ours[n]) for n in INSTANCES)} s "
+           "(each process's); "
+           f"raw send_batch runs {', '.join(f'{r[0]:.2f}' for r in raw_runs)} s; "
            f"avg value {sum(len(r[2]) for r in rows) // len(rows)} B; prefill {fill_s:.1f} s; "
            f"broker {'KAFKA_BOOTSTRAP_SERVERS' if kafka_overrides() else 'embedded Tansu'}")
 

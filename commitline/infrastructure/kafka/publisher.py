@@ -56,7 +56,7 @@ from commitline.infrastructure.followers.group import GroupLease, GroupState, pl
 from commitline.infrastructure.followers.wakeup import wait_or_stop
 from commitline.infrastructure.followers.went_back import went_back
 from commitline.infrastructure.kafka.broker_check import evidence, last_records
-from commitline.infrastructure.kafka.envelope import KafkaRecord, to_record, topics_of
+from commitline.infrastructure.kafka.envelope import KafkaRecord, RecordBuilder, topics_of
 from commitline.infrastructure.kafka.producer import (
     RecordRefused,
     TopicSetupFailed,
@@ -72,6 +72,10 @@ from commitline.infrastructure.store.recorder import EventRecorder
 log = logging.getLogger(__name__)
 PUBLISHER = "kafka-publisher"
 REBALANCE_SECONDS = 1.0
+#: Bytes a record holds besides its value and its event type's name, the batch framing included, at most (the
+#: publisher's name aside): key (36), the event_id, event_type, publisher and generation headers' names and
+#: values, their length prefixes, the record's and the batch's headers (61) come to about 270.
+SIZE_MARGIN = 1024
 # aiokafka logs every failed connection attempt; the publisher reports an outage once itself.
 logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
 
@@ -134,6 +138,7 @@ class Publisher(Follower):
         self._used: AIOKafkaProducer | None = None
         self._lag = 0
         self._unchecked: set[int] = set()  # buckets taken or resumed, the broker not checked for them yet
+        self._records: RecordBuilder | None = None
 
     @property
     def metrics(self) -> PublisherMetrics:  # type: ignore[override]
@@ -190,18 +195,27 @@ class Publisher(Follower):
 
     def prepare(self, page: Page, positions: Mapping[int, int]) -> Records:
         """The page's records (in the reading thread), each bucket's up to its first record over the limit."""
-        prefix, owner, limit = self.settings.kafka_topic_prefix, self.owner, self.settings.kafka_max_message_bytes
-        generation = self.group.generation
-        built = Records({b: [to_record(n, prefix, owner, self.registry, generation) for n in batch]
-                         for b, batch in page.events.items()}, {})
+        limit = self.settings.kafka_max_message_bytes
+        build = self._builder().build
+        built = Records({b: [build(n) for n in batch] for b, batch in page.events.items()}, {})
+        # A record's size is estimated only when its value and type name come near the limit: what else it
+        # holds (key, the other headers, the batch's framing) stays below SIZE_MARGIN plus the publisher's name.
+        near = limit - SIZE_MARGIN - len(self.owner)
         for bucket, batch in built.records.items():
             for i, record in enumerate(batch):
-                if (size := record_size(record)) > limit:
+                if len(record.value) + len(record.headers[1][1]) > near and (size := record_size(record)) > limit:
                     built.stop_at(page.events[bucket], bucket, i, positions[bucket], (
                         f"record of {size} bytes is larger than the broker's limit of {limit} bytes "
                         "(COMMITLINE_KAFKA_MAX_MESSAGE_BYTES)"))
                     break
         return built
+
+    def _builder(self) -> RecordBuilder:
+        """The record builder of the generation the instance joined under (a new one when that changes)."""
+        generation = self.group.generation
+        if self._records is None or self._records.generation != generation:
+            self._records = RecordBuilder(self.settings.kafka_topic_prefix, self.owner, self.registry, generation)
+        return self._records
 
     async def handle_page(self, page: Page, positions: Mapping[int, int]) -> dict[int, Handled]:
         if self._unchecked & set(positions):
@@ -241,14 +255,13 @@ class Publisher(Follower):
                     positions: Mapping[int, int]) -> list[KafkaRecord]:
         """Send every bucket's records (up to its first poison record) in one ``send_in_order``; a record batch
         the broker refuses as too large stops the bucket of its first record there. The records acknowledged."""
-        bucket_of_record = {r.notification_id: b for b, batch in built.records.items() for r in batch}
         while True:
             flat = [r for batch in built.records.values() for r in batch]
             try:
                 await send_in_order(producer, flat)
                 return flat
             except RecordRefused as refused:
-                bucket = bucket_of_record[refused.record.notification_id]
+                bucket = next(b for b, batch in built.records.items() if refused.record in batch)
                 built.stop_at(page.events[bucket], bucket, built.records[bucket].index(refused.record),
                               positions[bucket],
                               f"the broker refused the record batch starting here as too large ({refused}); "

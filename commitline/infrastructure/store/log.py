@@ -32,8 +32,8 @@ the id and the count, so it is stable across restarts, processes, machines, Post
 whatever the kind of UUID (a hash, not the id's own bits: uuid1 ids from one host share their last bytes).
 ``BucketLog.read`` reads a set of buckets (all those an instance publishes), each from its own position, in
 one read, and says how far the log is proven read (``through``): past the page's last event when the page
-is not full, up to the newest committed id, so a bucket with no new events still moves on and its position
-is a true watermark. Reading every bucket needs no filter at all, so no hash is computed in SQL: rows are
+is not full, up to the newest committed id (for some buckets: within the window of ids the read looked at),
+so a bucket with no new events still moves on and its position is a true watermark. Reading every bucket needs no filter at all, so no hash is computed in SQL: rows are
 assigned to buckets in Python (``bucket_of``, cached per aggregate id).
 """
 
@@ -59,6 +59,8 @@ NOT_READ = 2**62  # the floor of a bucket left out of a read: no id is above it
 #: Bucket numbers of recently seen aggregates (they repeat: a dict lookup instead of a SHA-256 per event).
 _CACHE_SIZE = 100_000
 _COLUMNS = "notification_id, originator_id, originator_version, topic, state"
+# Notifications are built with positional arguments (originator_id, originator_version, topic, state, id): a
+# frozen dataclass's keyword call costs about twice as much, once per event on every follower's hot path.
 _XMIN = "pg_snapshot_xmin(pg_current_snapshot())::text"
 
 
@@ -129,8 +131,7 @@ class NotificationLog:
             if nid != expected and self.first_unproven_gap((expected,), xmin) is not None:
                 return page, expected
             expected = nid + 1
-            page.append(Notification(id=nid, originator_id=originator_id, originator_version=version, topic=topic,
-                                     state=bytes(state)))
+            page.append(Notification(originator_id, version, topic, bytes(state), nid))
         return page, None
 
     def _read_topics(self, first: int, limit: int, stop: int | None,
@@ -202,8 +203,7 @@ def _notifications(rows: Iterable[Sequence[Any]], cutoff: int | None) -> list[No
     for nid, originator_id, version, topic, state in rows:
         if cutoff is not None and nid >= cutoff:
             break
-        page.append(Notification(id=nid, originator_id=originator_id, originator_version=version, topic=topic,
-                                 state=bytes(state)))
+        page.append(Notification(originator_id, version, topic, bytes(state), nid))
     return page
 
 
@@ -254,22 +254,31 @@ class BucketLog:
         self.buckets = buckets
         self._bucket_of: dict[int, int] = {}
         q = self.log.tables.sql
-        # Some buckets: one statement, one snapshot: the page, every gap up to its end, the end, and the xmin
-        # judging them. A bucket's floor is its position (NOT_READ for a bucket not read): the filter, before
-        # the limit, is the one hash per row computed in SQL.
+        # Some buckets: one statement, one snapshot: the page, every gap up to its end, the end, the log's head
+        # and the xmin judging them. A bucket's floor is its position (NOT_READ for a bucket not read): the
+        # filter, before the limit, is the one hash per row computed in SQL. The read looks at ids up to
+        # ``stop`` only: the planner may scan (and hash) every row the filter could match before sorting for
+        # the limit (a bitmap scan), so without a bound each read would cost as much as the rest of the log.
+        # ``edge`` is a stored row's id, so every missing id up to it shows as a gap: the page's last row when it
+        # is full, else the window's last row, else (an empty window) the first row after it.
         self._read_some = q(
             f"WITH page AS (SELECT {_COLUMNS} FROM {{events}} "
-            " WHERE notification_id >= %(first)s AND notification_id > (%(floors)s::int8[])[{bucket} + 1] "
+            " WHERE notification_id >= %(first)s AND notification_id <= %(stop)s "
+            " AND notification_id > (%(floors)s::int8[])[{bucket} + 1] "
             " ORDER BY notification_id LIMIT %(limit)s), "
-            "top AS (SELECT CASE WHEN (SELECT count(*) FROM page) >= %(limit)s THEN (SELECT max(notification_id) "
-            " FROM page) ELSE (SELECT max(notification_id) FROM {events}) END AS id), "
+            "edge AS (SELECT CASE WHEN (SELECT count(*) FROM page) >= %(limit)s THEN (SELECT max(notification_id) "
+            " FROM page) ELSE coalesce((SELECT max(notification_id) FROM {events} WHERE notification_id >= %(first)s "
+            " AND notification_id <= %(stop)s), (SELECT min(notification_id) FROM {events} "
+            " WHERE notification_id > %(stop)s), %(first)s::int8 - 1) END AS id), "
             "span AS (SELECT notification_id, lag(notification_id, 1, %(first)s::int8 - 1) "
             " OVER (ORDER BY notification_id) AS prev FROM {events} "
-            " WHERE notification_id >= %(first)s AND notification_id <= (SELECT id FROM top)) "
+            " WHERE notification_id >= %(first)s AND notification_id <= (SELECT id FROM edge)) "
             f"SELECT 0, {_XMIN}, {_COLUMNS} FROM page "
             f"UNION ALL SELECT 1, {_XMIN}, prev + 1, NULL, NULL, NULL, NULL "
             " FROM span WHERE notification_id > prev + 1 "
-            f"UNION ALL SELECT 2, {_XMIN}, coalesce((SELECT id FROM top), 0),  NULL, NULL, NULL, NULL",
+            f"UNION ALL SELECT 2, {_XMIN}, (SELECT id FROM edge), NULL, NULL, NULL, NULL "
+            f"UNION ALL SELECT 3, {_XMIN}, coalesce((SELECT max(notification_id) FROM {{events}}), 0), "
+            " NULL, NULL, NULL, NULL",
             bucket=bucket_sql())
         # Every bucket: no filter and no hash in SQL; the page itself shows every gap up to its end.
         self._read_all = q(f"SELECT {_XMIN}, {_COLUMNS} FROM {{events}} WHERE notification_id >= %(first)s "
@@ -287,22 +296,31 @@ class BucketLog:
     def read(self, positions: Mapping[int, int], limit: int) -> BucketPage:
         """Up to ``limit`` events of the buckets of ``positions`` (bucket -> position), each after its
         bucket's position, in id order, ending before any gap not yet proven permanent; and how far the log
-        is proven read for all of them (from the lowest position on)."""
+        is proven read for all of them (from the lowest position on). A read of some buckets looks at a
+        window of ids (about ``limit`` of theirs), so its page may hold fewer than ``limit`` events while more
+        follow: ``full`` says whether to read on at once."""
         first = max(min(positions.values()) + 1, 1)
         floors = [positions.get(b, NOT_READ) for b in range(self.buckets)]
         if len(positions) == self.buckets:
             return self._read_every_bucket(first, floors, limit)
+        # Ids up to ``stop``: as many as hold about ``limit`` events of these buckets (hashes spread evenly).
+        stop = first - 1 + limit * max(1, self.buckets // len(positions))
         with self.log.connection() as conn:
             rows = conn.cursor(row_factory=tuple_row).execute(
-                self._read_some, {"first": first, "limit": limit, "floors": floors, "buckets": self.buckets},
-                prepare=True).fetchall()
+                self._read_some, {"first": first, "stop": stop, "limit": limit, "floors": floors,
+                                  "buckets": self.buckets}, prepare=True).fetchall()
         xmin = int(rows[0][1])
-        top = next(row[2] for row in rows if row[0] == 2)
+        edge = next(row[2] for row in rows if row[0] == 2)
+        head = next(row[2] for row in rows if row[0] == 3)
+        # Past the window, the edge is the first row after it: not read, so proven up to just before it.
+        top = edge if edge <= stop else edge - 1
         cutoff = self.log.first_unproven_gap([row[2] for row in rows if row[0] == 1], xmin)
         through = top if cutoff is None else min(top, cutoff - 1)
         read = [row[2:] for row in rows if row[0] == 0]
         read.sort(key=lambda row: row[0])
-        return self._page(read, cutoff, floors, max(through, first - 1), len(read) >= limit)
+        # Full also when the window ended the read while the log goes on: read on at once.
+        full = len(read) >= limit or (cutoff is None and head > top)
+        return self._page(read, cutoff, floors, max(through, first - 1), full)
 
     def _read_every_bucket(self, first: int, floors: list[int], limit: int) -> BucketPage:
         with self.log.connection() as conn:
@@ -327,7 +345,6 @@ class BucketLog:
             bucket = bucket_of_(originator_id)
             if nid <= floors[bucket]:
                 continue  # already published by its bucket (or a bucket not read)
-            page.append(Notification(id=nid, originator_id=originator_id, originator_version=version, topic=topic,
-                                     state=bytes(state)))
+            page.append(Notification(originator_id, version, topic, bytes(state), nid))
             buckets.append(bucket)
         return BucketPage(page, buckets, through, full)
