@@ -48,7 +48,12 @@ class Changes:
 
     def add(self, table: str, key: Key, **deltas: Any) -> None:
         counters = self._counters[table]
-        row = self._row(table, key)
+        rows = self.rows.get(table)
+        if rows is None:
+            rows = self.rows[table] = {}
+        row = rows.get(key)
+        if row is None:
+            row = rows[key] = {}
         for column, delta in deltas.items():
             if column not in counters:
                 raise AssertionError(f"{table}.{column} is not a counter")

@@ -220,13 +220,14 @@ async def _rebuild(projections: list[Projection], codec: EventCodec, recorder: E
             if not await asyncio.to_thread(replay.lease.try_acquire):
                 raise RebuildError(f"a rebuild of {replay.projection.name} is already running")
             held.append(replay)
-        resumed = [await asyncio.to_thread(r.lease.run, lambda conn, r=r: _prepare(conn, r.schema, r.projection,
-                                                                                 r.lease.name, fresh))
-                   for r in replays]
+        # each projection on its own connection: prepared side by side, swapped in side by side
+        resumed = await _together([asyncio.to_thread(r.lease.run, lambda conn, r=r: _prepare(
+            conn, r.schema, r.projection, r.lease.name, fresh)) for r in replays])
         positions = await _catch_up_together(replays, list(resumed), recorder, batch_size, progress)
+        swapped = await _together([_swap_in_live(replay, position, conninfo, swap_timeout, progress)
+                                   for replay, position in zip(replays, positions)])
         results = []
-        for replay, position, resumed_from in zip(replays, positions, resumed):
-            position = await _swap_in_live(replay, position, conninfo, swap_timeout, progress)
+        for replay, position, resumed_from in zip(replays, swapped, resumed):
             applied = replay.metrics.applied
             log.info("rebuilt %s up to position %d (%d events applied)", replay.projection.name, position, applied)
             results.append(RebuildResult(replay.projection.name, position, applied, time.perf_counter() - started,
@@ -276,16 +277,22 @@ async def _catch_up_together(replays: list[_Replay], positions: list[int], recor
             for i in behind:
                 skip = next(k for k, n in enumerate(batch) if n.id > positions[i])
                 work.append(replays[i].apply(batch[skip:], positions[i], decoded[skip:]))
-            outcomes = await asyncio.gather(*work, return_exceptions=True)
-            for i, outcome in zip(behind, outcomes):
-                if isinstance(outcome, BaseException):
-                    raise outcome
+            for i, outcome in zip(behind, await _together(work)):
                 positions[i] = replays[i].metrics.position = outcome.position
             if progress is not None:
                 progress(min(positions), head, sum(r.metrics.applied for r in replays))
     finally:
         if ahead is not None:
             await _settled(ahead[1])
+
+
+async def _together(work: list[Any]) -> list[Any]:
+    """The results of ``work`` run side by side; the first error once every one has ended."""
+    outcomes = await asyncio.gather(*work, return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return outcomes
 
 
 async def _settled(future: asyncio.Future[Any]) -> None:
