@@ -66,11 +66,12 @@ class Changes:
 
     def get(self, table: str, key: Key) -> dict[str, Any] | None:
         """The row as it will be after this batch: what is stored, overlaid with pending puts."""
-        stored = self.loaded.get(table, {}).get(key)
-        pending = self.rows.get(table, {}).get(key)
-        if stored is None and pending is None:
-            return None
-        return {**(stored or {}), **(pending or {})}
+        loaded, rows = self.loaded.get(table), self.rows.get(table)
+        stored = loaded.get(key) if loaded else None
+        pending = rows.get(key) if rows else None
+        if pending is None:
+            return None if stored is None else dict(stored)
+        return dict(pending) if stored is None else {**stored, **pending}
 
     def _row(self, table: str, key: Key) -> dict[str, Any]:
         rows = self.rows.get(table)
