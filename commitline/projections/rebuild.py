@@ -29,7 +29,8 @@ A rebuild allocates millions of short-lived objects (rows, events, changes) and 
 them alive at a time; with the collector's default thresholds they survive into the older generations,
 whose collections rescan everything the process holds (measured: a third of a rebuild's CPU). So while it
 runs (``bulk_collection``), what exists already is frozen and the youngest generation is collected every
-50,000 allocations instead of 700; the thresholds are set back afterwards.
+50,000 allocations instead of 700; the thresholds are set back afterwards, and the frozen objects unfrozen
+unless something (a follower engine) had frozen objects before.
 """
 
 from __future__ import annotations
@@ -96,13 +97,15 @@ BULK_THRESHOLDS = (50_000, 20, 10)
 @contextlib.contextmanager
 def bulk_collection() -> Iterator[None]:
     """The collector's settings for a pass over the whole log (see the module's docstring)."""
-    before = gc.get_threshold()
+    before, frozen = gc.get_threshold(), gc.get_freeze_count()
     gc.freeze()  # what exists now lives on (the engine's followers freeze it too)
     gc.set_threshold(*BULK_THRESHOLDS)
     try:
         yield
     finally:
         gc.set_threshold(*before)
+        if not frozen:  # nothing was frozen before: leave nothing frozen (a long-lived process collects it all)
+            gc.unfreeze()
 
 
 def rebuild_name(projection: str) -> str:
