@@ -11,25 +11,25 @@ nobody uses. ``verify()`` of the whole store is the operator's check and covers 
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 from uuid import UUID
 
 from pydantic import TypeAdapter
 from pydantic_core import to_jsonable_python
 
 from commitline.application.boundary import check_tenant
-from commitline.application.chain import GENESIS, content, link
+from commitline.application.chain import GENESIS, stream_prefix
 from commitline.application.errors import AggregateNotFound, AuditQueryError, BeforeCreation, VersionBeyondHead
 from commitline.domain import Aggregate, Event
 
 
-@dataclass(frozen=True)
-class ChainRecord:
-    """One stored event as the verifier sees it."""
+class ChainRecord(NamedTuple):
+    """One stored event as the verifier sees it (a row of the verifier's read, in this order)."""
 
     aggregate_id: UUID
     version: int
@@ -49,8 +49,9 @@ class StoredHistoryEvent:
 class AuditSource(Protocol):
     def stream(self, aggregate_id: UUID) -> list[StoredHistoryEvent]: ...
 
-    def chain_records(self, aggregate_id: UUID | None) -> Iterator[ChainRecord]:
-        """One stream's records, or all of them, ordered by (aggregate id, version)."""
+    def chain_pages(self, aggregate_id: UUID | None) -> Iterator[Sequence[ChainRecord]]:
+        """One stream's records, or all of them, ordered by (aggregate id, version), in pages; each record a
+        ``ChainRecord`` or a plain tuple of its fields in the same order."""
 
     def witnessed_versions(self, aggregate_id: UUID | None) -> Mapping[UUID, int]:
         """Per stream, the highest version any command's idempotency record says it reached."""
@@ -232,23 +233,17 @@ class Auditor:
                tenant: str = "default") -> VerificationReport:
         """Verify one aggregate of ``tenant``, or (``aggregate_id`` None) every stream of every tenant."""
         started = time.perf_counter()
-        total = self.source.event_count() if aggregate_id is None else 0
-        records: Iterable[ChainRecord] = self.source.chain_records(aggregate_id)
+        # the total is only shown with the progress (counting the store costs a scan of it)
+        total = self.source.event_count() if aggregate_id is None and progress is not None else 0
+        pages: Iterable[Sequence[ChainRecord]] = self.source.chain_pages(aggregate_id)
         if aggregate_id is not None:
             check_tenant(tenant)
-            records = list(records)
-            if not records or self._tenant_of(records[0]) != tenant:
+            records = [r for page in pages for r in page]
+            if not records or self._tenant_of(ChainRecord(*records[0])) != tenant:
                 raise AggregateNotFound("aggregate", aggregate_id)
+            pages = [records]
         witnesses = self.source.witnessed_versions(aggregate_id)
-        broken: list[StreamVerdict] = []
-        streams = events = 0
-        for verdict in verify_streams(records, witnesses):
-            streams += 1
-            events += verdict.events
-            if not verdict.ok:
-                broken.append(verdict)
-            if progress is not None:
-                progress(events, total)
+        streams, events, broken = check_chains(pages, witnesses, progress, total)
         if aggregate_id is not None and streams == 0:
             raise AggregateNotFound("aggregate", aggregate_id)
         return VerificationReport(streams, events, time.perf_counter() - started, tuple(broken))
@@ -261,45 +256,79 @@ class Auditor:
             return None
 
 
-def verify_streams(records: Iterable[ChainRecord], witnesses: Mapping[UUID, int]) -> Iterator[StreamVerdict]:
-    """Re-derive every stream's chain from ``records`` (ordered by aggregate id, version)."""
+_VERSIONS_CACHED = 1024
+_VERSION_TEXT = [str(v).encode() for v in range(_VERSIONS_CACHED)]  # a version as the content spells it
+
+
+def check_chains(pages: Iterable[Sequence[ChainRecord]], witnesses: Mapping[UUID, int],
+                 progress: Progress | None = None, total: int = 0) -> tuple[int, int, list[StreamVerdict]]:
+    """Re-derive every stream's chain from ``pages`` of records (ordered by aggregate id, version): (streams,
+    events, the verdicts of the streams that do not verify). ``progress`` is told after each page.
+
+    Per record: ``hash = SHA-256(prev_hash || content)`` must equal its stored hash ("content" otherwise),
+    its version must follow the one before it and its ``prev_hash`` must be that event's hash ("link"); a
+    stream whose last version is below the one an idempotency record witnessed was cut short ("truncated").
+    This is ``chain.link(prev, chain.content(...))`` with the stream's part of the content built once per
+    stream (the records of a stream are consecutive)."""
+    sha256 = hashlib.sha256
+    topics: dict[str, bytes] = {}
+    broken: list[StreamVerdict] = []
+    streams = events = 0
     current: UUID | None = None
+    current_int = -1
+    prefix = b""
     count = last_version = 0
     expected_prev, expected_version = GENESIS, 1
+    versions = _VERSION_TEXT
     verdict: StreamVerdict | None = None
 
-    def finish() -> StreamVerdict:
+    def finish() -> None:
         assert current is not None
         if verdict is not None:
-            return StreamVerdict(current, count, verdict.problem, verdict.version, verdict.detail)
+            broken.append(StreamVerdict(current, count, verdict.problem, verdict.version, verdict.detail))
+            return
         witnessed = witnesses.get(current, 0)
         if witnessed > last_version:
-            return StreamVerdict(current, count, "truncated", last_version + 1,
-                                 f"the stream ends at version {last_version}, but an idempotency record says a "
-                                 f"command took it to version {witnessed}: events were removed from its end")
-        return StreamVerdict(current, count)
+            broken.append(StreamVerdict(
+                current, count, "truncated", last_version + 1,
+                f"the stream ends at version {last_version}, but an idempotency record says a command took it to "
+                f"version {witnessed}: events were removed from its end"))
 
-    for r in records:
-        if r.aggregate_id != current:
-            if current is not None:
-                yield finish()
-            current, count, last_version, verdict = r.aggregate_id, 0, 0, None
-            expected_prev, expected_version = GENESIS, 1
-        count += 1
-        last_version = r.version
-        if verdict is not None:
-            continue
-        if link(r.prev_hash, content(r.aggregate_id, r.version, r.topic, r.state)) != r.event_hash:
-            verdict = StreamVerdict(r.aggregate_id, 0, "content", r.version,
-                                    f"version {r.version} ({r.topic}) no longer matches its recorded hash: "
-                                    "its content was changed")
-        elif r.version != expected_version:
-            verdict = StreamVerdict(r.aggregate_id, 0, "link", r.version,
-                                    f"version {expected_version} is missing before version {r.version}")
-        elif r.prev_hash != expected_prev:
-            verdict = StreamVerdict(r.aggregate_id, 0, "link", r.version,
-                                    f"version {r.version} does not link to the event before it: "
-                                    "an event was inserted, removed or reordered")
-        expected_prev, expected_version = r.event_hash, r.version + 1
+    for page in pages:
+        for aggregate_id, version, topic, state, prev_hash, event_hash in page:
+            if aggregate_id.int != current_int:
+                if current is not None:
+                    finish()
+                    streams += 1
+                    events += count
+                current, current_int, count, last_version, verdict = aggregate_id, aggregate_id.int, 0, 0, None
+                prefix = stream_prefix(aggregate_id)
+                expected_prev, expected_version = GENESIS, 1
+            count += 1
+            if verdict is not None:
+                last_version = version
+                continue
+            encoded = topics.get(topic)
+            if encoded is None:
+                encoded = topics[topic] = b"\x00" + topic.encode() + b"\x00"
+            text = versions[version] if 0 < version < _VERSIONS_CACHED else str(version).encode()
+            if sha256(b"".join((prev_hash, prefix, text, encoded, state))).digest() != event_hash:
+                verdict = StreamVerdict(aggregate_id, 0, "content", version,
+                                        f"version {version} ({topic}) no longer matches its recorded hash: "
+                                        "its content was changed")
+            elif version != expected_version:
+                verdict = StreamVerdict(aggregate_id, 0, "link", version,
+                                        f"version {expected_version} is missing before version {version}")
+            elif prev_hash != expected_prev:
+                verdict = StreamVerdict(aggregate_id, 0, "link", version,
+                                        f"version {version} does not link to the event before it: "
+                                        "an event was inserted, removed or reordered")
+            expected_prev, expected_version = event_hash, version + 1
+            last_version = version
+        if progress is not None:
+            progress(events + count, total)
     if current is not None:
-        yield finish()
+        finish()
+        streams += 1
+        events += count
+    return streams, events, broken

@@ -28,6 +28,11 @@ def content(originator_id: UUID, version: int, topic: str, state: bytes) -> byte
     return b"\x00".join((str(originator_id).encode(), str(version).encode(), topic.encode(), state))
 
 
+def stream_prefix(originator_id: UUID) -> bytes:
+    """The part of ``content`` every event of the stream starts with (a verifier builds it once per stream)."""
+    return str(originator_id).encode() + b"\x00"
+
+
 def link(prev_hash: bytes, event_content: bytes) -> bytes:
     return hashlib.sha256(prev_hash + event_content).digest()
 

@@ -41,28 +41,46 @@ class Changes:
     rows: dict[str, dict[Key, dict[str, Any]]] = field(default_factory=dict)
     loaded: dict[str, dict[Key, dict[str, Any] | None]] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # per table, the counter and value columns (every handler call checks its columns against them)
+        self._counters = {name: frozenset(t.counters) for name, t in self.tables.items()}
+        self._values = {name: frozenset(t.values) for name, t in self.tables.items()}
+
     def add(self, table: str, key: Key, **deltas: Any) -> None:
-        spec = self.tables[table]
-        row = self._row(table, key)
+        counters = self._counters[table]
+        rows = self.rows.get(table)
+        if rows is None:
+            rows = self.rows[table] = {}
+        row = rows.get(key)
+        if row is None:
+            row = rows[key] = {}
         for column, delta in deltas.items():
-            assert column in spec.counters, f"{table}.{column} is not a counter"
+            if column not in counters:
+                raise AssertionError(f"{table}.{column} is not a counter")
             row[column] = row.get(column, 0) + delta
 
     def put(self, table: str, key: Key, **values: Any) -> None:
-        spec = self.tables[table]
-        assert set(values) <= set(spec.values), f"{table}: {set(values) - set(spec.values)} are not value columns"
+        if not self._values[table].issuperset(values):
+            raise AssertionError(f"{table}: {set(values) - self._values[table]} are not value columns")
         self._row(table, key).update(values)
 
     def get(self, table: str, key: Key) -> dict[str, Any] | None:
         """The row as it will be after this batch: what is stored, overlaid with pending puts."""
-        stored = self.loaded.get(table, {}).get(key)
-        pending = self.rows.get(table, {}).get(key)
-        if stored is None and pending is None:
-            return None
-        return {**(stored or {}), **(pending or {})}
+        loaded, rows = self.loaded.get(table), self.rows.get(table)
+        stored = loaded.get(key) if loaded else None
+        pending = rows.get(key) if rows else None
+        if pending is None:
+            return None if stored is None else dict(stored)
+        return dict(pending) if stored is None else {**stored, **pending}
 
     def _row(self, table: str, key: Key) -> dict[str, Any]:
-        return self.rows.setdefault(table, {}).setdefault(key, {})
+        rows = self.rows.get(table)
+        if rows is None:
+            rows = self.rows[table] = {}
+        row = rows.get(key)
+        if row is None:
+            row = rows[key] = {}
+        return row
 
     def __bool__(self) -> bool:
         return any(self.rows.values())
@@ -91,6 +109,7 @@ class Projection:
     #: read model receiving personal fields is taken to copy them (``Domain.personal_projections``).
     copies_personal_data: ClassVar[bool] = True
     _handlers: ClassVar[dict[type[Event], Handler]]
+    _topics: ClassVar[frozenset[str]]
 
     def __init_subclass__(cls) -> None:
         super().__init_subclass__()
@@ -99,10 +118,16 @@ class Projection:
             for member in vars(cls).values()
             for event_type in getattr(member, "__handles__", ())
         }
+        cls._topics = frozenset(event_type.type_name() for event_type in cls._handlers)
 
     @classmethod
     def handles(cls, recorded: RecordedEvent) -> bool:
         return type(recorded.event) in cls._handlers
+
+    @classmethod
+    def handled_topics(cls) -> frozenset[str]:
+        """The stored types (topics) of the events it handles."""
+        return cls._topics
 
     def table_specs(self) -> dict[str, Table]:
         return {t.name: t for t in self.tables}

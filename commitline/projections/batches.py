@@ -32,22 +32,41 @@ class BatchOutcome:
     poison: dict[str, Any] | None = None
 
 
-def _decoded(projection: Projection, codec: EventCodec,
-             notifications: Sequence[Notification]) -> list[tuple[Notification, Any]]:
-    handled = {cls.type_name() for cls in projection._handlers}
+def decode_batch(codec: EventCodec, notifications: Sequence[Notification], topics: frozenset[str]) -> list[Any]:
+    """Per notification: its ``RecordedEvent`` if its type is one of ``topics`` (or unknown: that is poison
+    to every projection), the error that stopped its decoding, or None (not decoded: nobody handles it).
+    Rebuilding several projections, the batch is decoded once for all of them (the union of their topics)."""
     known = codec.registry.event_types
-    wanted = [n for n in notifications if n.topic in handled or n.topic not in known]
+    wanted = [n for n in notifications if n.topic in topics or n.topic not in known]
+    if not wanted:
+        return [None] * len(notifications)
     codec.preload_keys(n.state for n in wanted)  # one key read for the batch, not one per data subject
-    out: list[tuple[Notification, Any]] = []
+    decode = codec.decode_event
+    out: list[Any] = []
+    append = out.append
     for n in notifications:
-        if n.topic in handled or n.topic not in known:
+        topic = n.topic
+        if topic in topics or topic not in known:
             try:
-                out.append((n, codec.decode_event(n.topic, n.originator_id, n.originator_version, n.state)))
+                append(decode(topic, n.originator_id, n.originator_version, n.state))
             except Exception as e:  # an undecodable event is poison like a failing handler
-                out.append((n, e))
+                append(e)
         else:
-            out.append((n, None))  # not this projection's business: only the position moves past it
+            append(None)  # not this projection's business: only the position moves past it
     return out
+
+
+def _relevant(projection: Projection, codec: EventCodec, notifications: Sequence[Notification],
+              decoded: Sequence[Any] | None) -> tuple[Sequence[Any], list[int]]:
+    """What ``decode_batch`` made of ``notifications`` (decoding them now if not done), and the indexes of
+    those this projection applies: the events it handles, and any of an unknown type (poison to all). A batch
+    decoded for several projections holds the others' events too; they are passed over like undecoded ones."""
+    handled = projection.handled_topics()
+    if decoded is None:
+        decoded = decode_batch(codec, notifications, handled)
+    known = codec.registry.event_types
+    return decoded, [i for i, n in enumerate(notifications)
+                     if decoded[i] is not None and (n.topic in handled or n.topic not in known)]
 
 
 def _poison(n: Notification, error: Exception, codec: EventCodec, recorded: Any) -> dict[str, Any]:
@@ -72,41 +91,51 @@ def _opened(codec: EventCodec, n: Notification) -> dict[str, Any]:
 
 def apply_batch(conn: psycopg.Connection[Any], schema: str, projection: Projection, codec: EventCodec,
                 follower: str, start_position: int, notifications: Sequence[Notification],
-                suffix: str = "", generation: int | None = None) -> BatchOutcome:
-    decoded = _decoded(projection, codec, notifications)
-    relevant = [r for _, r in decoded if isinstance(r, RecordedEvent)]
+                suffix: str = "", generation: int | None = None, *, decoded: Sequence[Any] | None = None,
+                synchronous: bool = True) -> BatchOutcome:
+    """Apply ``notifications`` (``decoded``: what ``decode_batch`` made of them, if done already) and save
+    the position, in one transaction. ``synchronous=False`` (a rebuild's ``__next`` tables): the commit does
+    not wait for its WAL flush; a crash may lose the last batches, rows and position together (never one
+    without the other), and the rebuild resumes from the position that survived."""
+    decoded, relevant = _relevant(projection, codec, notifications, decoded)
     changes = projection.new_changes()
-    specs = projection.table_specs()
-    for table, keys in projection.keys_to_prefetch(relevant).items():
-        changes.loaded[table] = load_rows(conn, schema, specs[table], keys, suffix)
-    position, applied, poison = start_position, 0, None
-    for n, recorded in decoded:
+    if projection.prefetch:
+        specs = projection.table_specs()
+        events = [decoded[i] for i in relevant if isinstance(decoded[i], RecordedEvent)]
+        for table, keys in projection.keys_to_prefetch(events).items():
+            changes.loaded[table] = load_rows(conn, schema, specs[table], keys, suffix)
+    position = notifications[-1].id if notifications else start_position
+    applied, poison = 0, None
+    apply = projection.apply
+    for i in relevant:
+        recorded = decoded[i]
         try:
             if isinstance(recorded, Exception):
                 raise recorded
-            if recorded is not None:
-                projection.apply(changes, recorded)
-                applied += 1
+            apply(changes, recorded)
+            applied += 1
         except Exception as e:
-            poison = _poison(n, e, codec, recorded)
+            poison = _poison(notifications[i], e, codec, recorded)
+            # the position stops just before it: the event before it in the batch, or where the batch began
+            position = notifications[i - 1].id if i > 0 else start_position
+            # The failing handler may have half-recorded its changes: redo the batch up to it.
+            changes = _replay_until(projection, changes, decoded, relevant, i)
             break
-        position = n.id
-    if poison is not None:
-        # The failing handler may have half-recorded its changes: redo the batch up to it.
-        changes = _replay_until(projection, changes, decoded, poison["position"])
     with conn.transaction():
+        if not synchronous:
+            conn.execute("SET LOCAL synchronous_commit = off")
         write_changes(conn, schema, changes, suffix)
         Positions(schema).save(conn, follower, position, poison=poison, generation=generation)
     return BatchOutcome(position, applied, poison)
 
 
-def _replay_until(projection: Projection, spoiled: Changes, decoded: list[tuple[Notification, Any]],
+def _replay_until(projection: Projection, spoiled: Changes, decoded: Sequence[Any], relevant: list[int],
                   stop_at: int) -> Changes:
+    """The changes of the batch's events before index ``stop_at`` (every one of them applied cleanly)."""
     changes = projection.new_changes()
     changes.loaded = spoiled.loaded
-    for n, recorded in decoded:
-        if n.id >= stop_at:
+    for i in relevant:
+        if i >= stop_at:
             break
-        if isinstance(recorded, RecordedEvent):
-            projection.apply(changes, recorded)
+        projection.apply(changes, decoded[i])
     return changes

@@ -198,3 +198,33 @@ def test_cli_audit_commands_and_their_errors(app: Commitline, pg_dsn: str, schem
     broken = cli(["audit", "verify", "--all", "--json"], pg_dsn, schema)
     assert broken.returncode == 1
     assert orjson.loads(broken.stdout)["broken"][0]["aggregate_id"] == pid
+
+
+def test_the_read_ahead_stops_with_its_reader_and_hands_over_its_errors(app: Commitline, schema: str) -> None:
+    """The verifier's pages are read by a thread of their own: a verifier that stops early stops it (its
+    connection goes back to the pool), and a failing read fails the verification instead of ending it early."""
+    import threading
+
+    from eventsourcing.persistence import ProgrammingError
+    from psycopg.sql import Identifier
+
+    from commitline.infrastructure.store import audit_source
+    from commitline.infrastructure.store.audit_source import PostgresAuditSource
+
+    run_commands(app, "pages")
+    source = PostgresAuditSource(app.recorder, app.codec)
+    original = audit_source.PAGE
+    audit_source.PAGE = 2  # many pages: the reader is still reading when the verifier stops
+    try:
+        pages = source.chain_pages(None)
+        first = next(pages)
+        assert len(first) == 2
+        pages.close()
+        assert not [t for t in threading.enumerate() if t.name == "commitline-audit-read"]
+        assert sum(len(p) for p in source.chain_pages(None)) == source.event_count()
+    finally:
+        audit_source.PAGE = original
+    source.events = Identifier(schema, "no_such_table")
+    with pytest.raises(ProgrammingError, match="no_such_table"):
+        list(source.chain_pages(None))
+    assert not [t for t in threading.enumerate() if t.name == "commitline-audit-read"]
