@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 from uuid import UUID
 
+from commitline.application.results import DispatchResult
 from commitline.domain import Aggregate, Event
 
 A = TypeVar("A", bound=Aggregate)
@@ -35,7 +36,13 @@ class ForeignStream(Exception):
 
 @dataclass(frozen=True)
 class IdempotencyRecord:
-    """What a key stands for: the request's fingerprint and the outcome it produced."""
+    """What a key stands for: the request's fingerprint and what its answer is made of.
+
+    A record refers to the events its command appended, which are immutable: ``event_count`` of them, the last at
+    ``stream_version`` of ``aggregate_id`` (``aggregate_type`` is given only for a command with no events). A record
+    stored before that (migration 14) holds its ``outcome`` instead, the answer's JSON. The store gives a record it
+    finds its ``answer``: a call that reads the events back and returns the answer as first given, ``replayed``
+    (only called for the same request: a reused key's events are not read)."""
 
     tenant: str
     key: str
@@ -43,7 +50,10 @@ class IdempotencyRecord:
     command_type: str
     aggregate_id: UUID
     stream_version: int
-    outcome: bytes
+    outcome: bytes | None = None
+    event_count: int | None = None
+    aggregate_type: str | None = None
+    answer: Callable[[], DispatchResult] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

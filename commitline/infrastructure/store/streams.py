@@ -1,6 +1,6 @@
 """Per-stream access to the event tables: a stream's events read with its latest snapshot and head hash, the
 read before a command (the key's record and the stream, one round trip), one event's stored hash, a stream's
-version, snapshots saved, idempotency records found. ``StreamReads`` is a part of ``EventRecorder``
+version, snapshots saved, idempotency records found and the events they refer to. ``StreamReads`` is a part of ``EventRecorder``
 (``recorder.py``), with the recorder's statements and connections.
 """
 
@@ -83,8 +83,9 @@ class StreamReads:
         int8, text = pipelined.int8, pipelined.text
         for row in range(result.ntuples):
             kind = int.from_bytes(value(row, 0), "big")  # type: ignore[arg-type]
-            version, name, state, hashed = int8(value(row, 1)), text(value(row, 2)), bytes(value(row, 3)), bytes(
-                value(row, 4))  # type: ignore[arg-type]
+            version, name, hashed = int8(value(row, 1)), text(value(row, 2)), bytes(value(row, 4))  # type: ignore[arg-type]
+            if kind != 2:
+                state = bytes(value(row, 3))  # type: ignore[arg-type]
             if kind == 0:
                 read.events.append(StoredEvent(aggregate_id, version, name, state))
                 read.head_hash = hashed
@@ -93,9 +94,12 @@ class StreamReads:
                 read.snapshot = Snapshot(aggregate_id, version, name, state, hashed,
                                          bytes(first) if first is not None else None)
                 read.head_hash = hashed
-            else:
-                read.idempotency = IdempotencyRecord(tenant, key, hashed, name, pipelined.uuid(value(row, 6)),
-                                                     version, state)  # type: ignore[arg-type]
+            else:  # the outcome (state) of a record from before migration 14, else its event count and type
+                outcome, count, kind_of = value(row, 3), value(row, 7), value(row, 5)
+                read.idempotency = IdempotencyRecord(
+                    tenant, key, hashed, name, pipelined.uuid(value(row, 6)), version,  # type: ignore[arg-type]
+                    bytes(outcome) if outcome is not None else None, int8(count) if count is not None else None,
+                    text(kind_of) if kind_of is not None else None)
         return read
 
     def event_hash(self, aggregate_id: UUID, version: int) -> bytes:
@@ -126,4 +130,13 @@ class StreamReads:
                 self._q.select_idempotency, (tenant, key), prepare=True).fetchone()
         if row is None:
             return None
-        return IdempotencyRecord(tenant, key, bytes(row[0]), row[1], row[2], row[3], bytes(row[4]))
+        return IdempotencyRecord(tenant, key, bytes(row[0]), row[1], row[2], row[3],
+                                 bytes(row[4]) if row[4] is not None else None, row[5], row[6])
+
+    def command_events(self, aggregate_id: UUID, after: int, upto: int) -> list[tuple[int, str, bytes]]:
+        """The stored events of one stream from version ``after + 1`` to ``upto`` (a command's, which its key's
+        record refers to): (version, topic, state) each."""
+        with self._connection() as conn:
+            rows = conn.cursor(row_factory=tuple_row).execute(
+                self._q.command_events, (aggregate_id, after, upto), prepare=True).fetchall()
+        return [(v, t, bytes(s)) for v, t, s in rows]
