@@ -88,18 +88,6 @@ class IdempotencyKeyReused(CommitlineError):
     )
 
 
-class IdempotencyRecordBroken(CommitlineError):
-    """A key's record cannot give its answer: the events it refers to (its command's, read back on a replay) are
-    not stored as it says (missing, of another tenant, unreadable), or it refers to none and holds no outcome
-    either. Nothing is answered in its place and nothing was written; ``commitline audit verify`` checks the store.
-    A server fault (HTTP 500), not a refusal of the request."""
-
-    code = "idempotency_record_broken"
-    status = 500
-    fields = ("tenant", "key", "reason")
-    message = "the idempotency record of key {key!r} (tenant {tenant!r}) cannot be replayed: {reason}"
-
-
 class ConcurrencyConflict(CommitlineError):
     """The stream moved: ``expected`` is what the command assumed, ``actual`` what is stored."""
 

@@ -34,6 +34,18 @@ class ForeignStream(Exception):
     the processor turns it into the same refusal as for a stream that does not exist."""
 
 
+class IdempotencyRecordBroken(Exception):
+    """A key's record cannot give its answer: the events it refers to (its command's, read back on a replay) are
+    not stored as it says (missing, of another tenant, unreadable), or it refers to none and holds no outcome
+    either. Nothing is answered in its place and nothing is written. A fault of the store, not of the request (not
+    a ``CommitlineError``: the HTTP API answers 500 ``internal_error``); ``commitline audit verify`` checks the
+    events."""
+
+    def __init__(self, tenant: str, key: str, reason: str):
+        self.tenant, self.key, self.reason = tenant, key, reason
+        super().__init__(f"the idempotency record of key {key!r} (tenant {tenant!r}) cannot be replayed: {reason}")
+
+
 @dataclass(frozen=True)
 class IdempotencyRecord:
     """What a key stands for: the request's fingerprint and what its answer is made of.

@@ -56,20 +56,37 @@ class DispatchResult(BaseModel):
         return cls.model_validate_json(outcome).model_copy(update={"replayed": True})
 
 
+_new = object.__new__
+_set = object.__setattr__
+_VIEW_FIELDS = frozenset(RecordedEventView.model_fields)
+_RESULT_FIELDS = frozenset(DispatchResult.model_fields)
+
+
+def _built(cls: type[BaseModel], values: dict[str, Any], fields: frozenset[str]) -> Any:
+    """An instance of ``cls`` holding ``values`` (every field, of its type), as ``model_construct`` makes one
+    (the same attributes), without its per-field Python loop: several times cheaper than validating again."""
+    model = _new(cls)
+    _set(model, "__dict__", values)
+    _set(model, "__pydantic_fields_set__", set(fields))
+    _set(model, "__pydantic_extra__", None)
+    _set(model, "__pydantic_private__", None)
+    return model
+
+
 def view(event_id: UUID, type: str, aggregate_type: str, aggregate_id: UUID, version: int, occurred_at: datetime,
          tenant: str, payload: dict[str, Any]) -> RecordedEventView:
     """One event of a result, from values of the field types (not validated again)."""
-    return RecordedEventView.model_construct(event_id=event_id, type=type, aggregate_type=aggregate_type,
-                                             aggregate_id=aggregate_id, version=version, occurred_at=occurred_at,
-                                             tenant=tenant, payload=payload)
+    return _built(RecordedEventView, {"event_id": event_id, "type": type, "aggregate_type": aggregate_type,
+                                      "aggregate_id": aggregate_id, "version": version, "occurred_at": occurred_at,
+                                      "tenant": tenant, "payload": payload}, _VIEW_FIELDS)
 
 
 def result(command_type: str, tenant: str, aggregate_type: str, aggregate_id: UUID, version: int,
            events: tuple[RecordedEventView, ...], replayed: bool = False) -> DispatchResult:
     """A result from values of the field types (not validated again)."""
-    return DispatchResult.model_construct(command_type=command_type, tenant=tenant, aggregate_type=aggregate_type,
-                                          aggregate_id=aggregate_id, version=version, events=events,
-                                          replayed=replayed)
+    return _built(DispatchResult, {"command_type": command_type, "tenant": tenant, "aggregate_type": aggregate_type,
+                                   "aggregate_id": aggregate_id, "version": version, "events": events,
+                                   "replayed": replayed}, _RESULT_FIELDS)
 
 
 def _default(value: Any) -> Any:  # the stored events' JSON rules (``infrastructure/store/codec.dumps``)

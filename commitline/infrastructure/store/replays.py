@@ -19,8 +19,7 @@ from uuid import UUID
 
 import orjson
 
-from commitline.application.errors import IdempotencyRecordBroken
-from commitline.application.ports import IdempotencyRecord
+from commitline.application.ports import IdempotencyRecord, IdempotencyRecordBroken
 from commitline.application.results import DispatchResult, RecordedEventView, result, view
 from commitline.domain.personal import ERASED_JSON, Erased
 from commitline.infrastructure.store.codec import EventCodec
