@@ -118,3 +118,16 @@ def test_a_record_whose_events_are_not_there_is_refused_loudly(app: Commitline, 
     assert count_rows(pg_dsn, schema) == before
     with pytest.raises(IdempotencyRecordBroken):  # a twin's lookup reads the same record
         app.store.find_outcome("default", "broken").answer()  # type: ignore[union-attr]
+
+
+def test_the_retention_jobs_filter_has_its_index(app: Commitline, pg_dsn: str, schema: str) -> None:
+    """``idempotency expire`` finds expired records through the BRIN index on ``recorded_at`` (here with sequential
+    scans priced out, as on a table of millions of rows where the index is the cheap way), not the primary key."""
+    for n in range(3):
+        app.dispatch({"type": "receive_stock", "item_id": str(uuid4()), "quantity": 1}, idempotency_key=f"r{n}")
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute("SET enable_seqscan = off")
+        plan = "\n".join(r[0] for r in conn.execute(
+            f'EXPLAIN DELETE FROM "{schema}".idempotency_keys WHERE (tenant, key) IN (SELECT tenant, key FROM '
+            f'"{schema}".idempotency_keys WHERE recorded_at < now() - interval \'7 days\' LIMIT 5000)'))
+    assert "Bitmap Index Scan on idempotency_keys_recorded_at_idx" in plan, plan

@@ -1,7 +1,7 @@
 """Per-stream access to the event tables: a stream's events read with its latest snapshot and head hash, the
 read before a command (the key's record and the stream, one round trip), one event's stored hash, a stream's
-version, snapshots saved, idempotency records found and the events they refer to. ``StreamReads`` is a part of ``EventRecorder``
-(``recorder.py``), with the recorder's statements and connections.
+version, snapshots saved, idempotency records found and the events they refer to. ``StreamReads`` is a part of
+``EventRecorder`` (``recorder.py``), with the recorder's statements and connections.
 """
 
 from __future__ import annotations
@@ -83,7 +83,8 @@ class StreamReads:
         int8, text = pipelined.int8, pipelined.text
         for row in range(result.ntuples):
             kind = int.from_bytes(value(row, 0), "big")  # type: ignore[arg-type]
-            version, name, hashed = int8(value(row, 1)), text(value(row, 2)), bytes(value(row, 4))  # type: ignore[arg-type]
+            version, name = int8(value(row, 1)), text(value(row, 2))  # type: ignore[arg-type]
+            hashed = bytes(value(row, 4))  # type: ignore[arg-type]
             if kind != 2:
                 state = bytes(value(row, 3))  # type: ignore[arg-type]
             if kind == 0:
