@@ -240,16 +240,20 @@ class PostgresEventStore:
         self.cache.distrust(aggregate_id)
 
     def find_outcome(self, tenant: str, key: str) -> IdempotencyRecord | None:
-        record = self.recorder.find_idempotency(tenant, key)
-        return self._revealed(record) if record is not None else None
+        found = self.recorder.find_idempotency(tenant, key)
+        return self._revealed(*found) if found is not None else None
 
-    def _revealed(self, record: IdempotencyRecord) -> IdempotencyRecord:
-        """A record found, with its answer: read back from the events it refers to (``replays``), or, for a record
-        from before migration 14, its stored outcome with its personal fields opened."""
+    def _revealed(self, record: IdempotencyRecord,
+                  events: list[tuple[int, str, bytes]] | None = None) -> IdempotencyRecord:
+        """A record found, with its answer: read back from the events it refers to (``replays``: ``events`` when
+        they were read with it, else read when the answer is asked for), or, for a record from before migration 14,
+        its stored outcome with its personal fields opened."""
         if record.outcome is None:
             def answer() -> DispatchResult:
-                rows = self.recorder.command_events(record.aggregate_id, replays.first_version(record),
-                                                    record.stream_version) if record.event_count else []
+                rows = events
+                if rows is None:
+                    rows = self.recorder.command_events(record.aggregate_id, replays.first_version(record),
+                                                        record.stream_version) if record.event_count else []
                 return replays.answer(record, rows, self.codec)
             return dataclasses.replace(record, answer=answer)
         outcome = outcomes.reveal(record.outcome, self.codec.personal)

@@ -84,9 +84,15 @@ class Statements:
             *key_types, *data_key_types, "uuid", "int8", "text", "bytea", "bytea", "bytea"))
         # -- per-stream reads
         self.select_hash = q("SELECT event_hash FROM {events} WHERE originator_id = %s AND originator_version = %s")
+        # The key's record and, in the same statement, the events it refers to (migration 14): one row per event
+        # (one row with NULL event columns for a record that refers to none, or holds its outcome).
         self.select_idempotency = q(
-            "SELECT fingerprint, command_type, aggregate_id, stream_version, outcome, event_count, aggregate_type "
-            "FROM {idem} WHERE tenant = %s AND key = %s"
+            "WITH r AS (SELECT fingerprint, command_type, aggregate_id, stream_version, outcome, event_count, "
+            "aggregate_type FROM {idem} WHERE tenant = %s AND key = %s) "
+            "SELECT r.*, e.originator_version, e.topic, e.state FROM r LEFT JOIN {events} e "
+            "ON r.outcome IS NULL AND e.originator_id = r.aggregate_id "
+            "AND e.originator_version > r.stream_version - coalesce(r.event_count, 0) "
+            "AND e.originator_version <= r.stream_version ORDER BY e.originator_version"
         )
         # The events a key's record refers to (migration 14): its command's, a version range of one stream.
         self.command_events = q(

@@ -125,14 +125,18 @@ class StreamReads:
                 (snapshot.aggregate_id, snapshot.version, snapshot.aggregate_type, snapshot.state, snapshot.event_hash),
             )
 
-    def find_idempotency(self, tenant: str, key: str) -> IdempotencyRecord | None:
+    def find_idempotency(self, tenant: str, key: str) -> tuple[IdempotencyRecord, list[tuple[int, str, bytes]]] | None:
+        """The key's record, and the stored events it refers to (as ``command_events`` reads them), in one
+        statement."""
         with self._connection() as conn:
-            row = conn.cursor(row_factory=tuple_row).execute(
-                self._q.select_idempotency, (tenant, key), prepare=True).fetchone()
-        if row is None:
+            rows = conn.cursor(row_factory=tuple_row).execute(
+                self._q.select_idempotency, (tenant, key), prepare=True).fetchall()
+        if not rows:
             return None
-        return IdempotencyRecord(tenant, key, bytes(row[0]), row[1], row[2], row[3],
-                                 bytes(row[4]) if row[4] is not None else None, row[5], row[6])
+        row = rows[0]
+        record = IdempotencyRecord(tenant, key, bytes(row[0]), row[1], row[2], row[3],
+                                   bytes(row[4]) if row[4] is not None else None, row[5], row[6])
+        return record, [(v, t, bytes(s)) for *_, v, t, s in rows if v is not None]
 
     def command_events(self, aggregate_id: UUID, after: int, upto: int) -> list[tuple[int, str, bytes]]:
         """The stored events of one stream from version ``after + 1`` to ``upto`` (a command's, which its key's
