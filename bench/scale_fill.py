@@ -7,9 +7,10 @@ the store's codec and written through ``recorder.append`` in transactions of ``C
 per-stream hash chains (computed here, continuing each stream across chunks).
 
 One event is one command (every event of these streams comes from a command of its own), and for each the
-idempotency record a dispatch writes beside it: tenant, a random UUID key (what clients send), the SHA-256
-fingerprint, the command type, the aggregate, its version and the stored outcome, the very ``DispatchResult``
-JSON ``dispatch`` stores (``results.DispatchResult.outcome_bytes``). They go in by ``COPY`` after their chunk's
+idempotency record a dispatch writes beside it (migration 14's layout, ``Dispatch.append``): tenant, a random UUID
+key (what clients send), the fingerprint (the first ``FINGERPRINT_BYTES`` of the SHA-256), the command type, the
+aggregate, its version and the count of the command's events (one), no outcome: a replay reads the event back.
+They go in by ``COPY`` after their chunk's
 events (a command writes both in one transaction; the bytes on disk are the same).
 
 ``stock_copy``: the first ``sample`` of the same stored events (same topic, same state bytes) are also
@@ -36,7 +37,7 @@ from pydantic_core import to_jsonable_python
 
 from bench.example_log import inventory_events, survey_events
 from commitline.application.chain import GENESIS, chain
-from commitline.application.results import DispatchResult, RecordedEventView
+from commitline.application.results import FINGERPRINT_BYTES
 from commitline.composition import Commitline
 from commitline.domain import Event
 from commitline.infrastructure.store.codec import encode_event
@@ -56,8 +57,9 @@ COMMANDS = {
     "ReservationFulfilled": ("fulfil_reservation", "InventoryItem"),
 }
 
-IDEMPOTENCY_COLUMNS = ("tenant", "key", "fingerprint", "command_type", "aggregate_id", "stream_version", "outcome")
-Row = tuple[str, str, bytes, str, UUID, int, bytes]
+IDEMPOTENCY_COLUMNS = ("tenant", "key", "fingerprint", "command_type", "aggregate_id", "stream_version",
+                       "event_count")
+Row = tuple[str, str, bytes, str, UUID, int, int]
 
 
 def tenant_of(e: Event) -> str:
@@ -72,17 +74,11 @@ def commands() -> Iterator[tuple[Event, str]]:
 
 
 def idempotency_row(e: Event, tenant: str) -> Row:
-    command_type, aggregate_type = COMMANDS[type(e).__name__]
+    command_type, _ = COMMANDS[type(e).__name__]
     payload = to_jsonable_python(e.payload())
     request = {"type": command_type, "id": str(e.aggregate_id), **payload}
-    fingerprint = hashlib.sha256(orjson.dumps(request, option=orjson.OPT_SORT_KEYS)).digest()
-    outcome = DispatchResult(
-        command_type=command_type, tenant=tenant, aggregate_type=aggregate_type, aggregate_id=e.aggregate_id,
-        version=e.version, events=(RecordedEventView(
-            event_id=e.event_id, type=e.type_name(), aggregate_type=aggregate_type, aggregate_id=e.aggregate_id,
-            version=e.version, occurred_at=e.occurred_at, tenant=tenant, payload=payload),),
-    ).outcome_bytes()
-    return tenant, str(uuid4()), fingerprint, command_type, e.aggregate_id, e.version, outcome
+    fingerprint = hashlib.sha256(orjson.dumps(request, option=orjson.OPT_SORT_KEYS)).digest()[:FINGERPRINT_BYTES]
+    return tenant, str(uuid4()), fingerprint, command_type, e.aggregate_id, e.version, 1
 
 
 class Links:

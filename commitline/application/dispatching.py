@@ -32,8 +32,9 @@
    is readable), after a refusal on a verified read, after a lost race with ``expected_version``. Never
    after ``StoreUnavailable``: looking would only wait for the store again.
 7. **Replay** (``replay``): the one answer to "what did this key already produce", whichever step found the
-   record (the lookup's or a twin's): the stored outcome as ``replayed=True`` for the same request (same
-   fingerprint), ``IdempotencyKeyReused`` for any other.
+   record (the lookup's or a twin's): for the same request (same fingerprint) the answer as first given, as
+   ``replayed=True``, which the store reads back from the command's events the record refers to (or, for a
+   record from before migration 14, its stored outcome); ``IdempotencyKeyReused`` for any other.
 8. **Tenants** (``decide``, ``load_other``, ``lost_race``): a stream belongs to the tenant that created it
    (the tenant of its first event). To any other tenant it does not exist: a command on it, or reading it,
    is refused with ``AggregateNotFound``, with the same error and message as for an id nobody uses, and
@@ -57,8 +58,6 @@ from typing import Protocol
 from uuid import UUID, uuid5
 
 import orjson
-from pydantic_core import to_jsonable_python
-
 from commitline.application.boundary import problem
 from commitline.application.catalog import Handler, Stream
 from commitline.application.commands import Command, VersionedCommand
@@ -79,7 +78,7 @@ from commitline.application.ports import (
     KeyAlreadyRecorded,
     StreamMoved,
 )
-from commitline.application.results import DispatchResult, RecordedEventView
+from commitline.application.results import FINGERPRINT_BYTES, DispatchResult, payload_json, result, view
 from commitline.application.retry import RetryPolicy
 from commitline.domain import Aggregate, Event
 from commitline.domain.errors import InvalidPersonalValue, InvalidValue
@@ -111,8 +110,12 @@ def derived_id(tenant: str, key: object) -> UUID:
 
 def replay(record: IdempotencyRecord, digest: bytes) -> DispatchResult:
     """Rule 7: what a key already produced, as the answer to the request whose fingerprint is ``digest``."""
-    if record.fingerprint != digest:
+    stored = record.fingerprint
+    if len(stored) < FINGERPRINT_BYTES or stored != digest[:len(stored)]:
         raise IdempotencyKeyReused(record.tenant, record.key, record.command_type)
+    if record.answer is not None:
+        return record.answer()
+    assert record.outcome is not None, "the store gives a record its answer or its outcome"
     return DispatchResult.from_outcome(record.outcome)
 
 
@@ -211,9 +214,11 @@ class Dispatch:
         """Rule 4: store the events and the key's record at once, or find out why not (rules 5 and 6)."""
         cmd, tenant = self.cmd, self.tenant
         events = changed.collect_events()
-        result = applied(cmd, tenant, changed, events)
-        record = IdempotencyRecord(tenant, self.key, self.digest, cmd.type, self.aggregate_id, changed.version,
-                                   result.outcome_bytes())
+        answer = applied(cmd, tenant, changed, events)
+        # What a replay needs besides the events (read back then): their count, and the type of an aggregate
+        # whose command recorded none.
+        record = IdempotencyRecord(tenant, self.key, self.digest[:FINGERPRINT_BYTES], cmd.type, self.aggregate_id,
+                                   changed.version, None, len(events), None if events else type(changed).__name__)
         try:
             self.store.append(changed, events, tenant=tenant, idempotency=record)
         except KeyAlreadyRecorded:
@@ -232,7 +237,7 @@ class Dispatch:
             if not verified:
                 raise _Unverified from None  # e.g. too large: a used key's outcome still comes first
             raise
-        return result
+        return answer
 
     def lost_race(self) -> DispatchResult:
         """Rule 5 with ``expected_version``: a twin with this key (a retry racing its own first try) answers;
@@ -266,25 +271,10 @@ def unavailable(handler: Handler, cmd: Command, aggregate_id: UUID) -> Commitlin
 
 
 def applied(cmd: Command, tenant: str, aggregate: Aggregate, events: list[Event]) -> DispatchResult:
-    """The answer of a command whose events are (about to be) stored."""
+    """The answer of a command whose events are (about to be) stored: built once from valid values, each payload
+    as its stored event holds it (``results.payload_json``), which is what a replay reads back."""
     aggregate_type = type(aggregate).__name__
-    return DispatchResult(
-        command_type=cmd.type,
-        tenant=tenant,
-        aggregate_type=aggregate_type,
-        aggregate_id=aggregate.id,
-        version=aggregate.version,
-        events=tuple(
-            RecordedEventView(
-                event_id=e.event_id,
-                type=e.type_name(),
-                aggregate_type=aggregate_type,
-                aggregate_id=e.aggregate_id,
-                version=e.version,
-                occurred_at=e.occurred_at,
-                tenant=tenant,
-                payload=to_jsonable_python(e.payload()),
-            )
-            for e in events
-        ),
-    )
+    return result(cmd.type, tenant, aggregate_type, aggregate.id, aggregate.version, tuple(
+        view(e.event_id, e.type_name(), aggregate_type, e.aggregate_id, e.version, e.occurred_at, tenant,
+             payload_json(e.payload()))
+        for e in events))

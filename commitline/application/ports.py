@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 from uuid import UUID
 
+from commitline.application.results import DispatchResult
 from commitline.domain import Aggregate, Event
 
 A = TypeVar("A", bound=Aggregate)
@@ -33,9 +34,27 @@ class ForeignStream(Exception):
     the processor turns it into the same refusal as for a stream that does not exist."""
 
 
+class IdempotencyRecordBroken(Exception):
+    """A key's record cannot give its answer: the events it refers to (its command's, read back on a replay) are
+    not stored as it says (missing, of another tenant, unreadable), or it refers to none and holds no outcome
+    either. Nothing is answered in its place and nothing is written. A fault of the store, not of the request (not
+    a ``CommitlineError``: the HTTP API answers 500 ``internal_error``); ``commitline audit verify`` checks the
+    events."""
+
+    def __init__(self, tenant: str, key: str, reason: str):
+        self.tenant, self.key, self.reason = tenant, key, reason
+        super().__init__(f"the idempotency record of key {key!r} (tenant {tenant!r}) cannot be replayed: {reason}")
+
+
 @dataclass(frozen=True)
 class IdempotencyRecord:
-    """What a key stands for: the request's fingerprint and the outcome it produced."""
+    """What a key stands for: the request's fingerprint and what its answer is made of.
+
+    A record refers to the events its command appended, which are immutable: ``event_count`` of them, the last at
+    ``stream_version`` of ``aggregate_id`` (``aggregate_type`` is given only for a command with no events). A record
+    stored before that (migration 14) holds its ``outcome`` instead, the answer's JSON. The store gives a record it
+    finds its ``answer``: a call that reads the events back and returns the answer as first given, ``replayed``
+    (only called for the same request: a reused key's events are not read)."""
 
     tenant: str
     key: str
@@ -43,7 +62,10 @@ class IdempotencyRecord:
     command_type: str
     aggregate_id: UUID
     stream_version: int
-    outcome: bytes
+    outcome: bytes | None = None
+    event_count: int | None = None
+    aggregate_type: str | None = None
+    answer: Callable[[], DispatchResult] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

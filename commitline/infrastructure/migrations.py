@@ -32,6 +32,7 @@ from commitline.infrastructure.store.schema import (
     store_append_function_statements,
     store_keyed_append_statements,
     store_proven_append_statements,
+    store_referenced_record_statements,
     store_schema_statements,
 )
 
@@ -74,6 +75,9 @@ MIGRATIONS: tuple[Migration, ...] = (
               lambda schema: [*generations.create_statements(schema), *Positions(schema).generation_statements()]),
     Migration(13, "event store: append functions that insert the data keys of a command's new data subjects in its "
               "append's transaction", store_keyed_append_statements),
+    Migration(14, "idempotency records refer to their command's events (event count, aggregate type) instead of "
+              "holding a copy of its outcome; a BRIN index on recorded_at for the retention job",
+              store_referenced_record_statements),
 )
 LATEST = MIGRATIONS[-1].version
 

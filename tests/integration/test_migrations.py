@@ -17,6 +17,7 @@ from eventsourcing.postgres import PostgresDatastore
 
 from commitline.application.chain import GENESIS, chain
 from commitline.application.errors import StoreUnavailable
+from commitline.application.results import DispatchResult
 from commitline.composition import Commitline, bootstrap
 from commitline.infrastructure import migrations
 from commitline.infrastructure.followers.positions import Positions
@@ -185,18 +186,25 @@ PRE_AUDIT_INSERT_EVENTS = ("INSERT INTO {s}.events (originator_id, originator_ve
 EVENT_ROWS = "SELECT notification_id, originator_id, originator_version, topic, state FROM {s}.events ORDER BY 1"
 
 
-def workload(app: Commitline) -> dict[str, UUID]:
-    """Commands over several streams of several versions, with idempotency keys and snapshots."""
+def workload(app: Commitline, outcomes: dict[str, bytes] | None = None) -> dict[str, UUID]:
+    """Commands over several streams of several versions, with idempotency keys and snapshots; ``outcomes`` gets
+    each key's answer as the records of a store from before migration 14 held it."""
+    def dispatch(command: dict[str, object], key: str) -> DispatchResult:
+        result = app.dispatch(command, idempotency_key=key)
+        if outcomes is not None:
+            outcomes[key] = result.outcome_bytes()
+        return result
+
     payments = []
     for i in range(3):
-        created = app.dispatch({"type": "create_payment", "amount": f"{i + 1}.50", "currency": "EUR",
-                                "account": f"acct-{i}"}, idempotency_key=f"create-{i}")
+        created = dispatch({"type": "create_payment", "amount": f"{i + 1}.50", "currency": "EUR",
+                            "account": f"acct-{i}"}, f"create-{i}")
         payments.append(created.aggregate_id)
-        app.dispatch({"type": "submit_payment", "payment_id": str(created.aggregate_id)}, idempotency_key=f"submit-{i}")
-    app.dispatch({"type": "complete_payment", "payment_id": str(payments[0])}, idempotency_key="complete-0")
+        dispatch({"type": "submit_payment", "payment_id": str(created.aggregate_id)}, f"submit-{i}")
+    dispatch({"type": "complete_payment", "payment_id": str(payments[0])}, "complete-0")
     item = uuid4()
     for n in range(5):
-        app.dispatch({"type": "receive_stock", "item_id": str(item), "quantity": n + 1}, idempotency_key=f"stock-{n}")
+        dispatch({"type": "receive_stock", "item_id": str(item), "quantity": n + 1}, f"stock-{n}")
     return {"payment": payments[0], "item": item}
 
 
@@ -206,11 +214,12 @@ def create_pre_audit_store(pg_dsn: str, schema: str) -> dict[str, UUID]:
     source = f"{schema}_src"
     try:
         with bootstrap(settings_for(pg_dsn, source, snapshot_interval=2)) as app:
-            ids = workload(app)
+            outcomes: dict[str, bytes] = {}
+            ids = workload(app, outcomes)
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             events = conn.execute(EVENT_ROWS.format(s=source)).fetchall()
-            keys = conn.execute(f"SELECT tenant, key, fingerprint, command_type, aggregate_id, outcome "
-                                f"FROM {source}.idempotency_keys").fetchall()
+            keys = [(*row, outcomes[row[1]]) for row in conn.execute(
+                f"SELECT tenant, key, fingerprint, command_type, aggregate_id FROM {source}.idempotency_keys")]
             snapshots = conn.execute(f"SELECT aggregate_id, version, aggregate_type, state FROM {source}.snapshots"
                                      ).fetchall()
             assert snapshots, "the workload must leave snapshots to upgrade"

@@ -38,7 +38,9 @@ def create(app: Commitline, key: str = "create", tenant: str = "default", accoun
 def stored_bytes(pg_dsn: str, schema: str) -> bytes:
     """Every byte the store keeps of events, outcomes, snapshots and data keys."""
     with psycopg.connect(pg_dsn) as conn:
-        rows = [bytes(r[0]) for table, column in (("events", "state"), ("idempotency_keys", "outcome"),
+        # an idempotency record: its outcome (records from before migration 14) and its text columns
+        record = "coalesce(outcome, ''::bytea) || convert_to(concat_ws(' ', key, command_type, aggregate_type), 'UTF8')"
+        rows = [bytes(r[0]) for table, column in (("events", "state"), ("idempotency_keys", record),
                                                   ("snapshots", "state"), ("data_keys", "wrapped"))
                 for r in conn.execute(f'SELECT {column} FROM "{schema}".{table}')]
     return b"\n".join(rows)

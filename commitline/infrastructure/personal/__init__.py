@@ -1,6 +1,7 @@
 """Personal data at rest: the master key (``master.py``), the data keys of each (tenant, data subject) and the
 record of erasures (``keys.py``), sealing personal field values with them (``cipher.py``), and idempotency
-records' stored outcomes and snapshots kept without plain text (``outcomes.py``, ``snapshots.py``).
+records' stored outcomes (those from before migration 14) and snapshots kept without plain text (``outcomes.py``,
+``snapshots.py``).
 
 Each personal value is encrypted with AES-GCM under its subject's data key, a random 96-bit nonce per value,
 with associated data binding the tenant, the subject, the event id and the field, so a ciphertext cannot be

@@ -1,4 +1,5 @@
-"""Idempotency records' stored outcomes without personal plain text.
+"""Idempotency records' stored outcomes without personal plain text: the records stored before migration 14, which
+hold a copy of their answer (a record stored since refers to its command's events instead: ``store/replays.py``).
 
 A command's outcome (``DispatchResult``'s JSON: its events with their payloads) is stored to be replayed on a
 retry. Before it is stored, each personal field of its events is replaced by the very form the stored event

@@ -16,8 +16,10 @@ key's record and the stream's new events in one statement), none when the proces
 cached copy (``trust_cache``); the decoded aggregate kept between commands (``aggregate_cache``), and
 appends coalesced with those of concurrent commands (``group_commit``).
 
-Personal fields (``domain.personal``) are sealed by the codec before the chain hashes the stored bytes, and the
-idempotency record's outcome holds them sealed too (``personal/outcomes.py``), and so do the snapshots of an
+An idempotency record refers to its command's events instead of holding a copy of its answer; a replay reads
+them back (``replays.py``). Personal fields (``domain.personal``) are sealed by the codec before the chain hashes
+the stored bytes (a replay opens them, as the first answer showed them), a record from before migration 14 holds
+its outcome with them sealed (``personal/outcomes.py``), and so do the snapshots of an
 aggregate type whose events have personal fields (``personal/snapshots.py``): a snapshot whose subject was erased
 is passed over, and the stream replayed from its first event. A new subject's data key is inserted by the
 append of the command that first seals under it, in its transaction (``personal/cipher.NewKeys``); if the
@@ -41,6 +43,7 @@ from eventsourcing.persistence import StoredEvent
 from commitline.application.chain import GENESIS, chain
 from commitline.application.errors import EventTooLarge, WrongAggregateType
 from commitline.application.ports import CommandLoad, ForeignStream, IdempotencyRecord
+from commitline.application.results import DispatchResult
 from commitline.domain import Aggregate, Event
 from commitline.domain.personal import personal_fields
 from commitline.infrastructure.personal import outcomes, snapshots
@@ -49,6 +52,7 @@ from commitline.infrastructure.store.aggregate_cache import AggregateCache, Entr
 from commitline.infrastructure.store.codec import EventCodec, decode_snapshot, encode_snapshot
 from commitline.infrastructure.store.event_versions import EventVersions
 from commitline.infrastructure.store.group_commit import GroupCommitter
+from commitline.infrastructure.store import replays
 from commitline.infrastructure.store.recorder import EventRecorder, PendingAppend, SubjectKeyTaken
 from commitline.infrastructure.store.streams import CommandRead, ReadEvent, Snapshot
 
@@ -225,7 +229,7 @@ class PostgresEventStore:
         record and those keys, in one transaction; their chain links."""
         traceparent = trace.traceparent if trace is not None else None
         stored = [self.codec.encode(e, tenant, traceparent, aggregate, new_keys) for e in events]
-        if idempotency is not None and new_keys is not None:
+        if idempotency is not None and idempotency.outcome is not None and new_keys is not None:
             idempotency = dataclasses.replace(idempotency, outcome=outcomes.protect(idempotency.outcome, stored))
         for s in stored:
             if len(s.state) > self.max_event_bytes:
@@ -247,10 +251,22 @@ class PostgresEventStore:
         self.cache.distrust(aggregate_id)
 
     def find_outcome(self, tenant: str, key: str) -> IdempotencyRecord | None:
-        record = self.recorder.find_idempotency(tenant, key)
-        return self._revealed(record) if record is not None else None
+        found = self.recorder.find_idempotency(tenant, key)
+        return self._revealed(*found) if found is not None else None
 
-    def _revealed(self, record: IdempotencyRecord) -> IdempotencyRecord:
+    def _revealed(self, record: IdempotencyRecord,
+                  events: list[tuple[int, str, bytes]] | None = None) -> IdempotencyRecord:
+        """A record found, with its answer: read back from the events it refers to (``replays``: ``events`` when
+        they were read with it, else read when the answer is asked for), or, for a record from before migration 14,
+        its stored outcome with its personal fields opened."""
+        if record.outcome is None:
+            def answer() -> DispatchResult:
+                rows = events
+                if rows is None:
+                    rows = self.recorder.command_events(record.aggregate_id, replays.first_version(record),
+                                                        record.stream_version) if record.event_count else []
+                return replays.answer(record, rows, self.codec)
+            return dataclasses.replace(record, answer=answer)
         outcome = outcomes.reveal(record.outcome, self.codec.personal)
         return record if outcome is record.outcome else dataclasses.replace(record, outcome=outcome)
 

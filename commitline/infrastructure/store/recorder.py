@@ -98,7 +98,8 @@ class EventRecorder(StreamReads, PostgresApplicationRecorder):
         self.tables = tables or EventTables(datastore.schema)
         super().__init__(datastore, events_table_name=self.tables.events)
         self._q = Statements(self.tables)
-        self.sql_create_statements = self.tables.create_statements()
+        self.sql_create_statements = self.tables.create_statements() + (
+            [] if self.tables.eventsourcing else self.tables.idempotency_references())
         self.channel_name = self.tables.channel
         self.log = NotificationLog(self.tables, self._connection)
         # Test seam for crash-safety tests: runs inside the append transaction,
@@ -151,7 +152,7 @@ class EventRecorder(StreamReads, PostgresApplicationRecorder):
         params = _event_arrays(stored_events, links)
         statement = self._q.insert_proven or self._q.insert_events
         if self._q.insert_proven is not None:  # the key's record goes in with the events (``statements.py``)
-            params += _idempotency_params(idempotency) if idempotency is not None else (None,) * 7
+            params += _idempotency_params(idempotency) if idempotency is not None else (None,) * 9
             idempotency = None
             if keys:
                 statement, params = self._q.insert_proven_keyed, params + _key_arrays(keys)
@@ -340,7 +341,7 @@ def _unproven(first: StoredEvent) -> PredecessorMissing:
 
 
 def _append_params(pending: PendingAppend, one: bool) -> tuple[Any, ...]:
-    key = _idempotency_params(pending.idempotency) if pending.idempotency is not None else (None,) * 7
+    key = _idempotency_params(pending.idempotency) if pending.idempotency is not None else (None,) * 9
     if pending.keys:
         key += _key_arrays(pending.keys)
     if one:
@@ -362,4 +363,6 @@ def _key_arrays(keys: Sequence[KeyRow]) -> tuple[list[Any], ...]:
 
 
 def _idempotency_params(row: IdempotencyRecord) -> tuple[Any, ...]:
-    return (row.tenant, row.key, row.fingerprint, row.command_type, row.aggregate_id, row.stream_version, row.outcome)
+    """The key's record as the append's parameters (migration 14's layout: ``schema.idempotency_references``)."""
+    return (row.tenant, row.key, row.fingerprint, row.command_type, row.aggregate_id, row.stream_version, row.outcome,
+            row.event_count, row.aggregate_type)

@@ -9,9 +9,9 @@ an append stores an event (``continues``: it proves its predecessor). Statements
 
 Two users, one definition, so their events tables cannot differ:
 
-- commitline's store: migration steps 1, 6, 11 and 13 (``store_schema_statements``,
-  ``store_append_function_statements``, ``store_proven_append_statements``, ``store_keyed_append_statements``),
-  and ``EventRecorder.create_table``;
+- commitline's store: migration steps 1, 6, 11, 13 and 14 (``store_schema_statements``,
+  ``store_append_function_statements``, ``store_proven_append_statements``, ``store_keyed_append_statements``,
+  ``store_referenced_record_statements``), and ``EventRecorder.create_table`` (the tables of steps 1 and 14);
 - the ``eventsourcing`` module (``commitline.eventsourcing``), one set of tables per application
   (``EventTables.of_application``). Its tables differ only where eventsourcing requires it: originator ids
   of its ``ORIGINATOR_ID_TYPE`` (uuid or text), versions from 0 (the library's aggregates may start there;
@@ -95,6 +95,7 @@ class EventTables:
             "events_id_idx": SQL("events_notification_id_idx") if self.events == EVENTS_TABLE
             else Identifier(f"{self.events}_notification_id_idx"),
             "idem": Identifier(schema, self.idempotency),
+            "idem_recorded_idx": Identifier(f"{self.idempotency}_recorded_at_idx"),
             "snaps": Identifier(schema, self.snapshots),
             "reject": Identifier(schema, "reject_event_change"),
             "channel": Identifier(self.channel),
@@ -166,6 +167,20 @@ class EventTables:
             " PRIMARY KEY (tenant, key))"
         )
 
+    def idempotency_references(self) -> list[Composed]:
+        """Migration 14: a key's record refers to its command's events instead of holding its outcome (commitline's
+        layout only). ``outcome`` becomes nullable (records from before keep theirs, and are replayed from it);
+        ``event_count``: how many events the command appended, the last of them at ``stream_version`` (so they are
+        the stream's versions ``stream_version - event_count + 1`` to ``stream_version``); ``aggregate_type``: only
+        for a command with no events (else the events' own classes name it). A BRIN index on ``recorded_at``, the
+        retention job's filter: records are inserted in ``recorded_at`` order, so a few pages index millions."""
+        return [
+            self.sql("ALTER TABLE {idem} ALTER COLUMN outcome DROP NOT NULL"),
+            self.sql("ALTER TABLE {idem} ADD COLUMN IF NOT EXISTS event_count int4"),
+            self.sql("ALTER TABLE {idem} ADD COLUMN IF NOT EXISTS aggregate_type text"),
+            self.sql("CREATE INDEX IF NOT EXISTS {idem_recorded_idx} ON {idem} USING brin (recorded_at)"),
+        ]
+
     def snapshots_table(self) -> Composed:
         if self.eventsourcing:
             return self.sql("CREATE TABLE IF NOT EXISTS {snaps} (" + self._stream_columns() +
@@ -206,7 +221,7 @@ class EventTables:
                 " WHEN " + row + ".originator_version > 1 THEN " + stored + in_batch +
                 " ELSE true END")
 
-    def append_functions(self, proven: bool = True, keyed: bool = False) -> list[Composed]:
+    def append_functions(self, proven: bool = True, keyed: bool = False, referenced: bool = False) -> list[Composed]:
         """One command's append as one statement that never fails: the key's record, then its events (their
         notification ids in ``ids``). On any error its exception block (a subtransaction) undoes both
         and returns the error's SQLSTATE in ``refused`` and, in ``detail``, the constraint of a unique
@@ -220,25 +235,34 @@ class EventTables:
         ``keyed`` (migration 13): the functions ``append_keyed_to_<events>`` and ``append_one_keyed_to_<events>``,
         which take five more arrays after the key's record, the rows of the data keys the events are sealed
         under that are not stored yet (``personal/cipher.NewKeys``), and insert them after the key's record,
-        plainly: a subject that has a key already refuses the append (``unique_violation`` on ``data_keys``)."""
+        plainly: a subject that has a key already refuses the append (``unique_violation`` on ``data_keys``).
+
+        ``referenced`` (migration 14): the key's record takes two more parameters after ``p_outcome`` (NULL for a
+        new record), ``p_event_count`` and ``p_aggregate_type`` (``idempotency_references``); the functions keep
+        their names, overloaded by the longer parameter list, so a process from before still calls its own."""
         keys_params = (" p_key_ids uuid[], p_key_tenants text[], p_key_subjects text[], p_key_wrapped bytea[],"
                        " p_key_masters text[],") if keyed else ""
         keys_insert = ("INSERT INTO {keys} (key_id, tenant, subject, wrapped, master_key_id) SELECT * FROM "
                        "unnest(p_key_ids, p_key_tenants, p_key_subjects, p_key_wrapped, p_key_masters); ") \
             if keyed else ""
 
+        record_params = " p_event_count int4, p_aggregate_type text," if referenced else ""
+        record_columns = ", event_count, aggregate_type" if referenced else ""
+        record_values = ", p_event_count, p_aggregate_type" if referenced else ""
+
         def function(name: str, event_params: str, insert: str) -> Composed:
             return self.sql(
                 "CREATE OR REPLACE FUNCTION " + name + "("
                 " p_tenant text, p_key text, p_fingerprint bytea, p_command_type text, p_aggregate_id uuid,"
-                " p_stream_version int8, p_outcome bytea," + keys_params + " " + event_params + ","
+                " p_stream_version int8, p_outcome bytea," + record_params + keys_params + " " + event_params + ","
                 " OUT ids int8[], OUT refused text, OUT detail text) LANGUAGE plpgsql AS $$"
                 " DECLARE one int8; BEGIN"
                 " PERFORM pg_current_xact_id();"  # the transaction's xid before any notification id: the gap proof
                 " IF p_key IS NOT NULL THEN"
-                "  INSERT INTO {idem} (tenant, key, fingerprint, command_type, aggregate_id, stream_version, outcome)"
+                "  INSERT INTO {idem} (tenant, key, fingerprint, command_type, aggregate_id, stream_version, outcome" +
+                record_columns + ")"
                 "  VALUES (p_tenant, p_key, p_fingerprint, p_command_type, p_aggregate_id, p_stream_version,"
-                "  p_outcome);"
+                "  p_outcome" + record_values + ");"
                 " END IF; " + keys_insert + insert +
                 " EXCEPTION WHEN OTHERS THEN"
                 "  GET STACKED DIAGNOSTICS refused = RETURNED_SQLSTATE, detail = CONSTRAINT_NAME;"
@@ -297,3 +321,12 @@ def store_keyed_append_statements(schema: str) -> list[Composed]:
     """The DDL of the store's append functions that also insert the data keys of the new subjects the events are
     sealed for (migration 13), used by ``EventRecorder.append_batch`` for the commands that have any."""
     return EventTables(schema).append_functions(keyed=True)
+
+
+def store_referenced_record_statements(schema: str) -> list[Composed]:
+    """Migration 14: idempotency records that refer to their command's events (``idempotency_references``), and
+    the append functions (proven, and keyed) that take such a record's parameters, used by
+    ``EventRecorder.append_batch``."""
+    tables = EventTables(schema)
+    return [*tables.idempotency_references(), *tables.append_functions(referenced=True),
+            *tables.append_functions(keyed=True, referenced=True)]

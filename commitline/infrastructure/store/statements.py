@@ -53,9 +53,12 @@ class Statements:
                 "%s::bytea[], %s::bytea[]) AS n(" + EVENT_COLUMNS + ")), "
                 "proof AS (SELECT bool_and(" + tables.continues("n", "batch") + ") AS proven FROM batch n), "
                 "key AS (INSERT INTO {idem} "
-                "(tenant, key, fingerprint, command_type, aggregate_id, stream_version, outcome) "
-                "SELECT * FROM (VALUES (%s::text, %s::text, %s::bytea, %s::text, %s::uuid, %s::int8, %s::bytea)) "
-                "AS k(tenant, key, fingerprint, command_type, aggregate_id, stream_version, outcome) "
+                "(tenant, key, fingerprint, command_type, aggregate_id, stream_version, outcome, event_count, "
+                "aggregate_type) "
+                "SELECT * FROM (VALUES (%s::text, %s::text, %s::bytea, %s::text, %s::uuid, %s::int8, %s::bytea, "
+                "%s::int4, %s::text)) "
+                "AS k(tenant, key, fingerprint, command_type, aggregate_id, stream_version, outcome, event_count, "
+                "aggregate_type) "
                 "WHERE k.key IS NOT NULL AND (SELECT proven FROM proof) RETURNING 1)" + (", " + new_keys if keyed
                                                                                       else " ") +
                 "INSERT INTO {events} (" + EVENT_COLUMNS + ") SELECT * FROM batch "
@@ -66,19 +69,21 @@ class Statements:
         self.insert_proven = None if tables.eventsourcing else proven(keyed=False)
         self.insert_proven_keyed = None if tables.eventsourcing else proven(keyed=True)
         self.insert_idempotency = q(
-            "INSERT INTO {idem} (tenant, key, fingerprint, command_type, aggregate_id, stream_version, outcome) "
-            "VALUES (%s, %s, %s, %s, %s, %s, %s)"
+            "INSERT INTO {idem} (tenant, key, fingerprint, command_type, aggregate_id, stream_version, outcome, "
+            "event_count, aggregate_type) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
         )
         self.notify = q("NOTIFY {channel}")
         self.notify_bytes = self.notify.as_bytes(None)
-        key_types = ("text", "text", "bytea", "text", "uuid", "int8", "bytea")
-        call = "SELECT ids, refused, detail FROM {%s}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+        # The key's record as migration 14's append functions take it (the overloads with the event count and the
+        # aggregate type after the outcome).
+        key_types = ("text", "text", "bytea", "text", "uuid", "int8", "bytea", "int4", "text")
+        call = "SELECT ids, refused, detail FROM {%s}(" + ", ".join(f"${n}" for n in range(1, 16)) + ")"
         self.append_command = Statement.of(
             q(call % "append"), (*key_types, "uuid[]", "int8[]", "text[]", "bytea[]", "bytea[]", "bytea[]"))
         self.append_one = Statement.of(  # the common case, a command with one event: no arrays to build
             q(call % "append_one"), (*key_types, "uuid", "int8", "text", "bytea", "bytea", "bytea"))
         # The same with the rows of the data keys of the command's new subjects (migration 13).
-        keyed = "SELECT ids, refused, detail FROM {%s}(" + ", ".join(f"${n}" for n in range(1, 19)) + ")"
+        keyed = "SELECT ids, refused, detail FROM {%s}(" + ", ".join(f"${n}" for n in range(1, 21)) + ")"
         data_key_types = ("uuid[]", "text[]", "text[]", "bytea[]", "text[]")
         self.append_keyed = Statement.of(q(keyed % "append_keyed"), (
             *key_types, *data_key_types, "uuid[]", "int8[]", "text[]", "bytea[]", "bytea[]", "bytea[]"))
@@ -86,9 +91,20 @@ class Statements:
             *key_types, *data_key_types, "uuid", "int8", "text", "bytea", "bytea", "bytea"))
         # -- per-stream reads
         self.select_hash = q("SELECT event_hash FROM {events} WHERE originator_id = %s AND originator_version = %s")
+        # The key's record and, in the same statement, the events it refers to (migration 14): one row per event
+        # (one row with NULL event columns for a record that refers to none, or holds its outcome).
         self.select_idempotency = q(
-            "SELECT fingerprint, command_type, aggregate_id, stream_version, outcome FROM {idem} "
-            "WHERE tenant = %s AND key = %s"
+            "WITH r AS (SELECT fingerprint, command_type, aggregate_id, stream_version, outcome, event_count, "
+            "aggregate_type FROM {idem} WHERE tenant = %s AND key = %s) "
+            "SELECT r.*, e.originator_version, e.topic, e.state FROM r LEFT JOIN {events} e "
+            "ON r.outcome IS NULL AND e.originator_id = r.aggregate_id "
+            "AND e.originator_version > r.stream_version - coalesce(r.event_count, 0) "
+            "AND e.originator_version <= r.stream_version ORDER BY e.originator_version"
+        )
+        # The events a key's record refers to (migration 14): its command's, a version range of one stream.
+        self.command_events = q(
+            "SELECT originator_version, topic, state FROM {events} WHERE originator_id = %s "
+            "AND originator_version > %s AND originator_version <= %s ORDER BY originator_version"
         )
         self.stream_after_snapshot = q(
             "WITH s AS (SELECT version, aggregate_type, state, event_hash FROM {snaps} WHERE aggregate_id = %(id)s "
@@ -114,11 +130,11 @@ class Statements:
         self.read_for_command = Statement.of(q(
             "WITH s AS (SELECT version, aggregate_type, state, event_hash FROM {snaps} "
             "WHERE $5 AND aggregate_id = $1 AND version > $2 ORDER BY version DESC LIMIT 1) "
-            "SELECT 2, stream_version, command_type, outcome, fingerprint, NULL::bytea, aggregate_id FROM {idem} "
-            "WHERE tenant = $3 AND key = $4 UNION ALL "
+            "SELECT 2, stream_version, command_type, outcome, fingerprint, convert_to(aggregate_type, 'UTF8'), "
+            "aggregate_id, event_count FROM {idem} WHERE tenant = $3 AND key = $4 UNION ALL "
             "SELECT 1, version, aggregate_type, state, event_hash, (SELECT state FROM {events} "
-            "WHERE originator_id = $1 AND originator_version = 1), NULL::uuid FROM s UNION ALL "
-            "SELECT 0, originator_version, topic, state, event_hash, NULL::bytea, NULL::uuid FROM {events} "
+            "WHERE originator_id = $1 AND originator_version = 1), NULL::uuid, NULL::int4 FROM s UNION ALL "
+            "SELECT 0, originator_version, topic, state, event_hash, NULL::bytea, NULL::uuid, NULL::int4 FROM {events} "
             "WHERE originator_id = $1 AND originator_version " +
             _TAIL.format("greatest($2, coalesce((SELECT version FROM s), 0))") +
             " ORDER BY 1 DESC, 2"), ("uuid", "int8", "text", "text", "bool"))

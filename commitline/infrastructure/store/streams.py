@@ -1,7 +1,7 @@
 """Per-stream access to the event tables: a stream's events read with its latest snapshot and head hash, the
 read before a command (the key's record and the stream, one round trip), one event's stored hash, a stream's
-version, snapshots saved, idempotency records found. ``StreamReads`` is a part of ``EventRecorder``
-(``recorder.py``), with the recorder's statements and connections.
+version, snapshots saved, idempotency records found and the events they refer to. ``StreamReads`` is a part of
+``EventRecorder`` (``recorder.py``), with the recorder's statements and connections.
 """
 
 from __future__ import annotations
@@ -114,10 +114,14 @@ class StreamReads:
                                          bytes(value(row, 3)), bytes(value(row, 4)),  # type: ignore[arg-type]
                                          bytes(first) if first is not None else None)
                 read.head_hash = read.snapshot.event_hash
-            else:
-                read.idempotency = IdempotencyRecord(tenant, key, bytes(value(row, 4)),  # type: ignore[arg-type]
-                                                     pipelined.text(value(row, 2)), pipelined.uuid(value(row, 6)),
-                                                     pipelined.int8(value(row, 1)), bytes(value(row, 3)))  # type: ignore[arg-type]
+            else:  # the outcome (state) of a record from before migration 14, else its event count and type
+                outcome, count, kind_of = value(row, 3), value(row, 7), value(row, 5)
+                read.idempotency = IdempotencyRecord(
+                    tenant, key, bytes(value(row, 4)), pipelined.text(value(row, 2)),  # type: ignore[arg-type]
+                    pipelined.uuid(value(row, 6)), pipelined.int8(value(row, 1)),  # type: ignore[arg-type]
+                    bytes(outcome) if outcome is not None else None,
+                    pipelined.int8(count) if count is not None else None,
+                    pipelined.text(kind_of) if kind_of is not None else None)
         if events:
             read.head_hash = bytes(value(rows - 1, 4))  # type: ignore[arg-type]
         return read
@@ -144,10 +148,23 @@ class StreamReads:
                 (snapshot.aggregate_id, snapshot.version, snapshot.aggregate_type, snapshot.state, snapshot.event_hash),
             )
 
-    def find_idempotency(self, tenant: str, key: str) -> IdempotencyRecord | None:
+    def find_idempotency(self, tenant: str, key: str) -> tuple[IdempotencyRecord, list[tuple[int, str, bytes]]] | None:
+        """The key's record, and the stored events it refers to (as ``command_events`` reads them), in one
+        statement."""
         with self._connection() as conn:
-            row = conn.cursor(row_factory=tuple_row).execute(
-                self._q.select_idempotency, (tenant, key), prepare=True).fetchone()
-        if row is None:
+            rows = conn.cursor(row_factory=tuple_row).execute(
+                self._q.select_idempotency, (tenant, key), prepare=True).fetchall()
+        if not rows:
             return None
-        return IdempotencyRecord(tenant, key, bytes(row[0]), row[1], row[2], row[3], bytes(row[4]))
+        row = rows[0]
+        record = IdempotencyRecord(tenant, key, bytes(row[0]), row[1], row[2], row[3],
+                                   bytes(row[4]) if row[4] is not None else None, row[5], row[6])
+        return record, [(v, t, bytes(s)) for *_, v, t, s in rows if v is not None]
+
+    def command_events(self, aggregate_id: UUID, after: int, upto: int) -> list[tuple[int, str, bytes]]:
+        """The stored events of one stream from version ``after + 1`` to ``upto`` (a command's, which its key's
+        record refers to): (version, topic, state) each."""
+        with self._connection() as conn:
+            rows = conn.cursor(row_factory=tuple_row).execute(
+                self._q.command_events, (aggregate_id, after, upto), prepare=True).fetchall()
+        return [(v, t, bytes(s)) for v, t, s in rows]
