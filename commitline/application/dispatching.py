@@ -20,6 +20,9 @@
    version N-1 as stored, with the hash the events chain from, and version 1 only on a stream with no event,
    checked by the store in the append's statement, never by the cache. So neither a used key nor a stale copy
    can be stored, not even a copy of a history that is no longer there (one an asynchronous failover lost).
+   A command that decides no events records its key alone (nothing was appended, the answer says the
+   stream's version as read); decided on a cached copy, it is first decided again on a read, since no
+   append would find the copy stale.
 5. **Conflict re-run** (``append``, ``lost_race``, ``run``): a stream moved under a cached copy (or whose
    history under it is gone) is read before every later command (``distrust``) and the command re-runs on a
    read (reported as a retry), deciding on the stored history (``AggregateNotFound`` if the stream is gone).
@@ -214,6 +217,9 @@ class Dispatch:
         """Rule 4: store the events and the key's record at once, or find out why not (rules 5 and 6)."""
         cmd, tenant = self.cmd, self.tenant
         events = changed.collect_events()
+        if not events and not verified:
+            # Nothing to append means nothing that would fail on a stale copy: decide again on the stored stream.
+            raise _Unverified
         answer = applied(cmd, tenant, changed, events)
         # What a replay needs besides the events (read back then): their count, and the type of an aggregate
         # whose command recorded none.

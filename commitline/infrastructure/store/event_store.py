@@ -205,6 +205,10 @@ class PostgresEventStore:
                 idempotency: IdempotencyRecord | None, trace: Any) -> None:
         with self._heads_lock:
             epoch = self._decoded_in.pop(aggregate.id, self.cache.epoch)
+        if not events:  # the command changed nothing: only its key is recorded (the cached copy stays as it is)
+            if idempotency is not None:
+                self.recorder.record_key(idempotency)
+            return
         personal = self.codec.personal if type(aggregate) in self._personal_aggregates else None
         new_keys = NewKeys() if personal is not None else None
         while True:

@@ -183,6 +183,15 @@ class EventRecorder(StreamReads, PostgresApplicationRecorder):
             raise self._refusal(e) from None
         return ids
 
+    def record_key(self, idempotency: IdempotencyRecord) -> None:
+        """The key's record of a command that decided no events, alone in its own transaction (nothing to prove
+        against a stream, and no notification: the log does not change); ``KeyAlreadyRecorded`` if a twin holds it."""
+        try:
+            with self._connection() as conn, conn.transaction():
+                conn.execute(self._q.insert_idempotency, _idempotency_params(idempotency))
+        except pg_errors.UniqueViolation as e:
+            raise self._refusal(e) from None
+
     def _refusal(self, error: pg_errors.Error) -> Exception:
         """What an insert's failure means for its command: a twin holds the key, the stream moved, or
         the error itself (deadlock and serialization failures mean another writer took the version; a foreign key
