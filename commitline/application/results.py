@@ -89,7 +89,9 @@ def result(command_type: str, tenant: str, aggregate_type: str, aggregate_id: UU
                                    "replayed": replayed}, _RESULT_FIELDS)
 
 
-def _default(value: Any) -> Any:  # the stored events' JSON rules (``infrastructure/store/codec.dumps``)
+def json_default(value: Any) -> Any:
+    """How a value orjson does not know is stored in an event's JSON (``infrastructure/store/codec.dumps``), and
+    so how a payload reads back: decimals as strings, sets sorted, an erased value as its marker."""
     if isinstance(value, Decimal):
         return str(value)
     if isinstance(value, (set, frozenset)):
@@ -102,4 +104,4 @@ def _default(value: Any) -> Any:  # the stored events' JSON rules (``infrastruct
 def payload_json(payload: dict[str, Any]) -> dict[str, Any]:
     """An event's payload as its stored event holds it (before any personal field is sealed), read back: plain
     JSON values, keys sorted, Decimals as strings, UUIDs and datetimes as ISO 8601 text, sets as sorted lists."""
-    return orjson.loads(orjson.dumps(payload, default=_default, option=orjson.OPT_SORT_KEYS))
+    return orjson.loads(orjson.dumps(payload, default=json_default, option=orjson.OPT_SORT_KEYS))

@@ -48,6 +48,7 @@ class Changes:
 
     def add(self, table: str, key: Key, **deltas: Any) -> None:
         counters = self._counters[table]
+        # ``_row`` written out: a rebuild calls ``add`` for most events, and the call would cost a few percent
         rows = self.rows.get(table)
         if rows is None:
             rows = self.rows[table] = {}

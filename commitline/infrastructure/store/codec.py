@@ -19,7 +19,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from decimal import Decimal
 from functools import cache
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
@@ -29,9 +28,10 @@ from eventsourcing.persistence import StoredEvent
 from pydantic import TypeAdapter
 
 from commitline.application.errors import ConfigurationError
+from commitline.application.results import json_default
 from commitline.domain import Aggregate, Event, EventRegistry
 from commitline.domain.errors import InvalidValue
-from commitline.domain.personal import ERASED_JSON, Erased, personal_fields, subject_of
+from commitline.domain.personal import personal_fields, subject_of
 
 if TYPE_CHECKING:
     from commitline.infrastructure.personal.cipher import NewKeys, PersonalData
@@ -39,19 +39,9 @@ if TYPE_CHECKING:
 _OPTIONS = orjson.OPT_SORT_KEYS
 
 
-def _default(value: Any) -> Any:
-    if isinstance(value, Decimal):
-        return str(value)
-    if isinstance(value, (set, frozenset)):
-        return sorted(value)
-    if isinstance(value, Erased):
-        return ERASED_JSON
-    raise TypeError(f"cannot encode {type(value).__name__}")
-
-
 def dumps(value: Any) -> bytes:
     """Canonical JSON bytes: sorted keys, the project's type rules."""
-    return orjson.dumps(value, default=_default, option=_OPTIONS)
+    return orjson.dumps(value, default=json_default, option=_OPTIONS)
 
 
 @cache
