@@ -4,12 +4,13 @@ happen (no append would notice the copy was stale), on a real store."""
 
 from __future__ import annotations
 
+import threading
 from uuid import uuid4
 
 import psycopg
 import pytest
 
-from commitline import IdempotencyKeyReused
+from commitline import AggregateNotFound, IdempotencyKeyReused
 from commitline.composition import bootstrap
 from tests.domains import quiet
 from tests.support import settings_for
@@ -64,3 +65,38 @@ def test_it_is_decided_on_the_stored_stream_not_on_a_stale_cached_copy(pg_dsn: s
             "the cached copy said 'already on'; the stored lamp is off"
         unchanged = first.dispatch(switch(lamp, True), idempotency_key="on-3")
         assert (unchanged.events, unchanged.version) == ((), 3)
+
+
+def test_twins_racing_with_one_key_get_one_answer_and_record_one_key(pg_dsn: str, schema: str) -> None:
+    lamp, racers = str(uuid4()), 16
+    with bootstrap(settings_for(pg_dsn, schema), domain=quiet.domain) as app:
+        app.dispatch(switch(lamp, True), idempotency_key="on")
+        before = counts(pg_dsn, schema)
+        start, answers, errors = threading.Barrier(racers), [], []
+
+        def race() -> None:
+            start.wait()
+            try:
+                answers.append(app.dispatch(switch(lamp, True), idempotency_key="twin"))
+            except BaseException as e:  # asserted below
+                errors.append(e)
+
+        threads = [threading.Thread(target=race) for _ in range(racers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert errors == [] and len(answers) == racers
+        assert sum(not a.replayed for a in answers) == 1
+        assert {(a.events, a.version, a.aggregate_type) for a in answers} == {((), 1, "Lamp")}
+        assert counts(pg_dsn, schema) == (before[0], before[1] + 1)
+
+
+def test_another_tenants_lamp_is_not_found_and_nothing_is_recorded(pg_dsn: str, schema: str) -> None:
+    lamp = str(uuid4())
+    with bootstrap(settings_for(pg_dsn, schema), domain=quiet.domain) as app:
+        app.dispatch(switch(lamp, True), idempotency_key="on", tenant="acme")
+        before = counts(pg_dsn, schema)
+        with pytest.raises(AggregateNotFound):
+            app.dispatch(switch(lamp, False), idempotency_key="off", tenant="globex")  # would change nothing
+        assert counts(pg_dsn, schema) == before
