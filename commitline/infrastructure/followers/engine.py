@@ -255,6 +255,11 @@ class Follower(OwnedSlots):
                     if halt.is_set():
                         break
                     outcome = await self._one_round()
+                    if self.store_outage.failures:
+                        # A round that read nothing never used the fenced session: the outage is over only once
+                        # that session stands too (LeaseLost otherwise, the same outage going on), not when the
+                        # pool reaches a server again.
+                        await self._prove_session()
                 self.store_outage.recovered()
             except StoreUnavailable as e:
                 self._proven = (False, 0)
