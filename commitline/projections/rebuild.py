@@ -19,7 +19,8 @@ of them and applied to every projection that has not had it yet (each resumes fr
 position), the projections' transactions running side by side, one connection each; then each is
 swapped in on its own, exactly as above.
 
-While a batch is applied, the next one is read and decoded in a thread of its own (used when the
+The log is read without the states of the events no projection being rebuilt handles. While a batch is
+applied, the next one is read and decoded in a thread of its own (used when the
 next round starts where the batch ended, as it does unless a poison event was skipped). A batch's
 transaction (the ``__next`` rows and the rebuild's position) commits without waiting for its WAL
 flush: a crash may lose the last batches, rows and position together, and the rebuild resumes from
@@ -250,9 +251,12 @@ async def _catch_up_together(replays: list[_Replay], positions: list[int], recor
     decoded while this one is applied."""
     topics = frozenset().union(*(r.projection.handled_topics() for r in replays))
     codec = replays[0].codec
+    # Events of the domain's other types are only passed over: read without their states (an unknown type's
+    # state is read, as it is poison to every projection and its error is reported).
+    passed_over = sorted(set(codec.registry.event_types) - topics)
 
     def read(start: int) -> tuple[Sequence[Notification], list[Any], int]:
-        batch = recorder.select_notifications(start + 1, batch_size)
+        batch = recorder.select_notifications(start + 1, batch_size, without_states=passed_over)
         head = recorder.max_notification_id() or 0
         return batch, decode_batch(codec, batch, topics), head
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from commitline import ERASED, Changes, Domain, Projection, RecordedEvent, Table, on
 from commitline.examples import domain as examples
-from commitline.projections.storage import _upsert
+import orjson
+
+from commitline.projections.storage import _upsert_arrays, _upsert_json
 from tests.domains import customers
 
 
@@ -31,12 +33,22 @@ def test_a_read_model_handling_no_personal_field_is_not_named() -> None:
     assert dict(domain.check().personal_projections) == {"customer_contacts": ("CustomerRegistered.email",)}
 
 
+TABLE = Table("rm_t", {"id": "int", "label": "text", "doc": "jsonb", "amount": "numeric", "name": "varchar(40)"},
+              key=("id",))
+ROWS = {(1,): {"label": ERASED, "doc": ERASED, "amount": ERASED, "name": "kept"},
+        (2,): {"label": "plain", "doc": None, "amount": 3, "name": ERASED}}
+
+
 def test_an_erased_value_is_written_as_the_erased_json_or_as_no_value() -> None:
-    table = Table("rm_t", {"id": "int", "label": "text", "doc": "jsonb", "amount": "numeric", "name": "varchar(40)"},
-                  key=("id",))
-    _, params = _upsert("s", table, {(1,): {"label": ERASED, "doc": ERASED, "amount": ERASED, "name": "kept"},
-                                     (2,): {"label": "plain", "doc": None, "amount": 3, "name": ERASED}}, "")
-    by_column = dict(zip(table.columns, params))
+    _, (document,) = _upsert_json("s", TABLE, ROWS, "")
+    assert orjson.loads(document) == [{"id": 1, "label": '{"erased": true}', "doc": '{"erased": true}', "amount": None,
+                                       "name": "kept"},
+                                      {"id": 2, "label": "plain", "doc": None, "amount": 3, "name": '{"erased": true}'}]
+
+
+def test_an_erased_value_is_written_the_same_as_arrays() -> None:
+    _, params = _upsert_arrays("s", TABLE, ROWS, "")
+    by_column = dict(zip(TABLE.columns, params))
     assert by_column["label"] == ['{"erased": true}', "plain"]
     assert by_column["doc"] == ['{"erased": true}', None]
     assert by_column["amount"] == [None, 3]

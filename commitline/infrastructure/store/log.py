@@ -96,6 +96,10 @@ class NotificationLog:
                          "WHERE notification_id >= %s ORDER BY notification_id LIMIT %s")
         self._select_until = q(f"SELECT {_XMIN}, {_COLUMNS} FROM {{events}} "
                                "WHERE notification_id >= %s AND notification_id <= %s ORDER BY notification_id LIMIT %s")
+        # Every row, but the state only of rows whose topic is not among %s (``read``'s ``without_states``).
+        self._select_light = q(f"SELECT {_XMIN}, notification_id, originator_id, originator_version, topic, "
+                               "CASE WHEN topic = ANY(%s::text[]) THEN NULL ELSE state END FROM {events} "
+                               "WHERE notification_id >= %s ORDER BY notification_id LIMIT %s")
         # The first rows of the wanted topics, and every gap in the ids up to the last of them, in one snapshot.
         self._select_of_topics = q(
             f"WITH page AS (SELECT {_COLUMNS} FROM {{events}} "
@@ -110,12 +114,16 @@ class NotificationLog:
         )
         self._max_id = q("SELECT max(notification_id) FROM {events}")
 
-    def read(self, first: int, limit: int, stop: int | None = None,
-             topics: Sequence[str] = ()) -> tuple[list[Notification], int | None]:
+    def read(self, first: int, limit: int, stop: int | None = None, topics: Sequence[str] = (),
+             without_states: Sequence[str] = ()) -> tuple[list[Notification], int | None]:
         """Up to ``limit`` notifications from id ``first`` (up to ``stop``; of ``topics`` only, if given) in id
-        order, ending before any gap not yet proven permanent; and that gap's id (None if none ended the read)."""
+        order, ending before any gap not yet proven permanent; and that gap's id (None if none ended the read).
+        ``without_states``: topics whose states the caller does not need; their notifications come with an
+        empty state (a rebuild passes over most of the log's events without decoding them)."""
         if topics:
             return self._read_topics(first, limit, stop, list(topics))
+        if without_states and stop is None:
+            return self._read_light(first, limit, list(without_states))
         with self.connection() as conn:
             # One statement, one snapshot: the rows and the xmin they are judged by agree.
             if stop is None:
@@ -132,6 +140,20 @@ class NotificationLog:
                 return page, expected
             expected = nid + 1
             page.append(Notification(originator_id, version, topic, bytes(state), nid))
+        return page, None
+
+    def _read_light(self, first: int, limit: int, without_states: list[str]) -> tuple[list[Notification], int | None]:
+        """``read`` of every row from ``first``, the states of ``without_states`` left out (sent as NULL)."""
+        with self.connection() as conn:
+            rows = conn.cursor(row_factory=tuple_row).execute(
+                self._select_light, (without_states, first, limit), prepare=True).fetchall()
+        page: list[Notification] = []
+        expected, xmin = first, int(rows[0][0]) if rows else 0
+        for _, nid, originator_id, version, topic, state in rows:
+            if nid != expected and self.first_unproven_gap((expected,), xmin) is not None:
+                return page, expected
+            expected = nid + 1
+            page.append(Notification(originator_id, version, topic, b"" if state is None else bytes(state), nid))
         return page, None
 
     def _read_topics(self, first: int, limit: int, stop: int | None,

@@ -328,11 +328,13 @@ class EventRecorder(StreamReads, PostgresApplicationRecorder):
     # -- the notification log (``log.py``) -----------------------------------------
 
     def select_notifications(self, start: int | None, limit: int, stop: int | None = None, topics: Sequence[str] = (),
-                             *, inclusive_of_start: bool = True) -> Sequence[Notification]:
+                             *, inclusive_of_start: bool = True,
+                             without_states: Sequence[str] = ()) -> Sequence[Notification]:
         """Notifications from ``start`` in id order, ending before any gap not yet proven permanent.
 
-        With ``topics``, up to ``limit`` notifications of those topics (filtered before the limit)."""
-        return self.log.read(first_id(start, inclusive_of_start), limit, stop, topics)[0]
+        With ``topics``, up to ``limit`` notifications of those topics (filtered before the limit). Those of the
+        topics in ``without_states`` come with an empty state (for a reader that only passes over them)."""
+        return self.log.read(first_id(start, inclusive_of_start), limit, stop, topics, without_states)[0]
 
     def max_notification_id(self) -> int | None:
         return self.log.max_id()
