@@ -118,35 +118,20 @@ class NotificationLog:
              without_states: Sequence[str] = ()) -> tuple[list[Notification], int | None]:
         """Up to ``limit`` notifications from id ``first`` (up to ``stop``; of ``topics`` only, if given) in id
         order, ending before any gap not yet proven permanent; and that gap's id (None if none ended the read).
-        ``without_states``: topics whose states the caller does not need; their notifications come with an
-        empty state (a rebuild passes over most of the log's events without decoding them)."""
+        ``without_states``: topics whose states the caller does not need; without ``stop``, their notifications
+        come with an empty state (a rebuild passes over most of the log's events without decoding them)."""
         if topics:
             return self._read_topics(first, limit, stop, list(topics))
-        if without_states and stop is None:
-            return self._read_light(first, limit, list(without_states))
+        if stop is not None:
+            statement, params = self._select_until, (first, stop, limit)
+        elif without_states:
+            statement, params = self._select_light, (list(without_states), first, limit)
+        else:
+            statement, params = self._select, (first, limit)
         with self.connection() as conn:
             # One statement, one snapshot: the rows and the xmin they are judged by agree.
-            if stop is None:
-                rows = conn.cursor(row_factory=tuple_row).execute(
-                    self._select, (first, limit), prepare=True).fetchall()
-            else:
-                rows = conn.cursor(row_factory=tuple_row).execute(
-                    self._select_until, (first, stop, limit), prepare=True).fetchall()
+            rows = conn.cursor(row_factory=tuple_row).execute(statement, params, prepare=True).fetchall()
         # One pass over the rows (every follower's hot path): a gap met is judged where it is met.
-        page: list[Notification] = []
-        expected, xmin = first, int(rows[0][0]) if rows else 0
-        for _, nid, originator_id, version, topic, state in rows:
-            if nid != expected and self.first_unproven_gap((expected,), xmin) is not None:
-                return page, expected
-            expected = nid + 1
-            page.append(Notification(originator_id, version, topic, bytes(state), nid))
-        return page, None
-
-    def _read_light(self, first: int, limit: int, without_states: list[str]) -> tuple[list[Notification], int | None]:
-        """``read`` of every row from ``first``, the states of ``without_states`` left out (sent as NULL)."""
-        with self.connection() as conn:
-            rows = conn.cursor(row_factory=tuple_row).execute(
-                self._select_light, (without_states, first, limit), prepare=True).fetchall()
         page: list[Notification] = []
         expected, xmin = first, int(rows[0][0]) if rows else 0
         for _, nid, originator_id, version, topic, state in rows:
