@@ -171,9 +171,14 @@ def write_changes(conn: psycopg.Connection[Any], schema: str, changes: Changes, 
             conn.execute(statement, params)
 
 
+def _base_type(sql_type: str) -> str:
+    """A declared column type without its modifiers, in lower case (``VARCHAR(40)`` -> ``varchar``)."""
+    return sql_type.split("(")[0].strip().lower()
+
+
 def _stored(value: Any, sql_type: str) -> Any:
     if isinstance(value, Erased):
-        return _ERASED_TEXT if sql_type.split("(")[0].strip().lower() in _TEXT_TYPES else None
+        return _ERASED_TEXT if _base_type(sql_type) in _TEXT_TYPES else None
     return value
 
 
@@ -193,7 +198,7 @@ def _json_value(value: Any) -> Any:
 
 
 def _is_json_type(sql_type: str) -> bool:
-    return sql_type.split("(")[0].strip().lower() in ("json", "jsonb")
+    return _base_type(sql_type) in ("json", "jsonb")
 
 
 def _upsert_json(schema: str, table: Table, rows: dict[Key, dict[str, Any]],
@@ -212,7 +217,7 @@ def _upsert_json(schema: str, table: Table, rows: dict[Key, dict[str, Any]],
         append(record)
     try:
         document = orjson.dumps(records, default=_json_value).decode()
-    except (orjson.JSONEncodeError, TypeError) as e:
+    except orjson.JSONEncodeError as e:
         raise _NotJson from e
     columns = list(table.columns)
     as_read = {c: "text" if _is_json_type(t) else t for c, t in table.columns.items()}

@@ -142,3 +142,33 @@ def test_a_projector_rides_out_a_postgres_restart_and_catches_up(
     assert logged("retrying with back-off") == 1 and logged("available again") == 1
     [total] = app.read_models().payment_totals()
     assert total.payments == 2
+
+
+def test_an_outage_shorter_than_the_supervision_is_logged_once(
+        server: EmbeddedPostgres, app: Commitline, caplog: pytest.LogCaptureFixture) -> None:
+    """A short outage (a fast failover) between two supervision checks: the first round after it reads nothing
+    and never touches the fenced lease session, still on the server that went away. The outage ends only once
+    that session stands again, so the next page (which must prove it) does not begin a second outage."""
+    caplog.set_level(logging.INFO)
+
+    def logged(text: str) -> int:
+        return sum(text in r.getMessage() for r in caplog.records if r.name == "commitline.projections.projector")
+
+    def slow_supervision() -> Any:
+        projector = app.projector("payment_states", poll_interval=0.05)
+        projector.supervise_seconds = 600  # no supervision check between the kill and the next page
+        return projector
+
+    with FollowerThread(slow_supervision) as follower:
+        app.dispatch(PAYMENT, idempotency_key="pay-1")
+        follower.wait_until_at(app.recorder.max_notification_id() or 0)
+
+        server.kill()
+        wait_for(lambda: logged("retrying with back-off") == 1, "a round to fail")
+        server.start()
+        wait_for(lambda: logged("available again") == 1, "the outage to end")
+        app.dispatch({**PAYMENT, "account": "acc-43"}, idempotency_key="pay-2")
+        follower.wait_until_at(app.recorder.max_notification_id() or 0)
+        assert follower.error is None
+
+    assert logged("retrying with back-off") == 1 and logged("available again") == 1
