@@ -37,7 +37,8 @@ from commitline.infrastructure.followers.health import Thresholds
 from commitline.infrastructure.followers.status import follower_statuses
 from commitline.infrastructure.kafka.publisher import PUBLISHER
 from commitline.infrastructure.liveness import LoopLiveness
-from commitline.infrastructure.store.api_keys import ApiKeys
+from commitline.infrastructure.store.api_key_cache import ApiKeyCache, ChangeFeed
+from commitline.infrastructure.store.api_keys import ApiKeys, changes_channel
 from commitline.infrastructure.store.audit_source import PostgresAuditSource
 from commitline.infrastructure.store.codec import EventCodec
 from commitline.infrastructure.store.datastore import StoreDatastore
@@ -96,7 +97,10 @@ class Commitline(Followers, Projections, Sagas, Operations, PersonalDataOperatio
 
     def api_keys(self) -> ApiKeys:
         if self._api_keys is None:  # one, its queries composed once: the HTTP API resolves a key per request
-            self._api_keys = ApiKeys(self.datastore.get_connection, self.settings.schema_name)
+            schema, ttl_s = self.settings.schema_name, self.settings.api_key_cache_s
+            # The cache's listening connection opens at the first resolve: a process that never serves has none.
+            cache = ApiKeyCache(ChangeFeed(self.conninfo, changes_channel(schema)), ttl_s) if ttl_s > 0 else None
+            self._api_keys = ApiKeys(self.datastore.get_connection, schema, cache)
         return self._api_keys
 
     def status(self) -> StatusReport:
@@ -118,6 +122,8 @@ class Commitline(Followers, Projections, Sagas, Operations, PersonalDataOperatio
             self.tracing.flush()
         if self.store.codec.personal is not None:  # its erasure notifications' connection
             self.store.codec.personal.close()
+        if self._api_keys is not None:  # its change notifications' connection
+            self._api_keys.close()
         self.datastore.close()
         self.dispatch_cpu.close()
         if self.embedded_kafka is not None:

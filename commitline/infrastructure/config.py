@@ -193,6 +193,8 @@ class Settings(BaseSettings):
     http_max_body_bytes: int = Field(CommandLimits.max_bytes, ge=1024, le=2**30,
                                      validation_alias="COMMITLINE_HTTP_MAX_BODY_BYTES")
     """largest request body the HTTP API reads; a larger one is answered 413 unread"""
+    api_key_cache_s: float = Field(60, ge=0, le=86_400, validation_alias="COMMITLINE_API_KEY_CACHE_S")
+    """longest a serving process uses an API key it read without reading it again; a revocation reaches every process at once by notification (each holds one listening connection), and `0` reads the key on every request"""
     otel_traces_exporter: str | None = Field(None, pattern=r"^(otlp|console|none)$",
                                              validation_alias="OTEL_TRACES_EXPORTER",
                                              json_schema_extra={"unset": "`otlp` when an OTLP endpoint is set, "

@@ -78,6 +78,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(14, "idempotency records refer to their command's events (event count, aggregate type) instead of "
               "holding a copy of its outcome; a BRIN index on recorded_at for the retention job",
               store_referenced_record_statements),
+    Migration(15, "tenants' API keys: every change to the table is notified, so the processes caching keys drop them",
+              api_keys.change_notice_statements),
 )
 LATEST = MIGRATIONS[-1].version
 

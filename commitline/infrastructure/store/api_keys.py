@@ -5,7 +5,9 @@ used to revoke one key; the secret (43 URL-safe characters, 256 random bits) is 
 is made. Only the SHA-256 of the whole key is stored: the key has full entropy, so a slow password hash
 would add latency to every request and no protection. A tenant may hold several keys (rotation: add the
 new one, move the callers, revoke the old one). Resolving a key is one primary-key read, compared in
-constant time (one round trip, no transaction around it); a revoked key is refused from the next request on.
+constant time (one round trip, no transaction around it), or a lookup in the serving process's cache of the
+keys it resolved (``api_key_cache.py``), which every change to the table empties by notification: either way
+a revoked key is refused from the next request on.
 
 An administrative key (``admin``, made with ``tenants add NAME --admin``) may do everything an ordinary key of
 its tenant may, and also erase the tenant's data subjects; whether a key is one is fixed when it is made.
@@ -21,9 +23,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from psycopg.sql import SQL, Composed, Identifier
+from psycopg.sql import SQL, Composed, Identifier, Literal
 
 from commitline.application.boundary import check_tenant
+from commitline.infrastructure.store.api_key_cache import ApiKeyCache
 from commitline.infrastructure.store.small_table import SmallTable
 
 API_KEYS_TABLE = "api_keys"
@@ -78,6 +81,23 @@ def admin_statements(schema: str) -> list[Composed]:
         Identifier(schema, API_KEYS_TABLE))]
 
 
+def changes_channel(schema: str) -> str:
+    """The NOTIFY channel of changes to the schema's keys table (``change_notice_statements``)."""
+    return f"{schema}_api_keys_changed"
+
+
+def change_notice_statements(schema: str) -> list[Composed]:
+    """The DDL of a later migration: every statement that updates, deletes or truncates keys, by whatever
+    means, notifies ``changes_channel`` when it commits, so the processes caching keys drop them."""
+    function = Identifier(schema, "api_keys_changed")
+    return [SQL("CREATE OR REPLACE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql AS $$ "
+                "BEGIN PERFORM pg_notify({}, ''); RETURN NULL; END $$").format(
+                    function, Literal(changes_channel(schema))),
+            SQL("DROP TRIGGER IF EXISTS api_keys_changed ON {}").format(Identifier(schema, API_KEYS_TABLE)),
+            SQL("CREATE TRIGGER api_keys_changed AFTER UPDATE OR DELETE OR TRUNCATE ON {} "
+                "FOR EACH STATEMENT EXECUTE FUNCTION {}()").format(Identifier(schema, API_KEYS_TABLE), function)]
+
+
 _LISTED = "key_id, tenant, created_at, revoked_at, admin"
 
 
@@ -86,8 +106,9 @@ class ApiKeys(SmallTable):
 
     table_name = API_KEYS_TABLE
 
-    def __init__(self, connection: Any, schema: str):
+    def __init__(self, connection: Any, schema: str, cache: ApiKeyCache[ApiKey] | None = None):
         super().__init__(connection, schema)
+        self.cache = cache  # resolved keys, when this process serves requests (None: every resolve reads)
         # Rendered once (identifiers quoted): every request resolves its key.
         self._resolving = SQL(f"SELECT {_LISTED}, key_hash FROM {{t}} WHERE key_id = %s AND revoked_at IS NULL"
                               ).format(t=self.table).as_string(None)
@@ -127,7 +148,18 @@ class ApiKeys(SmallTable):
         match = _KEY.fullmatch(key)
         if match is None:
             return None
-        rows = self._read(self._resolving, (match.group(1),))
+        if self.cache is None:
+            return self._stored(key, match.group(1))
+        return self.cache.resolve(key, lambda: self._stored(key, match.group(1)))
+
+    def _stored(self, key: str, key_id: str) -> ApiKey | None:
+        rows = self._read(self._resolving, (key_id,))
         if not rows or not hmac.compare_digest(bytes(rows[0][-1]), digest(key)):
             return None
         return ApiKey(*rows[0][:-1])
+
+    def close(self) -> None:
+        """Stop caching (its listening connection closed); resolving reads every key from then on."""
+        cache, self.cache = self.cache, None
+        if cache is not None:
+            cache.close()
