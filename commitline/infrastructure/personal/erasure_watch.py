@@ -26,15 +26,13 @@ from uuid import UUID
 import psycopg
 from psycopg.sql import SQL, Identifier
 
-from commitline.infrastructure.store.datastore import connect_options
+from commitline.infrastructure.store.datastore import LISTENING, connect_options
 
 log = logging.getLogger(__name__)
 
 WAIT_S = 0.5  # the longest the thread waits for a notification before looking at ``close``
 FIRST_WAIT_S = 5.0  # the longest the first use of a data key waits for the listener to listen
 RETRY_S = (0.2, 0.5, 1.0, 2.0, 5.0)  # pauses between attempts to listen again, the last one repeated
-_CONNECTION = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
-               "keepalives_count": 3}
 APPLICATION_NAME = "commitline erasures (pid {pid})"  # which process listens, in pg_stat_activity
 
 
@@ -103,7 +101,7 @@ class ErasureWatch:
                 self._stop.wait(pause)
 
     def _listen(self) -> None:
-        options = connect_options(self.conninfo, **_CONNECTION, application_name=APPLICATION_NAME.format(
+        options = connect_options(self.conninfo, **LISTENING, application_name=APPLICATION_NAME.format(
             pid=os.getpid()))
         with psycopg.connect(**options, autocommit=True) as conn:
             conn.execute(SQL("LISTEN {}").format(Identifier(self.channel)))

@@ -8,9 +8,10 @@ A revocation must still be refused from the next request on, in every process. E
 table (a revocation, a deletion, an operator's ``UPDATE``; migration 15's trigger, whatever made it) notifies
 the schema's channel (``api_keys.changes_channel``) when it commits. The cache holds a connection that
 listens on that channel, and every lookup first reads what the connection received (a non-blocking read of
-its socket, no round trip): any notification empties the cache. PostgreSQL sends a notification to the
-listening sessions before it acknowledges the commit to the session that made the change, so a request that
-starts after ``revoke`` returned finds it.
+its socket, no round trip): any notification empties the cache. PostgreSQL signals the listening sessions as
+the change commits, before it acknowledges the commit to the session that made it, and each passes the
+notification on at once: by the time ``tenants revoke`` has returned, every listening connection holds it, or
+receives it within a fraction of a millisecond.
 
 Without a listening connection the cache is not used: the first lookup connects (outside the lock, one
 thread at a time; every other request reads its key meanwhile), a lost connection empties the cache and is
@@ -32,14 +33,12 @@ from typing import Any, Generic, TypeVar
 import psycopg
 from psycopg.sql import SQL, Identifier
 
-from commitline.infrastructure.store.datastore import connect_options
+from commitline.infrastructure.store.datastore import LISTENING, connect_options
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 RETRY_S = 1.0  # the shortest pause between two attempts to listen
-_CONNECTION = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
-               "keepalives_count": 3}
 APPLICATION_NAME = "commitline api keys (pid {pid})"  # which process listens, in pg_stat_activity
 
 #: What ``ChangeFeed.poll`` found.
@@ -85,7 +84,7 @@ class ChangeFeed:
         lock.release()  # a connection may take up to connect_timeout: other requests read their keys meanwhile
         conn = None
         try:
-            options = connect_options(self.conninfo, **_CONNECTION,
+            options = connect_options(self.conninfo, **LISTENING,
                                       application_name=APPLICATION_NAME.format(pid=os.getpid()))
             conn = psycopg.connect(**options, autocommit=True)
             conn.execute(SQL("LISTEN {}").format(Identifier(self.channel)))

@@ -50,6 +50,11 @@ STORE_FAILURES: tuple[type[Exception], ...] = (
 
 SECRET_PARTS = ("password", "sslpassword")
 
+#: A connection of its own that listens for notifications: TCP keepalives find one whose peer vanished without
+#: closing it (a notification sent meanwhile is lost, and the listener must know it).
+LISTENING = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
+             "keepalives_count": 3}
+
 
 def connect_options(parts: Mapping[str, Any], **defaults: Any) -> dict[str, Any]:
     """Keyword arguments for ``psycopg.connect``: commitline's ``defaults`` for this kind of connection
