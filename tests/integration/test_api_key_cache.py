@@ -48,6 +48,15 @@ def test_a_revocation_by_another_process_is_refused_without_a_restart(served: Co
     assert keys.resolve(kept.secret) is not None  # the tenant's other key still works
 
 
+def test_a_revocation_through_the_serving_process_is_refused_on_its_very_next_resolve(served: Commitline) -> None:
+    made = served.api_keys().add("acme")
+    keys = served.api_keys()
+    for _ in range(3):
+        assert keys.resolve(made.secret) is not None
+    keys.revoke("acme")
+    assert keys.resolve(made.secret) is None  # no waiting: its own notification may still be on its way
+
+
 @pytest.mark.parametrize("change", [
     "UPDATE {t} SET revoked_at = now() WHERE key_id = %s",
     "DELETE FROM {t} WHERE key_id = %s",

@@ -120,6 +120,21 @@ def test_keys_are_kept_under_their_digest_never_as_text() -> None:
     assert secret not in repr(vars(cache)) and all(isinstance(k, bytes) and len(k) == 32 for k in cache._entries)
 
 
+def test_forgetting_empties_the_cache_and_a_read_under_way_is_not_kept() -> None:
+    cache = ApiKeyCache(ScriptedFeed(QUIET), ttl_s=60)  # type: ignore[arg-type]
+    cache.resolve("k1", lambda: "key")
+
+    def read_while_forgotten() -> object | None:
+        cache.forget()
+        return "key 2"
+
+    assert cache.resolve("k2", read_while_forgotten) == "key 2"
+    calls, read = reader("key")
+    cache.resolve("k1", read)
+    cache.resolve("k2", read)
+    assert len(calls) == 2
+
+
 def test_closing_empties_the_cache_and_closes_its_feed() -> None:
     feed = ScriptedFeed(QUIET)
     cache = ApiKeyCache(feed, ttl_s=60)  # type: ignore[arg-type]

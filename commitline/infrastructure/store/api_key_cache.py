@@ -153,8 +153,14 @@ class ApiKeyCache(Generic[T]):
                     self._entries[digest] = (resolved, now)
         return resolved
 
-    def close(self) -> None:
+    def forget(self) -> None:
+        """Empty the cache now: this process changed the keys itself, and its own notification may still be on
+        its way."""
         with self._lock:
             self._entries.clear()
             self._generation += 1
+
+    def close(self) -> None:
+        self.forget()
+        with self._lock:
             self.feed.close()

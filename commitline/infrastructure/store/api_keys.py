@@ -136,6 +136,8 @@ class ApiKeys(SmallTable):
         if key_id is not None:
             query, params = query + " AND key_id = %s", (*params, key_id)
         rows = self._run(query + " RETURNING " + _LISTED, params)
+        if rows and self.cache is not None:  # other processes hear of it by notification; this one knows already
+            self.cache.forget()
         return [ApiKey(*row) for row in rows]
 
     def tenant_for(self, key: str) -> str | None:
