@@ -99,7 +99,8 @@ class Commitline(Followers, Projections, Sagas, Operations, PersonalDataOperatio
         if self._api_keys is None:  # one, its queries composed once: the HTTP API resolves a key per request
             schema, ttl_s = self.settings.schema_name, self.settings.api_key_cache_s
             # The cache's listening connection opens at the first resolve: a process that never serves has none.
-            cache = ApiKeyCache(ChangeFeed(self.conninfo, changes_channel(schema)), ttl_s) if ttl_s > 0 else None
+            feed = ChangeFeed(self.conninfo, changes_channel(schema), lambda: self.datastore.connections_lost)
+            cache = ApiKeyCache(feed, ttl_s) if ttl_s > 0 else None
             self._api_keys = ApiKeys(self.datastore.get_connection, schema, cache)
         return self._api_keys
 

@@ -95,6 +95,25 @@ def test_a_lost_listening_connection_stops_the_cache_until_it_listens_again(serv
     assert feed.backend_pid not in (None, listening_pid)
 
 
+def test_the_pool_losing_connections_to_the_server_stops_the_cache_until_it_listens_again(
+        served: Commitline, operator: Commitline, pg_dsn: str, schema: str) -> None:
+    """A failover leaves the listening connection to a server that may have vanished without closing it (found
+    dead only by keepalives): once the pool finds its own connections ended, the feed listens anew."""
+    made = operator.api_keys().add("acme")
+    keys = served.api_keys()
+    assert keys.cache is not None and keys.resolve(made.secret) is not None
+    feed = keys.cache.feed
+    connections = feed.connections
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("SET session_replication_role = replica")  # unheard, as a change on a new primary would be
+        conn.execute(f'UPDATE "{schema}".api_keys SET revoked_at = now() WHERE key_id = %s', (made.key.key_id,))
+    assert keys.resolve(made.secret) is not None
+    served.datastore.connections_lost += 1  # what the pool counts when it finds a connection ended by the server
+    assert keys.resolve(made.secret) is None
+    other = operator.api_keys().add("beta")
+    assert keys.resolve(other.secret) is not None and feed.connections == connections + 1  # at once, no pause
+
+
 def test_with_the_cache_off_every_resolve_reads_and_no_connection_listens(pg_dsn: str, schema: str,
                                                                           operator: Commitline) -> None:
     made = operator.api_keys().add("acme")

@@ -16,7 +16,9 @@ receives it within a fraction of a millisecond.
 Without a listening connection the cache is not used: the first lookup connects (outside the lock, one
 thread at a time; every other request reads its key meanwhile), a lost connection empties the cache and is
 replaced at most once per ``RETRY_S``, and whatever changed while it was down is covered by emptying the
-cache when it listens again. A lookup that read its key while the cache was emptied does not keep what it
+cache when it listens again. A connection whose server vanished without closing it (a failover) would be
+found dead only by its keepalives, tens of seconds later, so the feed also gives it up as soon as the pool
+finds one of its own connections ended by the server (``lost``), and listens again on the next lookup. A lookup that read its key while the cache was emptied does not keep what it
 read (``_generation``), so a read racing a revocation cannot outlive it.
 """
 
@@ -48,9 +50,11 @@ QUIET, CHANGED, DEAF = "quiet", "changed", "deaf"
 class ChangeFeed:
     """A connection listening on ``channel``, read only when asked (``poll``): no thread, no waiting."""
 
-    def __init__(self, conninfo: dict[str, Any], channel: str):
+    def __init__(self, conninfo: dict[str, Any], channel: str, lost: Callable[[], int] = lambda: 0):
         self.conninfo = conninfo
         self.channel = channel
+        self._lost = lost  # how many pooled connections were found ended by the server, so far
+        self._lost_seen = lost()
         self._conn: psycopg.Connection[Any] | None = None
         self._connecting = False
         self._retry_at = 0.0
@@ -62,6 +66,15 @@ class ChangeFeed:
         """``CHANGED`` if a notification arrived since the last poll (or the feed began to listen: what changed
         before is unknown), ``QUIET`` if none did, ``DEAF`` while it does not listen. Called holding ``lock``,
         which it gives up while it connects."""
+        lost = self._lost()
+        if lost != self._lost_seen:  # the server the pool used went away: so may have this connection's
+            self._lost_seen = lost
+            if self._conn is not None:
+                log.warning("API key change notifications (LISTEN %s): the pool lost connections to the server; "
+                            "listening again", self.channel)
+                self._drop()
+                self._retry_at = 0.0
+                return DEAF
         conn = self._conn
         if conn is None:
             return self._listen(lock)
