@@ -54,7 +54,8 @@ class PersonalRecords:
         previous = settings.previous_master_key
         self.personal = PersonalData(keys, master_key_source(settings), ttl_s=ttl_s or settings.data_key_ttl_s,
                                      previous=MasterKey.parse(previous.get_secret_value()) if previous else None)
-        self.personal.watch = ErasureWatch(parts, keys.channel, self.personal.forget, self.personal.forget_all)
+        self.personal.watch = ErasureWatch(parts, keys.channel, self.personal.forget, self.personal.forget_all,
+                                           lambda: self._datastore.connections_lost)
 
     def open(self, value: bytes | str | dict[str, Any]) -> dict[str, Any]:
         """The envelope ``value`` (a record's value, or its parsed JSON) with each personal field opened: its plain

@@ -136,7 +136,8 @@ def bootstrap(settings: Settings | None = None, *, domain: Domain | str | None =
                                versions=EventVersions(datastore.get_connection, settings.schema_name, stored),
                                tracing=tracing)
     # Other processes' erasures reach this one as soon as it holds a data key.
-    personal.watch = ErasureWatch(parts, keys.channel, store.forget, store.forget_all)
+    personal.watch = ErasureWatch(parts, keys.channel, store.forget, store.forget_all,
+                                 lambda: datastore.connections_lost)
     retry = RetryPolicy(
         settings.retry_max_attempts, settings.retry_base_delay_ms / 1000, settings.retry_max_delay_ms / 1000
     )

@@ -60,6 +60,7 @@ def test_a_revocation_through_the_serving_process_is_refused_on_its_very_next_re
 @pytest.mark.parametrize("change", [
     "UPDATE {t} SET revoked_at = now() WHERE key_id = %s",
     "DELETE FROM {t} WHERE key_id = %s",
+    "TRUNCATE {t}",
 ])
 def test_a_change_made_by_hand_in_sql_is_heard_too(served: Commitline, operator: Commitline, pg_dsn: str,
                                                    schema: str, change: str) -> None:
@@ -67,7 +68,8 @@ def test_a_change_made_by_hand_in_sql_is_heard_too(served: Commitline, operator:
     keys = served.api_keys()
     assert keys.resolve(made.secret) is not None
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(change.format(t=f'"{schema}".api_keys'), (made.key.key_id,))  # type: ignore[arg-type]
+        params = (made.key.key_id,) if "%s" in change else None
+        conn.execute(change.format(t=f'"{schema}".api_keys'), params)  # type: ignore[arg-type]
     wait_for(lambda: keys.resolve(made.secret) is None, "the changed key to be refused", timeout=5)
 
 

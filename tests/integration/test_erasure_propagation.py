@@ -136,6 +136,27 @@ def test_after_a_lost_connection_every_key_and_aggregate_held_is_dropped(holder:
                            idempotency_key="submit").version == 2
 
 
+def test_the_pool_losing_connections_to_the_server_makes_the_holder_listen_anew(holder: Commitline, pg_dsn: str,
+                                                                                 schema: str) -> None:
+    """A failover leaves the listening connection to a server that may have vanished without closing it (found
+    dead only by keepalives, deaf meanwhile to erasures on the new primary): once the pool finds its own
+    connections ended, the watch listens anew and drops every key it held."""
+    pid = create(holder, "create")
+    watch = holder.codec.personal.watch
+    assert holder.codec.personal.held() == 1 and watch.listening.is_set()
+    first, listening = watch.connections, watch.backend_pid
+    with psycopg.connect(pg_dsn) as conn:  # an erasure nobody is told of, as one made on a new primary would be
+        conn.execute(f'DELETE FROM "{schema}".data_keys WHERE subject = %s', (str(pid),))
+    assert holder.load(PaymentTransaction, pid).account == ACCOUNT  # its key is still held
+
+    holder.datastore.connections_lost += 1  # what the pool counts when it finds a connection ended by the server
+    wait_for(lambda: watch.connections > first and watch.listening.is_set(), "the holder to listen anew",
+             timeout=REACH_S)
+    assert watch.backend_pid != listening and holder.codec.personal.held() == 0
+    assert holder.load(PaymentTransaction, pid).account is ERASED
+    assert listeners(pg_dsn, schema, os.getpid()) == [watch.backend_pid]  # the old session was closed
+
+
 def test_a_command_that_decoded_its_aggregate_before_an_erasure_does_not_cache_it(holder: Commitline) -> None:
     pid = create(holder, "create")
     store = holder.store

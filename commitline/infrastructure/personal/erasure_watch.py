@@ -10,8 +10,12 @@ failed to, or ``FIRST_WAIT_S`` passed), so no erasure after it is missed.
 Notifications sent while the connection is down are lost. So when the thread loses its connection, and again
 each time it listens anew (but the first time, if keys were read only after it), it calls ``forget_all``:
 every data key held and every decoded aggregate is dropped and read again when next needed.
-While it is disconnected, keys read meanwhile still expire ``PersonalData.ttl_s`` after they were read. TCP
-keepalives find a connection whose peer vanished without closing it.
+While it is disconnected, keys read meanwhile still expire ``PersonalData.ttl_s`` after they were read.
+
+A connection whose server vanished without closing it (a failover) would be found dead only by its TCP
+keepalives, tens of seconds later, deaf meanwhile to erasures made on the new primary. So the thread also gives
+its connection up, and listens anew (dropping every key held), within ``WAIT_S`` of the pool finding one of its
+own connections ended by the server (``lost``: ``StoreDatastore.connections_lost``).
 """
 
 from __future__ import annotations
@@ -40,9 +44,10 @@ class ErasureWatch:
     """Listens on ``channel`` over ``conninfo`` (libpq parameters) in a daemon thread once ``start``-ed."""
 
     def __init__(self, conninfo: dict[str, Any], channel: str, forget: Callable[[list[UUID]], None],
-                 forget_all: Callable[[], None]):
+                 forget_all: Callable[[], None], lost: Callable[[], int] = lambda: 0):
         self.conninfo = conninfo
         self.channel = channel
+        self._lost = lost  # how many pooled connections were found ended by the server, so far
         self._forget, self._forget_all = forget, forget_all
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -101,6 +106,9 @@ class ErasureWatch:
                 self._stop.wait(pause)
 
     def _listen(self) -> None:
+        """Listens until ``close``; returns early when the pool lost connections meanwhile, raises when this one
+        is lost."""
+        lost = self._lost()
         options = connect_options(self.conninfo, **LISTENING, application_name=APPLICATION_NAME.format(
             pid=os.getpid()))
         with psycopg.connect(**options, autocommit=True) as conn:
@@ -119,6 +127,10 @@ class ErasureWatch:
                         self._dropped()
                     else:
                         self._forget([erased])
+                if self._lost() != lost:  # the server the pool used went away: so may have this connection's
+                    log.warning("erasure notifications (LISTEN %s): the pool lost connections to the server; every "
+                                "data key and decoded aggregate held is dropped; listening again", self.channel)
+                    return
 
     def _dropped(self) -> None:
         try:
