@@ -154,7 +154,8 @@ def test_the_pool_losing_connections_to_the_server_makes_the_holder_listen_anew(
              timeout=REACH_S)
     assert watch.backend_pid != listening and holder.codec.personal.held() == 0
     assert holder.load(PaymentTransaction, pid).account is ERASED
-    assert listeners(pg_dsn, schema, os.getpid()) == [watch.backend_pid]  # the old session was closed
+    wait_for(lambda: listeners(pg_dsn, schema, os.getpid()) == [watch.backend_pid],
+             "the old listening session to end", timeout=REACH_S)  # it was closed, not left to the keepalives
 
 
 def test_a_command_that_decoded_its_aggregate_before_an_erasure_does_not_cache_it(holder: Commitline) -> None:
