@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timezone
 from decimal import Decimal
 from uuid import uuid4
 
 import orjson
 import pytest
+from eventsourcing.persistence import Notification
 
 from commitline.application.errors import ConfigurationError
 from commitline.application.retry import RetryPolicy
 from commitline.examples.payments import PaymentCreated
 from commitline.examples import domain
-from commitline.infrastructure.store.codec import EventCodec, encode_event
+from commitline.infrastructure.store.codec import EventCodec, RecordedEvent, encode_event
+from commitline.infrastructure.store.log import notification
 from commitline.infrastructure.config import Settings, load_settings, variables_markdown
 
 CODEC = EventCodec(domain.check().registry)
@@ -31,6 +34,26 @@ def test_event_roundtrip_is_exact_and_stored_json_is_plain() -> None:
     assert back.event == event and back.tenant == "t1" and back.aggregate_type == "PaymentTransaction"
     assert isinstance(back.event.amount, Decimal) and str(back.event.amount) == "0.10"
     assert back.event.occurred_at == event.occurred_at
+
+
+def test_decoded_events_and_read_notifications_are_the_frozen_dataclasses_they_stand_for() -> None:
+    """Both are built by filling the instance's dict (a frozen dataclass's ``__init__`` costs twice as much): the
+    objects must be equal to, hash like and stay as immutable as the ones the constructors make."""
+    event = PaymentCreated(event_id=uuid4(), aggregate_id=uuid4(), version=1, occurred_at=datetime.now(timezone.utc),
+                           amount=Decimal("2.50"), currency="EUR", account="a")
+    stored = encode_event(event, "t1")
+    back = CODEC.decode_event(stored.topic, stored.originator_id, 1, stored.state)
+    made = RecordedEvent(event=back.event, tenant="t1", aggregate_type="PaymentTransaction")
+    assert back == made and hash(back) == hash(made) and repr(back) == repr(made)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        back.tenant = "t2"  # type: ignore[misc]
+
+    read = notification(stored.originator_id, 1, stored.topic, stored.state, 7)
+    constructed = Notification(stored.originator_id, 1, stored.topic, stored.state, 7)
+    assert read == constructed and hash(read) == hash(constructed) and repr(read) == repr(constructed)
+    assert (read.id, read.originator_version, read.topic) == (7, 1, "PaymentCreated")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        read.id = 8  # type: ignore[misc]
 
 
 def test_upcasting_old_payloads(monkeypatch: pytest.MonkeyPatch) -> None:

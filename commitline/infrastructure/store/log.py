@@ -59,9 +59,21 @@ NOT_READ = 2**62  # the floor of a bucket left out of a read: no id is above it
 #: Bucket numbers of recently seen aggregates (they repeat: a dict lookup instead of a SHA-256 per event).
 _CACHE_SIZE = 100_000
 _COLUMNS = "notification_id, originator_id, originator_version, topic, state"
-# Notifications are built with positional arguments (originator_id, originator_version, topic, state, id): a
-# frozen dataclass's keyword call costs about twice as much, once per event on every follower's hot path.
 _XMIN = "pg_snapshot_xmin(pg_current_snapshot())::text"
+
+
+def notification(originator_id: UUID, version: int, topic: str, state: bytes, nid: int) -> Notification:
+    """``Notification(originator_id, version, topic, state, nid)``, equal to it, in a third of the time: its
+    frozen dataclass ``__init__`` sets each field through ``object.__setattr__`` (0.65 µs, once per event on
+    every follower's and rebuild's hot path); here the instance's dict is filled directly (0.25 µs)."""
+    n = _new(Notification)
+    d = n.__dict__
+    d["originator_id"], d["originator_version"], d["topic"], d["state"], d["id"] = (
+        originator_id, version, topic, state, nid)
+    return n
+
+
+_new = object.__new__
 
 
 def first_id(start: int | None, inclusive_of_start: bool = True) -> int:
@@ -138,7 +150,7 @@ class NotificationLog:
             if nid != expected and self.first_unproven_gap((expected,), xmin) is not None:
                 return page, expected
             expected = nid + 1
-            page.append(Notification(originator_id, version, topic, b"" if state is None else bytes(state), nid))
+            page.append(notification(originator_id, version, topic, b"" if state is None else bytes(state), nid))
         return page, None
 
     def _read_topics(self, first: int, limit: int, stop: int | None,
@@ -210,7 +222,7 @@ def _notifications(rows: Iterable[Sequence[Any]], cutoff: int | None) -> list[No
     for nid, originator_id, version, topic, state in rows:
         if cutoff is not None and nid >= cutoff:
             break
-        page.append(Notification(originator_id, version, topic, bytes(state), nid))
+        page.append(notification(originator_id, version, topic, bytes(state), nid))
     return page
 
 
@@ -352,6 +364,6 @@ class BucketLog:
             bucket = bucket_of_(originator_id)
             if nid <= floors[bucket]:
                 continue  # already published by its bucket (or a bucket not read)
-            page.append(Notification(originator_id, version, topic, bytes(state), nid))
+            page.append(notification(originator_id, version, topic, bytes(state), nid))
             buckets.append(bucket)
         return BucketPage(page, buckets, through, full)
