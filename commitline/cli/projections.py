@@ -71,6 +71,7 @@ def cmd_projections_rebuild(args: argparse.Namespace) -> int:
     from commitline.cli.common import bootstrap, domain
     from commitline.cli.progress import progress_reporter
     from commitline.composition import RebuildError
+    from commitline.composition.rebuild_workers import available_cores
 
     names = sorted(domain().projections) if args.all else list(dict.fromkeys(args.names))
     if not names:
@@ -81,6 +82,10 @@ def cmd_projections_rebuild(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_USAGE
     what = ", ".join(names)
+    jobs = args.jobs if args.jobs is not None else min(available_cores(), len(names))
+    if jobs < 1:
+        print("projections rebuild: --jobs must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
     if args.abort:
         with bootstrap() as app:
             for name in names:
@@ -99,7 +104,7 @@ def cmd_projections_rebuild(args: argparse.Namespace) -> int:
     with bootstrap() as app, progress_reporter(f"rebuild {what}") as progress:
         try:
             results = ([app.rebuild(names[0], progress=progress, skip=skip, fresh=args.fresh)] if len(names) == 1
-                       else app.rebuild_many(names, progress=progress, fresh=args.fresh))
+                       else app.rebuild_many(names, progress=progress, fresh=args.fresh, jobs=jobs))
         except RebuildError as e:
             print(f"rebuild of {what} failed: {e}", file=sys.stderr)
             return EXIT_REFUSED
@@ -141,7 +146,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                                "in one transaction. Interrupt it and run it again to resume. Several projections "
                                "(or --all) are rebuilt reading the log once, each swapped in on its own.")
     prebuild.add_argument("names", metavar="NAME", type=_projection_name, nargs="*")
-    prebuild.add_argument("--all", action="store_true", help="rebuild every projection (reading the log once)")
+    prebuild.add_argument("--all", action="store_true", help="rebuild every projection (reading the log once per "
+                          "process)")
+    prebuild.add_argument("--jobs", type=int, metavar="N", help="rebuild several projections in N processes, each "
+                          "reading the log once for its share (default: the cores this process may use, at most one "
+                          "per projection; 1: all in this process)")
     prebuild.add_argument("--skip", type=int, action="append", default=[], metavar="N",
                           help="pass the poison event at position N (explicit, logged; repeatable). Events the live "
                           "projection skipped are skipped again without it")
