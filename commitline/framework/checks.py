@@ -67,12 +67,30 @@ def _source_line(obj: Any) -> str | None:
     return f"{shown_path(path)}:{line}" if path else None
 
 
-def where_defined(obj: Any, fallback: str) -> str:
-    """``file:line`` where a class or function is defined; ``fallback`` when the source cannot be found."""
-    try:
-        return _source_line(obj) or fallback
-    except TypeError:  # unhashable
-        return fallback
+class _Where:
+    """``file:line`` where a class or function is defined, found when a problem is told (``str``, an f-string):
+    finding it parses the source file (``inspect.getsourcelines``), about 4 ms a class, and a domain without
+    problems never needs it, so every process would pay it at start for nothing."""
+
+    __slots__ = ("obj", "fallback")
+
+    def __init__(self, obj: Any, fallback: Any):
+        self.obj, self.fallback = obj, fallback
+
+    def __str__(self) -> str:
+        try:
+            return _source_line(self.obj) or str(self.fallback)
+        except TypeError:  # unhashable
+            return str(self.fallback)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+
+def where_defined(obj: Any, fallback: Any) -> Any:
+    """Where a class or function is defined, as ``file:line`` once formatted; ``fallback`` when the source
+    cannot be found."""
+    return _Where(obj, fallback)
 
 
 def problems(domain: Domain) -> list[str]:
