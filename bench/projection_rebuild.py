@@ -17,9 +17,10 @@
       release or fulfil it, receive 10.
 
     The log's length and head are checked (ids 1..N, no gap), then the events table is
-    ANALYZEd, as autovacuum would soon do: without statistics the planner reads each page of
-    the log with a bitmap scan + sort of everything after the position (~70 ms per page of
-    5,000 instead of ~1.5 ms), which halves every figure below.
+    VACUUMed and ANALYZEd, as autovacuum would soon do: without statistics the planner reads each
+    page of the log with a bitmap scan + sort of everything after the position (~70 ms per page of
+    5,000 instead of ~1.5 ms), which halves every figure below; and an autovacuum of the new rows
+    running during the first round would slow whatever it meets.
 
     Baselines, same log, same batch size as ``rebuild`` (5,000):
 
@@ -39,7 +40,7 @@
     applied to every read model), and ``rebuild_many(..., jobs=JOBS)``, what ``projections rebuild
     --all`` runs by default on this machine: the projections split into ``JOBS`` groups (the cores
     the bench may use, at most one per projection), one rebuilt in the bench's process, each other
-    by a worker process started for it (its start-up, about 0.8 s, inside the time), each timed the
+    by a worker process started for it (its start-up, about 0.6 s, inside the time), each timed the
     same way.
 
     Rounds: three (``--quick`` too, on a smaller log), each: raw, decoded, every rebuild, then
@@ -343,7 +344,7 @@ def projection_rebuild(ctx: BenchContext) -> Iterator[str]:
             fill_seconds = time.perf_counter() - t0
             head = app.recorder.max_notification_id() or 0
             with psycopg.connect(ctx.dsn, autocommit=True) as conn:
-                conn.execute(SQL("ANALYZE {}").format(Identifier(schema, "events")))
+                conn.execute(SQL("VACUUM (ANALYZE) {}").format(Identifier(schema, "events")))
                 count = conn.execute(SQL("SELECT count(*) FROM {}").format(Identifier(schema, "events"))).fetchone()[0]
             if count != total or head != total:
                 raise RuntimeError(f"pre-filled log has {count} events, head {head}; expected {total}")
