@@ -73,7 +73,6 @@
 from __future__ import annotations
 
 import itertools
-import os
 import statistics
 import time
 from collections import Counter
@@ -95,6 +94,7 @@ from psycopg.sql import SQL, Identifier
 from bench.harness import POOL_MAX_OVERFLOW, POOL_SIZE, BenchContext, commitline_app, fresh_schema
 from bench.example_log import ANSWERS_PER_TASK, USERS_PER_TASK, inventory_events, payment_events, survey_events
 from commitline.domain import Event
+from commitline.composition.rebuild_workers import available_cores
 from commitline.examples import domain
 from commitline.examples.inventory import ReservationFulfilled, ReservationReleased, StockReceived, StockReserved
 from commitline.examples.payments import PaymentCreated, PaymentState
@@ -127,7 +127,7 @@ BATCH = 5_000  # rebuild's default batch size; the read-only passes use the same
 TARGET_RATE, TARGET_RATIO = 30_000, 0.8
 TARGET_ALL = 1.5  # all read models rebuilt by `projections rebuild --all` / the slowest single rebuild
 #: The processes `projections rebuild --all` rebuilds in by default: the cores it may use (at most one per projection).
-JOBS = min(len(os.sched_getaffinity(0)), len(PROJECTIONS))
+JOBS = min(available_cores(), len(PROJECTIONS))
 ROUNDS = 3
 
 # --------------------------------------------------------------------------- the log

@@ -6,8 +6,8 @@ work under one interpreter lock. With ``jobs`` above 1 the projections are split
 balanced by the events of the types each one handles (``split``, weighed with ``recorder.topic_counts``); this
 process rebuilds the largest group (reading the log once for it, as ``rebuild_many`` does: no start-up cost),
 and each other group is rebuilt by a worker process of its own (``rebuild_worker.py``), bootstrapped with this
-process's settings, sent on its stdin (no secret shows in a command line or an environment), and its domain
-(``module:attribute``).
+process's settings, sent on its stdin (no secret is put on its command line or in its environment: it inherits
+this process's environment as it is), and its domain (``module:attribute``).
 
 Each projection's rebuild is the one ``rebuild`` does: its own lease, ``__next`` tables, saved position and
 atomic swap, so groups never meet. A group that fails or is interrupted leaves the others standing (a projection

@@ -29,7 +29,7 @@ from tests.integration.test_projections import (
     project_live,
     table_rows,
 )
-from tests.support import PROJECTIONS, wait_for
+from tests.support import MASTER_KEY, PROJECTIONS, wait_for
 
 
 def groups_of(app: Commitline, jobs: int = 2) -> list[list[str]]:
@@ -51,6 +51,14 @@ def test_projections_rebuilt_in_two_processes_equal_the_live_view(app: Commitlin
         return one_process(projections, *args, **kwargs)
 
     monkeypatch.setattr(composition_projections, "rebuild_many", recorded)
+    command_lines: list[str] = []
+    popen = subprocess.Popen
+
+    def started(args, *rest, **kwargs):  # type: ignore[no-untyped-def]
+        command_lines.append(" ".join(map(str, args)))
+        return popen(args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", started)
     reports: list[tuple[int, int, int]] = []
     results = app.rebuild_many(list(PROJECTIONS), batch_size=37, jobs=2, progress=lambda *r: reports.append(r))
 
@@ -61,6 +69,8 @@ def test_projections_rebuilt_in_two_processes_equal_the_live_view(app: Commitlin
     assert sorted(in_process[0]) == groups_of(app)[0]
     assert reports and reports[-1][0] == head and reports[-1][2] == sum(r.events_applied for r in results)
     assert [r for r in app.status().followers if r.name.endswith("@rebuild")] == []
+    # the worker got the settings on its stdin: the master key is on no command line
+    assert command_lines and not [c for c in command_lines if MASTER_KEY in c], command_lines
 
 
 def test_a_worker_s_poison_event_is_reported_and_the_other_group_still_swapped_in(app: Commitline) -> None:
