@@ -71,7 +71,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         import uvicorn
 
         from commitline.composition import bootstrap
-        from commitline.http.app import create_app
+        from commitline.http.app import create_app, freeze_startup_heap
 
         # One worker dispatches here, on a CPU of its own; several claim theirs in their own processes.
         with bootstrap(settings, domain=chosen, dispatch_cpu="auto" if workers == 1 else "off") as app:
@@ -80,7 +80,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 # uvicorn raises the signal it stopped on again once it has shut down, with the handler it found:
                 # SIGTERM's default would end the process with 143, where a clean stop is 0 (as with --workers N).
                 signal.signal(signal.SIGTERM, lambda signum, frame: None)
-                uvicorn.run(create_app(app), **options)
+                served = create_app(app)
+                freeze_startup_heap()
+                uvicorn.run(served, **options)
             else:
                 uvicorn.run("commitline.http.app:app_from_environment", factory=True, workers=workers, **options)
     return EXIT_OK

@@ -9,6 +9,7 @@ environment when the worker starts, and closes on shutdown.
 
 from __future__ import annotations
 
+import gc
 import logging
 import re
 from collections.abc import AsyncIterator, Mapping
@@ -146,6 +147,20 @@ def create_app(commitline: Commitline | None, *, domain: Domain | None = None, l
     return app
 
 
+def freeze_startup_heap() -> None:
+    """Move everything a serving process made to start (the domain, the routes and their models, the store and
+    its pools) out of the collector's reach (``gc.freeze``), garbage collected first so none of it is kept.
+
+    Requests in flight hold their objects across many young collections, so some reach the oldest generation
+    and a full collection follows every few thousand requests. Each one scanned every object of the process,
+    about 75 ms with the interpreter lock held (measured under ``make bench``'s HTTP load: one every half
+    second, finding nothing to free), and every request in flight waited for it: the HTTP p99. With the
+    start-up objects frozen a full collection takes about 3 ms. The follower engine does the same
+    (``Follower.run``)."""
+    gc.collect()
+    gc.freeze()
+
+
 def app_from_environment() -> FastAPI:
     """One worker's app: its domain loaded now (its routes depend on it), bootstrapped from the environment when
     the worker starts, closed when it stops."""
@@ -157,6 +172,7 @@ def app_from_environment() -> FastAPI:
         holder["app"] = app.state.commitline = bootstrap(domain=domain, apply_migrations=False,
                                                          dispatch_cpu="auto")
         holder["app"].dispatch_cpu.enter()  # the event loop too, and the threads it starts: the whole worker
+        freeze_startup_heap()
         try:
             yield
         finally:
