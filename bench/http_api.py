@@ -9,8 +9,9 @@ and its commands/s beside in-process ``dispatch``.
     ``concurrency_conflict``, anything else).
 
 ``http_throughput``
-    Commands/s of ``commitline serve --workers 2 --no-access-log`` at 32 concurrent keep-alive connections,
-    each commanding its own ``InventoryItem`` with ``receive_stock`` (quantity 1, a fresh
+    Commands/s of ``commitline serve --no-access-log`` (one worker process: its default, and on this 2-core
+    machine, shared with PostgreSQL and the load generator, the faster setting) at 32 concurrent keep-alive
+    connections, each commanding its own ``InventoryItem`` with ``receive_stock`` (quantity 1, a fresh
     ``Idempotency-Key`` each time), driven two ways: by ``wrk`` (``bench/wrk.py``, ``bench/http_post.lua``:
     one wrk thread per connection, every status checked, any unexpected one failing the benchmark), and by
     32 Python threads of the standard library's ``http.client`` (which share the two cores with the server
@@ -19,7 +20,8 @@ and its commands/s beside in-process ``dispatch``.
     the same command mix (``bench.command_throughput.measure_commitline``, its threads on one CPU as in the
     server's workers, ``COMMITLINE_DISPATCH_CPU``). Warm-up, then a fixed window; rounds alternate the order
     and the best of each is reported with its p50/p99 latency and the server's CPU per command (serving
-    process and workers, ``psutil``). The goal reads the wrk line's ``ratio``: http / in_process.
+    process and workers, ``psutil``). The goal reads the wrk line's ``ratio``: http / in_process. Also driven
+    by ``wrk``: ``commitline serve --workers 2`` (the line ``wrk workers=2``), one worker per core.
 """
 
 from __future__ import annotations
@@ -264,19 +266,20 @@ def _ms(seconds: float) -> str:
 
 def http_throughput(ctx: BenchContext) -> Iterator[str]:
     warmup, duration, rounds = (0.5, 2, 1) if ctx.quick else (1.0, 4, 2)
-    names = ("wrk", "python", "in_process")
+    names = ("wrk", "python", "wrk_workers", "in_process")
     best: dict[str, Figure] = {}
     with fresh_schema(ctx.dsn) as http_schema, fresh_schema(ctx.dsn) as local_schema, \
-            serving(ctx.dsn, http_schema) as served:
+            serving(ctx.dsn, http_schema, workers=1) as served, serving(ctx.dsn, http_schema) as served_by_workers:
         for r in range(rounds):
             for name in names if r % 2 == 0 else names[::-1]:
                 f = (measure_wrk(served, CLIENTS, 1, duration) if name == "wrk"
                      else measure_python(served, CLIENTS, warmup, duration) if name == "python"
+                     else measure_wrk(served_by_workers, CLIENTS, 1, duration) if name == "wrk_workers"
                      else measure_in_process(ctx, local_schema, CLIENTS, warmup, duration))
                 if name not in best or f.rate > best[name].rate:
                     best[name] = f
     local = best["in_process"]
-    for name, driver in (("wrk", "wrk"), ("python", "python_clients")):
+    for name, driver in (("wrk", "wrk"), ("python", "python_clients"), ("wrk_workers", f"wrk workers={WORKERS}")):
         f = best[name]
         ratio = f.rate / local.rate if local.rate else nan
         yield (f"http commands/s {driver}: http={f.rate:.0f} in_process={local.rate:.0f} ratio={ratio:.2f} "
@@ -284,10 +287,11 @@ def http_throughput(ctx: BenchContext) -> Iterator[str]:
                f"in_process_p99_ms={_ms(local.p99)} server_cpu_us_per_command={f.cpu_us:.0f}"
                + (" (goal reads this ratio: commitline serve driven by wrk / in-process dispatch, 32 clients)"
                   if name == "wrk" else ""))
-    yield (f"# http: commitline serve --workers {WORKERS}, {CLIENTS} keep-alive connections, receive_stock on "
-           f"{CLIENTS} items, driven by wrk (one thread per connection) and by {CLIENTS} Python threads "
-           f"(http.client); in_process: {CLIENTS} threads calling dispatch, same commands; {os.cpu_count()} CPUs "
-           "shared by the load generator, the server and PostgreSQL")
+    yield (f"# http: commitline serve (one worker process, its default) and, on the line 'wrk workers={WORKERS}', "
+           f"commitline serve --workers {WORKERS}; {CLIENTS} keep-alive connections, receive_stock on {CLIENTS} "
+           f"items, driven by wrk (one thread per connection) and by {CLIENTS} Python threads (http.client); "
+           f"in_process: {CLIENTS} threads calling dispatch, same commands; {os.cpu_count()} CPUs shared by the "
+           "load generator, the server and PostgreSQL")
 
 
 #: What ``python -m bench`` runs from this module, in order: (name, callable).
