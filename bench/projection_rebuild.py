@@ -93,8 +93,8 @@ from psycopg.sql import SQL, Identifier
 
 from bench.harness import POOL_MAX_OVERFLOW, POOL_SIZE, BenchContext, commitline_app, fresh_schema
 from bench.example_log import ANSWERS_PER_TASK, USERS_PER_TASK, inventory_events, payment_events, survey_events
-from commitline.domain import Event
 from commitline.composition.rebuild_workers import available_cores
+from commitline.domain import Event
 from commitline.examples import domain
 from commitline.examples.inventory import ReservationFulfilled, ReservationReleased, StockReceived, StockReserved
 from commitline.examples.payments import PaymentCreated, PaymentState

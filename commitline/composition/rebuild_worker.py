@@ -2,8 +2,8 @@
 commitline.composition.rebuild_worker``, started by the process rebuilding the first group.
 
 It reads its order, one JSON object, from stdin: the settings (secrets in clear: never on its command line, nor
-added to its environment), the domain as ``module:attribute``, the projections of its group, the batch size, ``fresh``, the
-parent's ``sys.path`` (the domain imports as it did there) and the parent's pid. It rebuilds its group reading
+added to its environment), the domain as ``module:attribute``, the projections of its group, the batch size,
+``fresh``, the parent's ``sys.path`` (the domain imports as it did there) and the parent's pid. It rebuilds its group reading
 the log once for it (``Commitline.rebuild_many``) and says what happens as one JSON object per line on stdout:
 ``{"progress": [position, head, applied]}`` per batch, then ``{"results": [...]}``, ``{"error": "..."}`` or
 ``{"interrupted": true}``. SIGINT interrupts it as Ctrl-C would (the rebuild stops after its batch, resumable);
