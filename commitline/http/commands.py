@@ -20,12 +20,9 @@ one trip to a worker thread, and the result's stored outcome is the body as it i
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
 import logging
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import APIRouter, Request
 from starlette.datastructures import Headers
@@ -45,9 +42,9 @@ from commitline.http.problems import (
     UnsupportedMediaType,
     problem_response,
 )
+from commitline.http.threads import BlockingCalls
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 router = APIRouter()
 PATH = "/v1/commands"
 KEY_HEADER = "idempotency-key"
@@ -197,17 +194,12 @@ def authorised_dispatch(commitline: Any, api_key: str, body: bytes, key: str) ->
 
 
 def _threads(state: Any) -> Callable[..., Any]:
-    """``state``'s runner of blocking calls: a thread pool made on first use (in the worker process, by its
+    """``state``'s runner of blocking calls (``threads.py``): made on first use (in the worker process, by its
     event loop's thread, so its threads run where that thread may), each call in a copy of the caller's
     context (the request's trace span is the parent of the command's)."""
     run = getattr(state, "command_threads", None)
     if run is None:
-        pool = ThreadPoolExecutor(THREADS, thread_name_prefix="commitline-http")
-
-        def run(func: Callable[..., T], *args: Any) -> asyncio.Future[T]:
-            return asyncio.get_running_loop().run_in_executor(pool, contextvars.copy_context().run, func, *args)
-
-        state.command_threads = run
+        run = state.command_threads = BlockingCalls(THREADS, "commitline-http")
     return run  # type: ignore[no-any-return]
 
 
