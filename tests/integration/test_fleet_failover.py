@@ -97,5 +97,6 @@ def test_failover_to_a_synchronous_standby_under_load_loses_nothing_acknowledged
         print(f"\n[failover] {len(sent)} commands ({len(before)} acknowledged before the kill), {retried} retried "
               f"with their key, {duplicates} duplicates in Kafka; from the kill: promoted after {promoted - killed_at:.1f} s, "
               f"first command accepted on the new primary {first_accepted - killed_at:.1f} s "
-              f"({first_accepted - promoted:.1f} s after the promotion), the publisher's "
+              f"({first_accepted - promoting:.1f} s after the promotion was asked for; the new primary may answer "
+              f"before `promote` returns), the publisher's "
               f"first event stored there acknowledged by the broker {first_published - killed_at:.1f} s (at most)")
