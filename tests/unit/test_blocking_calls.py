@@ -1,12 +1,14 @@
 """The HTTP API's hand-off of blocking calls to threads (``commitline/http/threads.py``): every outcome comes
-back to its caller as it is, in the caller's context, on at most the threads allowed, whatever the callers do
-meanwhile (cancel, close their loop)."""
+back to its caller, in the caller's context, on at most the threads allowed, whatever the callers do meanwhile
+(cancel, close their loop) and whatever the call raises; the threads end with their ``BlockingCalls``."""
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import gc
 import threading
+import time
 
 import pytest
 
@@ -75,13 +77,14 @@ def test_concurrent_calls_use_at_most_the_threads_allowed_and_all_complete() -> 
 
     async def main() -> list[int]:
         futures = [calls(call, i) for i in range(20)]
-        while True:  # until the three threads hold a call each (more never start)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # until the three threads hold a call each (more never start)
             with lock:
                 if running >= 3:
                     break
             await asyncio.sleep(0.001)
         release.set()
-        return list(await asyncio.gather(*futures))
+        return list(await asyncio.wait_for(asyncio.gather(*futures), 30))
 
     assert asyncio.run(main()) == list(range(20))
     assert most == 3
@@ -94,18 +97,11 @@ def test_calls_one_after_another_reuse_one_thread() -> None:
 
     async def main() -> None:
         for _ in range(50):
-            names.add(await calls(lambda: threading.current_thread().name))
-            await wait_until_idle(calls)
+            names.add(await asyncio.wait_for(calls(lambda: threading.current_thread().name), 30))
 
     asyncio.run(main())
-    assert len(names) == 1
+    assert len(names) == 1  # the thread counts itself idle before it hands its result back
     assert calls.threads == 1
-
-
-async def wait_until_idle(calls: BlockingCalls) -> None:
-    """Until the thread that answered counts itself idle again (it does so just after handing its result back)."""
-    while not calls._idle:  # noqa: SLF001 - the hand-off's own count, read to wait for the thread, not asserted
-        await asyncio.sleep(0.0005)
 
 
 def test_a_call_whose_caller_stopped_waiting_runs_to_its_end_and_the_thread_serves_the_next() -> None:
@@ -155,6 +151,103 @@ def test_a_call_outliving_its_loop_leaves_the_thread_serving_other_loops() -> No
 
     assert asyncio.run(again()) == "served"
     assert done.is_set()
+
+
+def test_a_call_cancelled_before_a_thread_took_it_is_not_run() -> None:
+    calls = BlockingCalls(1, "test-calls")
+    started, release = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def first() -> None:
+        started.set()
+        release.wait(timeout=30)
+
+    async def main() -> str:
+        busy = calls(first)
+        await asyncio.to_thread(started.wait, 30)
+        queued = calls(ran.append, "the cancelled call")  # waits: the one thread is busy
+        queued.cancel()
+        release.set()
+        await asyncio.wait_for(busy, 30)
+        return await asyncio.wait_for(calls(lambda: "after"), 30)  # queued after the cancelled one
+
+    assert asyncio.run(main()) == "after"
+    assert ran == []
+
+
+class Unprintable(BaseException):
+    def __str__(self) -> str:
+        raise ValueError("no text for this one")
+
+
+@pytest.mark.parametrize("raised", [StopIteration("empty"), SystemExit(3), asyncio.CancelledError(), Unprintable()],
+                         ids=["StopIteration", "SystemExit", "CancelledError", "a BaseException without text"])
+def test_what_a_future_cannot_carry_arrives_as_a_runtime_error_and_the_loop_goes_on(raised: BaseException) -> None:
+    calls = BlockingCalls(1, "test-calls")
+
+    def raises() -> None:
+        raise raised
+
+    async def main() -> tuple[BaseException, str]:
+        with pytest.raises(RuntimeError) as caught:
+            await asyncio.wait_for(calls(raises), 30)
+        return caught.value, await asyncio.wait_for(calls(lambda: "still serving"), 30)
+
+    error, after = asyncio.run(main())
+    assert error.__cause__ is raised
+    assert type(raised).__name__ in str(error)
+    assert after == "still serving"
+
+
+def test_a_thread_that_cannot_start_fails_its_call_and_takes_no_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = BlockingCalls(1, "test-calls")
+    real_start = threading.Thread.start
+    failures = iter([RuntimeError("can't start new thread")])
+
+    def start(thread: threading.Thread) -> None:
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+
+    async def main() -> str:
+        with pytest.raises(RuntimeError, match="can't start new thread"):
+            calls(lambda: "never")
+        return await asyncio.wait_for(calls(lambda: "served"), 30)
+
+    assert asyncio.run(main()) == "served"
+    assert calls.threads == 1
+
+
+def test_the_threads_end_once_their_blocking_calls_is_gone() -> None:
+    calls = BlockingCalls(4, "test-gone")
+    gate = threading.Barrier(3)
+
+    async def main() -> None:  # three calls at once: three threads
+        await asyncio.wait_for(asyncio.gather(*(calls(gate.wait, 30) for _ in range(3))), 30)
+
+    asyncio.run(main())
+    assert calls.threads == 3
+    del calls
+    gc.collect()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(t.name.startswith("test-gone_") for t in threading.enumerate()):
+        time.sleep(0.005)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("test-gone_")]
+
+
+def test_a_closed_blocking_calls_refuses_calls() -> None:
+    calls = BlockingCalls(2, "test-calls")
+
+    async def main() -> None:
+        assert await asyncio.wait_for(calls(lambda: 1), 30) == 1
+        calls.close()
+        with pytest.raises(RuntimeError, match="closed"):
+            calls(lambda: 2)
+
+    asyncio.run(main())
 
 
 def test_no_threads_is_refused() -> None:
