@@ -13,6 +13,7 @@ import time
 import pytest
 
 from commitline.http.threads import BlockingCalls
+from tests.support import wait_for
 
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="none")
 
@@ -232,10 +233,8 @@ def test_the_threads_end_once_their_blocking_calls_is_gone() -> None:
     assert calls.threads == 3
     del calls
     gc.collect()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and any(t.name.startswith("test-gone_") for t in threading.enumerate()):
-        time.sleep(0.005)
-    assert not [t.name for t in threading.enumerate() if t.name.startswith("test-gone_")]
+    wait_for(lambda: not [t for t in threading.enumerate() if t.name.startswith("test-gone_")],
+             "the threads to end once their BlockingCalls is gone", timeout=30)
 
 
 def test_a_closed_blocking_calls_refuses_calls() -> None:
