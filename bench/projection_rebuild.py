@@ -30,7 +30,7 @@
       decode path of the rebuild, without handlers or writes.
 
     Both run under the collector settings a rebuild uses while it runs
-    (``commitline.projections.rebuild.bulk_collection``), so the ratios compare the work done,
+    (``commitline.infrastructure.collection.bulk_collection``), so the ratios compare the work done,
     not two memory regimes (with the interpreter's defaults the decoded pass is ~20% slower).
 
     Measured: ``Commitline.rebuild(name)`` (default batch size 5,000) of each
@@ -103,7 +103,7 @@ from commitline.infrastructure.store.codec import EventCodec, encode_event
 from commitline.infrastructure.store.recorder import EventRecorder
 
 try:
-    from commitline.projections.rebuild import bulk_collection
+    from commitline.infrastructure.collection import bulk_collection
 except ImportError:  # a commitline before it (to measure it with this bench): the same settings
     import contextlib
     import gc

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from commitline.application.errors import ConfigurationError
+from commitline.infrastructure.collection import bulk_collection
 from commitline.infrastructure.config import Settings
 from commitline.infrastructure.embedded.kafka import EmbeddedKafka
 from commitline.infrastructure.embedded.local import shared_kafka
@@ -103,7 +104,8 @@ class Followers:
 
     def run_until_signalled(self, *followers: Follower, drain: bool = False) -> None:
         """Run the followers until SIGINT or SIGTERM (or, with ``drain``, until each has caught up or stopped
-        at a poison event: its ``waiting_for_operator`` says which)."""
+        at a poison event: its ``waiting_for_operator`` says which). Running them is the process's job now, so
+        the garbage collector is set for batches of short-lived objects meanwhile (``bulk_collection``)."""
 
         async def run() -> None:
             stop = asyncio.Event()
@@ -126,7 +128,8 @@ class Followers:
             finally:
                 self.liveness.detach()
 
-        asyncio.run(run())
+        with bulk_collection():
+            asyncio.run(run())
 
     @contextmanager
     def metrics_endpoint(self, host: str, port: int | None, followers: Sequence[Any]) -> Iterator[None]:

@@ -28,26 +28,24 @@ the position that survived; the swap commits synchronously, which flushes everyt
 
 A rebuild allocates millions of short-lived objects (rows, events, changes) and keeps a batch or two of
 them alive at a time; with the collector's default thresholds they survive into the older generations,
-whose collections rescan everything the process holds (measured: a third of a rebuild's CPU). So while it
-runs (``bulk_collection``), what exists already is frozen and the youngest generation is collected every
-50,000 allocations instead of 700; the thresholds are set back afterwards, and the frozen objects unfrozen
-unless something (a follower engine) had frozen objects before.
+whose collections rescan everything the process holds (measured: a third of a rebuild's CPU). So it runs
+under ``infrastructure/collection.bulk_collection``: what exists already frozen, the youngest generation
+collected every 50,000 allocations instead of 700, all set back afterwards.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import gc
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from eventsourcing.persistence import Notification
 
+from commitline.infrastructure.collection import bulk_collection
 from commitline.infrastructure.followers.engine import GAP_POLL_SECONDS, Follower, Handled
 from commitline.infrastructure.followers.lease import Lease, instance_id
 from commitline.infrastructure.followers.positions import Positions
@@ -90,23 +88,6 @@ class RebuildMetrics:
 
 
 Progress = Callable[[int, int, int], None]  # (position, head, events applied so far)
-
-
-BULK_THRESHOLDS = (50_000, 20, 10)
-
-
-@contextlib.contextmanager
-def bulk_collection() -> Iterator[None]:
-    """The collector's settings for a pass over the whole log (see the module's docstring)."""
-    before, frozen = gc.get_threshold(), gc.get_freeze_count()
-    gc.freeze()  # what exists now lives on (the engine's followers freeze it too)
-    gc.set_threshold(*BULK_THRESHOLDS)
-    try:
-        yield
-    finally:
-        gc.set_threshold(*before)
-        if not frozen:  # nothing was frozen before: leave nothing frozen (a long-lived process collects it all)
-            gc.unfreeze()
 
 
 def rebuild_name(projection: str) -> str:

@@ -7,7 +7,7 @@ import gc
 
 import pytest
 
-from commitline.projections.rebuild import BULK_THRESHOLDS, bulk_collection
+from commitline.infrastructure.collection import BULK_THRESHOLDS, bulk_collection
 
 
 def test_the_collector_is_set_back_after_a_rebuild_even_a_failed_one() -> None:
