@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections import deque
 from collections.abc import Sequence
 from functools import lru_cache
+from itertools import islice
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -159,26 +159,38 @@ async def send_in_order(producer: AIOKafkaProducer, records: Sequence[KafkaRecor
     """Send and wait for every record's acknowledgement; raise on the first failure (``RecordRefused``
     when the broker refused a batch as too large)."""
     counts: dict[str, int] = {}
-    queues: dict[tuple[str, int], deque[KafkaRecord]] = {}
-    for record in records:
-        if record.topic not in counts:
-            counts[record.topic] = len(await producer.partitions_for(record.topic))
-        tp = (record.topic, partition_for(record.key, counts[record.topic]))
-        queues.setdefault(tp, deque()).append(record)
-    while queues:
+    queues: dict[tuple[str, int], list[KafkaRecord]] = {}
+    for record in records:  # no new list per record for a partition already met
+        topic = record.topic
+        count = counts.get(topic)
+        if count is None:
+            count = counts[topic] = len(await producer.partitions_for(topic))
+        tp = (topic, partition_for(record.key, count))
+        queue = queues.get(tp)
+        if queue is None:
+            queue = queues[tp] = []
+        queue.append(record)
+    sent = dict.fromkeys(queues, 0)  # how many of each partition's records are in a batch already
+    while sent:
         firsts: list[KafkaRecord] = []
         acks = []
-        for tp, queue in list(queues.items()):
+        for tp, start in list(sent.items()):
+            queue = queues[tp]
             batch = producer.create_batch()
-            firsts.append(queue[0])
+            append = batch.append
+            firsts.append(queue[start])
+            end = start
             # An empty batch takes its first record whatever its size: the caller checked it with record_size.
-            while queue and batch.append(
-                key=queue[0].key, value=queue[0].value, timestamp=queue[0].timestamp_ms, headers=queue[0].headers
-            ) is not None:
-                queue.popleft()
+            for record in islice(queue, start, None):
+                if append(key=record.key, value=record.value, timestamp=record.timestamp_ms,
+                          headers=record.headers) is None:
+                    break
+                end += 1
             acks.append(await producer.send_batch(batch, tp[0], partition=tp[1]))
-            if not queue:
-                del queues[tp]
+            if end == len(queue):
+                del sent[tp]
+            else:
+                sent[tp] = end
         outcomes = await asyncio.gather(*acks, return_exceptions=True)
         refused = [(first, o) for first, o in zip(firsts, outcomes) if isinstance(o, TOO_LARGE)]
         if refused:
