@@ -1,5 +1,5 @@
-"""A rebuild tunes the garbage collector only while it runs: the thresholds are set back and what it froze is
-unfrozen afterwards, also when it fails."""
+"""Bulk work (a rebuild, a process running its followers) tunes the garbage collector only while it runs: the
+thresholds are set back and what it froze is unfrozen afterwards, also when it fails."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from commitline.infrastructure.collection import BULK_THRESHOLDS, bulk_collection
 
 
-def test_the_collector_is_set_back_after_a_rebuild_even_a_failed_one() -> None:
+def test_the_collector_is_set_back_after_bulk_work_even_failed_work() -> None:
     before = gc.get_threshold()
     assert before != BULK_THRESHOLDS
     gc.unfreeze()
