@@ -49,7 +49,7 @@
     Every figure is the median of the three rounds, and each ratio is the median of its
     per-round ratios (a rebuild against the read-only pass of its own round), so each rebuild
     is compared with as many read-only passes as it had runs. events/s = log length / seconds
-    (a rebuild reads the whole log; it decodes and applies only the events it handles).
+    (a rebuild scans the whole log; it receives, decodes and applies only the events it handles).
     Targets: per rebuild >= 30,000 events/s and >= 0.8 of ``read_only``; all rebuilt by
     ``projections rebuild --all`` (``JOBS`` processes) <= 1.5 x the slowest single rebuild of the
     same round (the one-process figure is printed beside it). Also printed: each rebuild's

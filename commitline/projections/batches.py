@@ -92,11 +92,12 @@ def _opened(codec: EventCodec, n: Notification) -> dict[str, Any]:
 def apply_batch(conn: psycopg.Connection[Any], schema: str, projection: Projection, codec: EventCodec,
                 follower: str, start_position: int, notifications: Sequence[Notification],
                 suffix: str = "", generation: int | None = None, *, decoded: Sequence[Any] | None = None,
-                synchronous: bool = True) -> BatchOutcome:
+                synchronous: bool = True, through: int | None = None) -> BatchOutcome:
     """Apply ``notifications`` (``decoded``: what ``decode_batch`` made of them, if done already) and save
-    the position, in one transaction. ``synchronous=False`` (a rebuild's ``__next`` tables): the commit does
-    not wait for its WAL flush; a crash may lose the last batches, rows and position together (never one
-    without the other), and the rebuild resumes from the position that survived."""
+    the position, in one transaction: the last notification's id, or ``through`` when the log was read up to
+    there (events after the last notification that nobody here handles). ``synchronous=False`` (a rebuild's
+    ``__next`` tables): the commit does not wait for its WAL flush; a crash may lose the last batches, rows and
+    position together (never one without the other), and the rebuild resumes from the position that survived."""
     decoded, relevant = _relevant(projection, codec, notifications, decoded)
     changes = projection.new_changes()
     if projection.prefetch:
@@ -104,7 +105,7 @@ def apply_batch(conn: psycopg.Connection[Any], schema: str, projection: Projecti
         events = [decoded[i] for i in relevant if isinstance(decoded[i], RecordedEvent)]
         for table, keys in projection.keys_to_prefetch(events).items():
             changes.loaded[table] = load_rows(conn, schema, specs[table], keys, suffix)
-    position = notifications[-1].id if notifications else start_position
+    position = through if through is not None else notifications[-1].id if notifications else start_position
     applied, poison = 0, None
     apply = projection.apply
     for i in relevant:

@@ -19,7 +19,9 @@ of them and applied to every projection that has not had it yet (each resumes fr
 position), the projections' transactions running side by side, one connection each; then each is
 swapped in on its own, exactly as above.
 
-The log is read without the states of the events no projection being rebuilt handles. While a batch is
+The log is scanned without the events no projection being rebuilt handles: the database looks at them (their
+ids prove the scan has no gap), but sends none of them, so the rebuild of one read model makes objects only for
+its own events; its position still moves to the end of what was scanned. While a batch is
 applied, the next one is read and decoded in a thread of its own (used when the
 next round starts where the batch ended, as it does unless a poison event was skipped). A batch's
 transaction (the ``__next`` rows and the rebuild's position) commits without waiting for its WAL
@@ -51,6 +53,7 @@ from commitline.infrastructure.followers.lease import Lease, instance_id
 from commitline.infrastructure.followers.positions import Positions
 from commitline.infrastructure.store.codec import EventCodec
 from commitline.infrastructure.store.generations import current_and_head
+from commitline.infrastructure.store.log import Scan
 from commitline.infrastructure.store.recorder import EventRecorder
 from commitline.projections.base import Projection
 from commitline.projections.batches import apply_batch, decode_batch
@@ -112,11 +115,13 @@ class _Replay(Follower):
     async def handle(self, batch: Sequence[Notification], position: int) -> Handled:
         return await self.apply(batch, position, None)
 
-    async def apply(self, batch: Sequence[Notification], position: int, decoded: Sequence[Any] | None) -> Handled:
-        """Apply ``batch`` (``decoded``: as ``decode_batch`` made it, if done already) after ``position``."""
+    async def apply(self, batch: Sequence[Notification], position: int, decoded: Sequence[Any] | None,
+                    through: int | None = None) -> Handled:
+        """Apply ``batch`` (``decoded``: as ``decode_batch`` made it, if done already) after ``position``, up to
+        ``through`` (the log read that far; by default the batch's last event)."""
         outcome = await asyncio.to_thread(self.writer.run, lambda conn: apply_batch(
             conn, self.schema, self.projection, self.codec, self.lease.name, position, batch, REBUILD_SUFFIX,
-            decoded=decoded, synchronous=False))
+            decoded=decoded, synchronous=False, through=through))
         self.metrics.applied += outcome.applied
         if outcome.poison is None:
             return Handled(outcome.position, saved=True)
@@ -232,39 +237,40 @@ async def _catch_up_together(replays: list[_Replay], positions: list[int], recor
     decoded while this one is applied."""
     topics = frozenset().union(*(r.projection.handled_topics() for r in replays))
     codec = replays[0].codec
-    # Events of the domain's other types are only passed over: read without their states (an unknown type's
-    # state is read, as it is poison to every projection and its error is reported).
+    # Events of the domain's other types are only passed over: scanned, never sent (one of a type the domain does
+    # not know is sent whole, as it is poison to every projection and its error is reported).
     passed_over = sorted(set(codec.registry.event_types) - topics)
 
-    def read(start: int) -> tuple[Sequence[Notification], list[Any], int]:
-        batch = recorder.select_notifications(start + 1, batch_size, without_states=passed_over)
+    def read(start: int) -> tuple[Scan, list[Any], int]:
+        scan = recorder.scan_notifications(start + 1, batch_size, passed_over)
         head = recorder.max_notification_id() or 0
-        return batch, decode_batch(codec, batch, topics), head
+        return scan, decode_batch(codec, scan.notifications, topics), head
 
-    ahead: tuple[int, asyncio.Future[tuple[Sequence[Notification], list[Any], int]]] | None = None
+    ahead: tuple[int, asyncio.Future[tuple[Scan, list[Any], int]]] | None = None
     try:
         while True:
             start = min(positions)
             if ahead is not None and ahead[0] == start:
-                batch, decoded, head = await ahead[1]
+                scan, decoded, head = await ahead[1]
             else:
                 if ahead is not None:
                     await _settled(ahead[1])
-                batch, decoded, head = await asyncio.to_thread(read, start)
+                scan, decoded, head = await asyncio.to_thread(read, start)
             ahead = None
-            if not batch:
+            through = scan.through
+            if through <= start:
                 if head <= start:
                     return positions
                 await asyncio.sleep(GAP_POLL_SECONDS)  # a gap still being proven at the head
                 continue
-            last = batch[-1].id
-            if len(batch) >= batch_size:  # a full batch: there is likely more, read it meanwhile
-                ahead = (last, asyncio.ensure_future(asyncio.to_thread(read, last)))
-            behind = [i for i in range(len(replays)) if positions[i] < last]
+            if scan.full:  # there is likely more: read it meanwhile
+                ahead = (through, asyncio.ensure_future(asyncio.to_thread(read, through)))
+            batch = scan.notifications
+            behind = [i for i in range(len(replays)) if positions[i] < through]
             work = []
             for i in behind:
-                skip = next(k for k, n in enumerate(batch) if n.id > positions[i])
-                work.append(replays[i].apply(batch[skip:], positions[i], decoded[skip:]))
+                skip = next((k for k, n in enumerate(batch) if n.id > positions[i]), len(batch))
+                work.append(replays[i].apply(batch[skip:], positions[i], decoded[skip:], through))
             for i, outcome in zip(behind, await _together(work)):
                 positions[i] = replays[i].metrics.position = outcome.position
             if progress is not None:

@@ -21,6 +21,7 @@ from commitline.examples.payments import PaymentSubmitted
 from commitline.examples.surveys import SurveyTask
 from commitline.composition import Commitline, bootstrap
 from commitline.infrastructure.store.codec import encode_event
+from commitline.infrastructure.store.log import Scan
 from tests.support import PROJECTIONS
 from commitline.infrastructure.followers.interventions import InterventionRefused, retry, skip
 from tests.integration.test_concurrency import run_at_once
@@ -168,23 +169,23 @@ def test_several_projections_rebuilt_reading_the_log_once(app: Commitline, pg_ds
     project_live(app, "a")
     live = {table: table_rows(pg_dsn, schema, table) for table in ALL_TABLES}
     head = app.recorder.max_notification_id()
-    reads: list[tuple[int, int]] = []
-    select = app.recorder.select_notifications
+    scans: list[tuple[int, int]] = []  # (first id, through) of each scan of the log
+    scan = app.recorder.scan_notifications
 
-    def counted(start: int, limit: int, *args: object, **kwargs: object) -> list:
-        batch = select(start, limit, *args, **kwargs)
-        reads.append((start, len(batch)))
-        return batch
+    def counted(first: int, limit: int, passed_over: list[str]) -> Scan:
+        result = scan(first, limit, passed_over)
+        scans.append((first, result.through))
+        return result
 
-    app.recorder.select_notifications = counted  # type: ignore[method-assign]
+    app.recorder.scan_notifications = counted  # type: ignore[method-assign]
     try:
         results = app.rebuild_many(list(PROJECTIONS), batch_size=37)
     finally:
-        del app.recorder.select_notifications
+        del app.recorder.scan_notifications
     assert [r.projection for r in results] == list(PROJECTIONS) and all(r.position == head for r in results)
     assert {table: table_rows(pg_dsn, schema, table) for table in ALL_TABLES} == live
-    # every event was read once for all four projections (the swaps only find nothing more to read)
-    assert sum(n for _, n in reads) == head, reads
+    # every event was scanned once for all four projections
+    assert sum(through - first + 1 for first, through in scans if through >= first) == head, scans
     assert [r for r in app.status().followers if r.name.endswith("@rebuild")] == []
 
 

@@ -44,6 +44,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any, Protocol
 from uuid import UUID
 
@@ -95,6 +96,15 @@ def gaps_in(ids: Iterable[int], first: int) -> list[int]:
     return gaps
 
 
+@dataclass(frozen=True)
+class Scan:
+    """What ``NotificationLog.scan`` read."""
+
+    notifications: list[Notification]  # in id order: the events of the types not passed over
+    through: int  # every event with an id at or below this is in the scan or before it
+    full: bool  # the scan met its limit: there may be more right away
+
+
 class NotificationLog:
     """The gap-safe log of one events table: reads of all of it or of some topics, the newest id, and the
     gaps its readers have met (thread-safe)."""
@@ -111,10 +121,22 @@ class NotificationLog:
                          "WHERE notification_id >= %s ORDER BY notification_id LIMIT %s")
         self._select_until = q(f"SELECT {_XMIN}, {_COLUMNS} FROM {{events}} "
                                "WHERE notification_id >= %s AND notification_id <= %s ORDER BY notification_id LIMIT %s")
-        # Every row, but the state only of rows whose topic is not among %s (``read``'s ``without_states``).
-        self._select_light = q(f"SELECT {_XMIN}, notification_id, originator_id, originator_version, topic, "
-                               "CASE WHEN topic = ANY(%s::text[]) THEN NULL ELSE state END FROM {events} "
-                               "WHERE notification_id >= %s ORDER BY notification_id LIMIT %s")
+        # A scan (``scan``), one statement (snapshot): the next rows, materialised once (a passed-over row's state
+        # is never copied out of the table: NULL, as no stored state is); sent back are the rows not passed over
+        # (kind 0, in id order), the gaps in the ids scanned (1), the last id scanned with the count (2). The
+        # gaps are listed only when the count says there are some (a one-time filter): the window is costly.
+        self._scan = q(
+            "WITH scan AS MATERIALIZED (SELECT notification_id, originator_id, originator_version, topic, "
+            " CASE WHEN topic = ANY(%(passed)s::text[]) THEN NULL ELSE state END AS state FROM {events} "
+            " WHERE notification_id >= %(first)s ORDER BY notification_id LIMIT %(limit)s), "
+            "ends AS MATERIALIZED (SELECT coalesce(max(notification_id), %(first)s::int8 - 1) AS last, "
+            " count(*) AS scanned FROM scan) "
+            f"SELECT 0, {_XMIN}, notification_id, originator_id, originator_version, topic, state FROM scan "
+            " WHERE state IS NOT NULL "
+            f"UNION ALL SELECT 1, {_XMIN}, prev + 1, NULL, NULL, NULL, NULL FROM (SELECT notification_id, "
+            " lag(notification_id, 1, %(first)s::int8 - 1) OVER (ORDER BY notification_id) AS prev FROM scan "
+            " WHERE (SELECT last - %(first)s::int8 + 1 <> scanned FROM ends)) AS ids WHERE notification_id > prev + 1 "
+            f"UNION ALL SELECT 2, {_XMIN}, last, NULL, scanned::int4, NULL, NULL FROM ends")
         # The first rows of the wanted topics, and every gap in the ids up to the last of them, in one snapshot.
         self._select_of_topics = q(
             f"WITH page AS (SELECT {_COLUMNS} FROM {{events}} "
@@ -129,18 +151,14 @@ class NotificationLog:
         )
         self._max_id = q("SELECT max(notification_id) FROM {events}")
 
-    def read(self, first: int, limit: int, stop: int | None = None, topics: Sequence[str] = (),
-             without_states: Sequence[str] = ()) -> tuple[list[Notification], int | None]:
+    def read(self, first: int, limit: int, stop: int | None = None,
+             topics: Sequence[str] = ()) -> tuple[list[Notification], int | None]:
         """Up to ``limit`` notifications from id ``first`` (up to ``stop``; of ``topics`` only, if given) in id
-        order, ending before any gap not yet proven permanent; and that gap's id (None if none ended the read).
-        ``without_states``: topics whose states the caller does not need; without ``stop``, their notifications
-        come with an empty state (a rebuild passes over most of the log's events without decoding them)."""
+        order, ending before any gap not yet proven permanent; and that gap's id (None if none ended the read)."""
         if topics:
             return self._read_topics(first, limit, stop, list(topics))
         if stop is not None:
             statement, params = self._select_until, (first, stop, limit)
-        elif without_states:
-            statement, params = self._select_light, (list(without_states), first, limit)
         else:
             statement, params = self._select, (first, limit)
         with self.connection() as conn:
@@ -169,6 +187,29 @@ class NotificationLog:
         cutoff = self.first_unproven_gap([row[2] for row in rows if row[1]], int(rows[0][0]))
         page = sorted((row[2:] for row in rows if not row[1]), key=lambda row: row[0])
         return _notifications(page, cutoff), cutoff
+
+    def scan(self, first: int, limit: int, passed_over: Sequence[str]) -> Scan:
+        """The next ``limit`` events of the log from id ``first``, as a rebuild passes over them: those of the
+        types in ``passed_over`` are looked at but not returned (no row, no object, no state: a rebuild of one
+        read model handles a fraction of the log), the others are, in id order; ``through`` is how far the log
+        is proven read, ending before any gap not yet proven permanent, as ``read`` does."""
+        with self.connection() as conn:
+            rows = conn.cursor(row_factory=tuple_row).execute(
+                self._scan, {"passed": list(passed_over), "first": first, "limit": limit}, prepare=True).fetchall()
+        events, gaps, last, scanned, xmin = [], [], first - 1, 0, 0
+        for kind, xmin, nid, originator_id, version, topic, state in rows:
+            if kind == 0:
+                events.append((nid, originator_id, version, topic, state))
+            elif kind == 1:
+                gaps.append(nid)
+            else:
+                last, scanned = nid, version
+        events.sort(key=itemgetter(0))  # in id order as scanned; the statement has no ORDER BY, so not relied on
+        cutoff = self.first_unproven_gap(gaps, int(xmin)) if gaps else None
+        page = _notifications(events, cutoff)
+        if cutoff is not None:
+            return Scan(page, cutoff - 1, full=False)
+        return Scan(page, last, full=scanned >= limit)
 
     def max_id(self) -> int | None:
         with self.connection() as conn:

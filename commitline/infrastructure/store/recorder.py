@@ -46,7 +46,7 @@ from commitline.application.errors import StoreUnavailable
 from commitline.application.ports import IdempotencyRecord, KeyAlreadyRecorded, PredecessorMissing, StreamMoved
 from commitline.infrastructure.store import pipelined
 from commitline.infrastructure.store.datastore import StoreDatastore
-from commitline.infrastructure.store.log import NotificationLog, first_id
+from commitline.infrastructure.store.log import NotificationLog, Scan, first_id
 from commitline.infrastructure.store.pipelined import SYNC
 from commitline.infrastructure.store.schema import DATA_KEYS_TABLE, EventTables, lock_schema
 from commitline.infrastructure.store.statements import Statements
@@ -328,13 +328,16 @@ class EventRecorder(StreamReads, PostgresApplicationRecorder):
     # -- the notification log (``log.py``) -----------------------------------------
 
     def select_notifications(self, start: int | None, limit: int, stop: int | None = None, topics: Sequence[str] = (),
-                             *, inclusive_of_start: bool = True,
-                             without_states: Sequence[str] = ()) -> Sequence[Notification]:
+                             *, inclusive_of_start: bool = True) -> Sequence[Notification]:
         """Notifications from ``start`` in id order, ending before any gap not yet proven permanent.
 
-        With ``topics``, up to ``limit`` notifications of those topics (filtered before the limit). Those of the
-        topics in ``without_states`` come with an empty state (for a reader that only passes over them)."""
-        return self.log.read(first_id(start, inclusive_of_start), limit, stop, topics, without_states)[0]
+        With ``topics``, up to ``limit`` notifications of those topics (filtered before the limit)."""
+        return self.log.read(first_id(start, inclusive_of_start), limit, stop, topics)[0]
+
+    def scan_notifications(self, first: int, limit: int, passed_over: Sequence[str]) -> Scan:
+        """The next ``limit`` events from id ``first`` without those of the types ``passed_over``, and how far
+        the log is proven read (``NotificationLog.scan``)."""
+        return self.log.scan(max(first, 1), limit, passed_over)
 
     def max_notification_id(self) -> int | None:
         return self.log.max_id()
