@@ -68,6 +68,8 @@ def test_postgres_starts_on_tcp_and_keeps_data_across_restart(tmp_path: Path) ->
                 "max_connections": "200",
                 "listen_addresses": "127.0.0.1",
             }
+            # a working set of a few hundred thousand events stays in the server's own cache
+            assert conn.execute("SHOW shared_buffers").fetchone() == ("256MB",)
             conn.execute("CREATE TABLE kept (id int PRIMARY KEY, note text)")
             conn.execute("INSERT INTO kept VALUES (1, 'survives a restart'), (2, 'me too')")
     finally:
