@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
+from uuid import UUID
 
 import psycopg
 
@@ -18,7 +20,7 @@ from commitline.infrastructure.personal.master import generate as generate_maste
 
 __all__ = ["AGGREGATES", "COMMAND_TYPES", "EXAMPLES", "MASTER_KEY", "PROJECTIONS", "RUNNER", "SAGA_COMMANDS",
            "ConsumedRecord", "FollowerThread", "count_rows", "kafka_settings", "parse_command", "read_topics",
-           "settings_for", "wait_for"]
+           "hold_open_insert", "settings_for", "wait_for"]
 
 
 #: The master key of this test run's personal data, also in the environment of every process a test starts
@@ -91,3 +93,17 @@ def simulated_gateway(app: Any) -> Any:
 def configured_gateway(app: Any) -> Any:
     """The configured payment gateway (``COMMITLINE_GATEWAY``), as the examples' ``payments`` port makes it."""
     return app.port("payments")
+
+
+def hold_open_insert(pg_dsn: str, schema: str, aggregate: UUID, topic: str, drawn: threading.Event,
+                     release: threading.Event) -> None:
+    """Draw the next notification id for an event of ``topic`` on ``aggregate`` (``drawn`` is set then) and hold
+    its transaction open until ``release``, then commit it: a writer that commits after writers that came later."""
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute("SELECT pg_current_xact_id()")
+        conn.execute(
+            f"INSERT INTO {schema}.events (originator_id, originator_version, topic, state, prev_hash, event_hash) "
+            "VALUES (%s, 1, %s, %s, %s, %s)", (aggregate, topic, b"{}", bytes(32), bytes(32)))
+        drawn.set()
+        release.wait(30)
+        conn.commit()

@@ -6,12 +6,11 @@ window's end that is drawn but not committed is never claimed read."""
 from __future__ import annotations
 
 import threading
-from uuid import UUID, uuid4
-
-import psycopg
+from uuid import uuid4
 
 from commitline.composition import Commitline
 from commitline.infrastructure.store.log import BucketLog, bucket_of
+from tests.support import hold_open_insert
 
 BUCKETS = 16
 
@@ -56,7 +55,8 @@ def test_a_window_ending_in_an_open_gap_stops_before_it_and_reads_the_event_once
     for n in range(stop - 1):  # ids 1..39: none of the buckets read
         app.dispatch({"type": "receive_stock", "item_id": str(others[n % 5]), "quantity": 1}, idempotency_key=f"a{n}")
     drawn, release = threading.Event(), threading.Event()
-    writer = threading.Thread(target=hold_open_insert, args=(pg_dsn, schema, mine, drawn, release))
+    writer = threading.Thread(target=hold_open_insert,
+                              args=(pg_dsn, schema, mine, "StockReceived", drawn, release))
     writer.start()
     try:
         assert drawn.wait(10)  # id 40, the window's last, drawn and not committed
@@ -79,15 +79,3 @@ def test_a_window_ending_in_an_open_gap_stops_before_it_and_reads_the_event_once
         seen.extend((n.id, n.originator_id) for n in page.notifications)
         positions = {b: max(p, page.through) for b, p in positions.items()}
     assert seen == [(stop, mine)], "the late event is read once it commits"
-
-
-def hold_open_insert(pg_dsn: str, schema: str, aggregate: UUID, drawn: threading.Event,
-                     release: threading.Event) -> None:
-    with psycopg.connect(pg_dsn) as conn:
-        conn.execute("SELECT pg_current_xact_id()")
-        conn.execute(
-            f"INSERT INTO {schema}.events (originator_id, originator_version, topic, state, prev_hash, event_hash) "
-            "VALUES (%s, 1, %s, %s, %s, %s)", (aggregate, "StockReceived", b"{}", bytes(32), bytes(32)))
-        drawn.set()
-        release.wait(30)
-        conn.commit()

@@ -9,15 +9,15 @@ from __future__ import annotations
 import dataclasses
 import threading
 from datetime import datetime, timezone
-from uuid import UUID, uuid4
+from uuid import uuid4
 
-import psycopg
 import pytest
 
 from commitline.composition import Commitline
 from commitline.examples.payments import PaymentCreated
 from commitline.infrastructure.store.codec import encode_event
 from commitline.projections.rebuild import RebuildError
+from tests.support import hold_open_insert
 
 
 def fill(app: Commitline) -> None:
@@ -55,7 +55,8 @@ def test_a_scan_stops_before_an_id_not_yet_committed_and_reads_its_event_once_co
     fill(app)  # ids 1..6
     late = uuid4()
     drawn, release = threading.Event(), threading.Event()
-    writer = threading.Thread(target=hold_open_insert, args=(pg_dsn, schema, late, drawn, release))
+    writer = threading.Thread(target=hold_open_insert,
+                              args=(pg_dsn, schema, late, "PaymentCreated", drawn, release))
     writer.start()
     try:
         assert drawn.wait(10)  # id 7 drawn, not committed
@@ -96,16 +97,3 @@ def test_an_event_of_an_unknown_type_is_read_whole_and_stops_the_rebuild(app: Co
     assert f"poison event at position {at} (RetiredEvent)" in str(stopped.value)
     assert "no event class is registered for stored type 'RetiredEvent'" in str(stopped.value)
     assert app.rebuild("payment_states", skip={at: "retired type"}).position == at
-
-
-def hold_open_insert(pg_dsn: str, schema: str, aggregate: UUID, drawn: threading.Event,
-                     release: threading.Event) -> None:
-    """Draw the next id for a PaymentCreated row and hold its transaction open until ``release``."""
-    with psycopg.connect(pg_dsn) as conn:
-        conn.execute("SELECT pg_current_xact_id()")
-        conn.execute(
-            f"INSERT INTO {schema}.events (originator_id, originator_version, topic, state, prev_hash, event_hash) "
-            "VALUES (%s, 1, %s, %s, %s, %s)", (aggregate, "PaymentCreated", b"{}", bytes(32), bytes(32)))
-        drawn.set()
-        release.wait(30)
-        conn.commit()
