@@ -76,10 +76,12 @@ from bench.baselines import measure_raw_insert, measure_state_stored
 from bench.driving import Measurement, drive
 from bench.harness import POOL_MAX_OVERFLOW, POOL_SIZE, BenchContext, commitline_app, fresh_schema, run_together
 from commitline.application.errors import ConcurrencyConflict
+from commitline.infrastructure.config import Settings
 from commitline.infrastructure.dispatch_cpu import usable_cpus
 
 WRITER_COUNTS = (1, 4, 16, 32)
-SNAPSHOT_INTERVAL = 100  # commitline's default COMMITLINE_SNAPSHOT_INTERVAL; the stock app gets the same
+#: commitline's default COMMITLINE_SNAPSHOT_INTERVAL; the stock app gets the same
+SNAPSHOT_INTERVAL: int = Settings.model_fields["snapshot_interval"].default
 
 # --------------------------------------------------------------------------- contention
 

@@ -2,7 +2,8 @@
 
 ``cpu_per_command``
     1 and 32 writer threads each loop ``receive_stock`` on their own item (the ``throughput`` bench's
-    command, snapshots every 100 events) through a fixed window after a warm-up; printed per writer count:
+    command, snapshots at commitline's default interval) through a fixed window after a warm-up; printed per
+    writer count:
     this process's CPU time (user and system, every thread: the dispatching threads, the group commit's
     batches, libpq) divided by the commands completed in the window, and the voluntary and involuntary
     context switches per command (``getrusage``). The PostgreSQL server's CPU is not counted. There is no
@@ -20,6 +21,7 @@ import time
 import uuid
 from collections.abc import Iterator
 
+from bench.command_throughput import SNAPSHOT_INTERVAL
 from bench.harness import BenchContext, commitline_app, fresh_schema
 
 WRITER_COUNTS = (1, 32)
@@ -27,7 +29,7 @@ WRITER_COUNTS = (1, 32)
 
 def measure(ctx: BenchContext, writers: int) -> str:
     warmup, duration = (1.0, 3.0) if ctx.quick else (2.0, 8.0)
-    with fresh_schema(ctx.dsn) as schema, commitline_app(ctx.dsn, schema, snapshot_interval=100) as app:
+    with fresh_schema(ctx.dsn) as schema, commitline_app(ctx.dsn, schema, snapshot_interval=SNAPSHOT_INTERVAL) as app:
         run = uuid.uuid4().hex[:8]
         items = [str(app.dispatch({"type": "receive_stock", "item_id": str(uuid.uuid4()), "quantity": 1},
                                   idempotency_key=f"{run}-create-{i}").aggregate_id) for i in range(writers)]

@@ -17,6 +17,7 @@ from commitline.infrastructure.config import Settings
 from commitline.infrastructure.followers.thread import FollowerThread
 from commitline.infrastructure.kafka.reader import ConsumedRecord, read_topics
 from commitline.infrastructure.personal.master import generate as generate_master_key
+from commitline.infrastructure.store.snapshot_writer import flush_all
 
 __all__ = ["AGGREGATES", "COMMAND_TYPES", "EXAMPLES", "MASTER_KEY", "PROJECTIONS", "RUNNER", "SAGA_COMMANDS",
            "ConsumedRecord", "FollowerThread", "count_rows", "kafka_settings", "parse_command", "read_topics",
@@ -45,6 +46,8 @@ def kafka_settings(dsn: str, schema: str, bootstrap_servers: str, **overrides: o
 
 
 def count_rows(dsn: str, schema: str) -> dict[str, int]:
+    """The rows of the store's tables, once the snapshots this process's apps have taken are written."""
+    assert flush_all(60), "snapshots still unwritten after 60 s"
     tables = ("events", "idempotency_keys", "snapshots")
     with psycopg.connect(dsn) as conn:
         return {t: conn.execute(f'SELECT count(*) FROM "{schema}".{t}').fetchone()[0] for t in tables}

@@ -121,6 +121,7 @@ class Commitline(Followers, Projections, Sagas, Operations, PersonalDataOperatio
         self._closed = True
         if self.tracing is not None:  # the spans of a one-shot command leave before it exits
             self.tracing.flush()
+        self.store.close()  # the snapshots it still holds are written
         if self.store.codec.personal is not None:  # its erasure notifications' connection
             self.store.codec.personal.close()
         if self._api_keys is not None:  # its change notifications' connection

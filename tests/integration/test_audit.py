@@ -93,6 +93,7 @@ def test_snapshots_never_leak_into_historical_state(snapshotting_app: Commitline
     item = str(uuid4())
     for n in range(7):
         app.dispatch({"type": "receive_stock", "item_id": item, "quantity": 1}, idempotency_key=f"r{n}")
+    assert app.store.flush_snapshots(60)  # written behind the commands
     with psycopg.connect(pg_dsn) as conn:  # a wrong snapshot newer than the versions asked about
         bogus = orjson.dumps({"id": item, "version": 6, "on_hand": 999, "reserved": 0, "reservations": {}})
         conn.execute(f"UPDATE {schema}.snapshots SET state = %s WHERE version = 6", (bogus,))

@@ -89,6 +89,7 @@ def test_long_streams_load_from_a_snapshot(pg_dsn: str, schema: str) -> None:
         for i in range(0, len(events), 500):
             app.recorder.append([encode_event(e, "default") for e in events[i:i + 500]])
         app.store._take_snapshot(item)  # noqa: SLF001
+        assert app.store.flush_snapshots(60)
         snapshot, tail, _ = app.recorder.load_stream(item_id, after_snapshot=True)
         assert snapshot is not None and snapshot.version == 10_000 and tail == []
         loaded = app.store.load(InventoryItem, item_id)
@@ -112,6 +113,7 @@ def test_a_stream_that_is_most_of_its_table_is_read_by_its_key_not_by_a_scan_of_
         item.receive(1)
     app.recorder.append([encode_event(e, "default") for e in item.collect_events()])
     app.store._take_snapshot(item)  # noqa: SLF001
+    assert app.store.flush_snapshots(60)
     q = app.recorder._q  # noqa: SLF001
     statements = {"load": (q.stream_after_snapshot.as_string(None).replace("%(id)s", "$1"), "uuid", f"'{item_id}'"),
                   "command": (q.read_for_command.sql.decode(), "uuid, int8, text, text, bool",
@@ -132,11 +134,33 @@ def test_dispatch_takes_snapshots_at_the_interval(pg_dsn: str, schema: str) -> N
         item_id = uuid4()
         for i in range(25):
             app.dispatch({"type": "receive_stock", "item_id": str(item_id), "quantity": 1}, idempotency_key=f"r{i}")
+        assert app.store.flush_snapshots(60)  # written behind the commands
         with psycopg.connect(pg_dsn) as conn:
             versions = [r[0] for r in conn.execute(f"SELECT version FROM {schema}.snapshots ORDER BY version")]
         assert versions == [10, 20]
         snapshot, tail, _ = app.recorder.load_stream(item_id, after_snapshot=True)
         assert snapshot.version == 20 and [e.originator_version for e in tail] == [21, 22, 23, 24, 25]
+
+
+def test_a_snapshot_the_store_refuses_fails_no_command(pg_dsn: str, schema: str, caplog) -> None:
+    """Snapshots are written behind the commands: one the store refuses is logged and lost, every command is
+    acknowledged and stored, and loads replay from the events."""
+    with bootstrap(settings_for(pg_dsn, schema, snapshot_interval=2)) as app:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(f"CREATE FUNCTION {schema}.refuse() RETURNS trigger LANGUAGE plpgsql AS "
+                         "$$BEGIN RAISE EXCEPTION 'no snapshots today'; END$$")
+            conn.execute(f"CREATE TRIGGER refuse BEFORE INSERT ON {schema}.snapshots "
+                         f"FOR EACH ROW EXECUTE FUNCTION {schema}.refuse()")
+        item_id = uuid4()
+        for i in range(7):
+            app.dispatch({"type": "receive_stock", "item_id": str(item_id), "quantity": 1}, idempotency_key=f"r{i}")
+        assert app.store.flush_snapshots(60)
+        assert app.store.snapshots.failed >= 1 and "no snapshots today" in caplog.text
+        assert count_rows(pg_dsn, schema) == {"events": 7, "idempotency_keys": 7, "snapshots": 0}
+    with bootstrap(settings_for(pg_dsn, schema, snapshot_interval=2)) as fresh:
+        assert fresh.load(InventoryItem, item_id).on_hand == 7
+        assert fresh.dispatch({"type": "receive_stock", "item_id": str(item_id), "quantity": 1},
+                              idempotency_key="r7").version == 8
 
 
 def _hold_open_insert(pg_dsn: str, schema: str, started: threading.Event, release: threading.Event,

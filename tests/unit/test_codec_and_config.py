@@ -68,7 +68,7 @@ def test_upcasting_old_payloads(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_configuration_defaults_and_errors() -> None:
     settings = load_settings({})
-    assert settings.database_url is None and settings.snapshot_interval == 100
+    assert settings.database_url is None and settings.snapshot_interval == 10
     with pytest.raises(ConfigurationError) as caught:
         load_settings({"COMMITLINE_POOL_SIZE": "lots"})
     assert caught.value.variable == "COMMITLINE_POOL_SIZE" and "lots" in str(caught.value)

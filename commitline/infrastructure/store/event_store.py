@@ -1,5 +1,6 @@
 """The application's ``EventStore`` on PostgreSQL: loading aggregates (snapshot + replay),
-appending their events, idempotency records, and taking snapshots of long streams.
+appending their events, idempotency records, and taking snapshots of long streams (written behind the
+commands, ``snapshot_writer.py``).
 
 No stored event may exceed ``max_event_bytes`` (a Kafka record is made of each one): a
 command that would write a larger one is refused with ``EventTooLarge`` before anything
@@ -54,6 +55,7 @@ from commitline.infrastructure.store.event_versions import EventVersions
 from commitline.infrastructure.store.group_commit import GroupCommitter
 from commitline.infrastructure.store import replays
 from commitline.infrastructure.store.recorder import EventRecorder, PendingAppend, SubjectKeyTaken
+from commitline.infrastructure.store.snapshot_writer import SnapshotWriter
 from commitline.infrastructure.store.streams import CommandRead, ReadEvent, Snapshot
 
 A = TypeVar("A", bound=Aggregate)
@@ -61,7 +63,7 @@ log = logging.getLogger(__name__)
 
 
 class PostgresEventStore:
-    def __init__(self, recorder: EventRecorder, codec: EventCodec, snapshot_interval: int = 100,
+    def __init__(self, recorder: EventRecorder, codec: EventCodec, snapshot_interval: int = 10,
                  remembered_heads: int = 100_000, *, max_event_bytes: int = 900_000, cache_size: int = 10_000,
                  group_commit: int = 48, versions: EventVersions | None = None, tracing: Any = None):
         """``codec``: the domain's event classes; ``cache_size``: aggregates kept decoded (0: none);
@@ -75,6 +77,7 @@ class PostgresEventStore:
         self.cache = AggregateCache(cache_size)
         self.committer = GroupCommitter(recorder, max_batch=group_commit, tracing=tracing) if group_commit else None
         self.snapshot_interval = snapshot_interval
+        self.snapshots = SnapshotWriter(recorder.save_snapshots)
         self.max_event_bytes = max_event_bytes
         self._heads: OrderedDict[UUID, tuple[int, bytes]] = OrderedDict()
         self._heads_limit = remembered_heads
@@ -223,7 +226,7 @@ class PostgresEventStore:
             personal.stored(new_keys)
         self._remember(aggregate.id, aggregate.version, links[-1][1])
         if self._snapshot_due(events[0].version - 1, aggregate.version):
-            self._take_snapshot(aggregate, tenant)
+            self._take_snapshot(aggregate, tenant, links[-1][1])
         self.cache.put(Entry(aggregate, tenant), epoch)
 
     def _store(self, aggregate: Aggregate, events: Sequence[Event], tenant: str,
@@ -309,9 +312,11 @@ class PostgresEventStore:
         n = self.snapshot_interval
         return n > 0 and after // n > before // n
 
-    def _take_snapshot(self, aggregate: Aggregate, tenant: str | None = None) -> None:
-        """``tenant``: the stream's owner, whose subject's key seals the snapshot of an aggregate with personal
-        fields (without it, such an aggregate is not snapshotted)."""
+    def _take_snapshot(self, aggregate: Aggregate, tenant: str | None = None, head_hash: bytes | None = None) -> None:
+        """Offer the aggregate's state, encoded now (the aggregate goes on changing), to the snapshot writer.
+        ``tenant``: the stream's owner, whose subject's key seals the snapshot of an aggregate with personal
+        fields (without it, such an aggregate is not snapshotted); ``head_hash``: the chain hash of the event
+        at the aggregate's version (None: looked up)."""
         # Best effort, after the commit: a missing snapshot only costs a longer replay.
         try:
             state: bytes | None = encode_snapshot(aggregate)
@@ -322,11 +327,19 @@ class PostgresEventStore:
                 state = snapshots.seal(self.codec.personal, tenant, aggregate, subjects, state)  # type: ignore[arg-type]
             if state is None:
                 return
-            self.recorder.save_snapshot(Snapshot(
+            self.snapshots.offer(Snapshot(
                 aggregate.id, aggregate.version, type(aggregate).__name__, state,
-                self._head_hash(aggregate.id, aggregate.version)))
+                head_hash if head_hash is not None else self._head_hash(aggregate.id, aggregate.version)))
         except Exception:
-            log.warning("snapshot of %s at version %d not saved", aggregate.id, aggregate.version, exc_info=True)
+            log.warning("snapshot of %s at version %d not taken", aggregate.id, aggregate.version, exc_info=True)
+
+    def flush_snapshots(self, timeout: float | None = None) -> bool:
+        """Wait until the snapshots taken so far are written (or given up); False if ``timeout`` passed first."""
+        return self.snapshots.flush(timeout)
+
+    def close(self) -> None:
+        """Write the snapshots still queued; before the store's connections close."""
+        self.snapshots.close()
 
 
 def stream_owner(snapshot: Snapshot | None, stored: Sequence[StoredEvent]) -> str | None:

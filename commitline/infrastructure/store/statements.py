@@ -120,10 +120,10 @@ class Statements:
             "WHERE originator_id = %(id)s ORDER BY originator_version"
         )
         self.stream_head = q("SELECT max(originator_version) FROM {events} WHERE originator_id = %s")
-        self.insert_snapshot = q(
+        self.insert_snapshots = Statement.of(q(
             "INSERT INTO {snaps} (aggregate_id, version, aggregate_type, state, event_hash) "
-            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"
-        )
+            "SELECT * FROM unnest($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING"
+        ), ("uuid[]", "int8[]", "text[]", "bytea[]", "bytea[]"))
         # The command hot path (``pipelined``): one read per command, appends batched in one transaction.
         # Read: the key's record (kind 2), the latest snapshot if asked for (kind 1, with the first event's
         # state, which names the owner), and the events after both it and the version the caller knows (kind 0).

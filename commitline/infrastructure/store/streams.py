@@ -6,12 +6,14 @@ version, snapshots saved, idempotency records found and the events they refer to
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 from uuid import UUID
 
 from eventsourcing.persistence import StoredEvent
+from psycopg import errors as pg_errors
+from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 
 from commitline.application.chain import GENESIS
@@ -141,12 +143,28 @@ class StreamReads:
             row = conn.cursor(row_factory=tuple_row).execute(self._q.stream_head, (aggregate_id,)).fetchone()
         return int(row[0]) if row and row[0] is not None else 0
 
-    def save_snapshot(self, snapshot: Snapshot) -> None:
+    def save_snapshots(self, snapshots: Sequence[Snapshot]) -> None:
+        """Insert ``snapshots`` in one statement and one transaction, which does not wait for its WAL to reach the
+        disk: a snapshot is derived from committed events, so one lost in a crash only costs a longer replay."""
+        columns: tuple[list[Any], ...] = ([], [], [], [], [])
+        for s in snapshots:
+            for column, value in zip(columns, (s.aggregate_id, s.version, s.aggregate_type, s.state, s.event_hash)):
+                column.append(value)
+        steps: list[pipelined.Step] = [b"BEGIN", b"SET LOCAL synchronous_commit = off",
+                                       (self._q.insert_snapshots, columns), b"COMMIT", SYNC]
         with self._connection() as conn:
-            conn.execute(
-                self._q.insert_snapshot,
-                (snapshot.aggregate_id, snapshot.version, snapshot.aggregate_type, snapshot.state, snapshot.event_hash),
-            )
+            results = pipelined.run(conn, steps)
+            if not pipelined.committed(results[3]) and pipelined.statements_lost(conn, results):
+                if conn.pgconn.transaction_status != TransactionStatus.IDLE:
+                    conn.rollback()
+                results = pipelined.run(conn, steps)  # nothing ran: the prepared insert was gone
+            if not pipelined.committed(results[3]):
+                failed = next((r for r in results if r is not None and r.status == pipelined.FATAL), None)
+                if conn.pgconn.transaction_status != TransactionStatus.IDLE:
+                    conn.rollback()
+                if failed is not None:
+                    raise pipelined.error_of(failed, conn.pgconn)
+                raise pg_errors.InFailedSqlTransaction("the snapshots' transaction failed before COMMIT")
 
     def find_idempotency(self, tenant: str, key: str) -> tuple[IdempotencyRecord, list[tuple[int, str, bytes]]] | None:
         """The key's record, and the stored events it refers to (as ``command_events`` reads them), in one
