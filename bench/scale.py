@@ -7,7 +7,7 @@ stored outcome that each event's command left). One schema, filled in steps, the
 before it grew:
 
 1. empty store: a long aggregate made by ``LONG`` (10,000) real ``receive_stock`` commands on one item
-   (snapshots every 100 events, the default), then commands/s and p99 at 32 writers
+   (snapshots every 10 events, the default), then commands/s and p99 at 32 writers
    (``command_throughput.measure_commitline``: fresh items, one per writer, best of the rounds and of the two
    thread placements), then the long aggregate's cold load (an app whose aggregate cache is off, so every load
    reads its latest snapshot and the events after it; the median of ``LOADS`` loads on connections that met the
@@ -240,7 +240,7 @@ def bytes_lines(ours: dict[str, tuple[int, int, int]], stock: dict[str, tuple[in
            f"are kept; the idempotency records ({(idem[1] + idem[2]) / grand:.0%} of the store, "
            f"{(idem[1] + idem[2]) / max(1, idem[0]):.0f} B each) only need to outlive clients' retries: "
            f"run `commitline idempotency expire --older-than-days D` daily with D above the longest retry window "
-           f"(e.g. 7); snapshots are small and one per 100 events of long streams")
+           f"(e.g. 7); snapshots are small and one per 10 events of streams longer than 10")
 
 
 def extrapolation(ours: dict[str, tuple[int, int, int]], stock: dict[str, tuple[int, int, int]], events: int,

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Sequence
 from uuid import uuid4
 
+from commitline.application.errors import StoreUnavailable
 from commitline.infrastructure.store.snapshot_writer import SnapshotWriter, flush_all
 from commitline.infrastructure.store.streams import Snapshot
 
@@ -67,6 +68,18 @@ def test_a_failed_insert_loses_its_batch_only_and_the_writer_goes_on(caplog) -> 
     assert writer.flush(30)
     assert inserts.batches == [[kept]] and writer.failed == 1 and writer.written == 1
     assert "1 snapshot(s) not saved" in caplog.text
+    writer.close()
+
+
+def test_an_outage_is_logged_in_one_line_without_a_traceback(caplog) -> None:
+    def down(batch: Sequence[Snapshot]) -> None:
+        raise StoreUnavailable("event store unavailable: connection refused")
+
+    writer = SnapshotWriter(down, linger_s=0)
+    writer.offer(snapshot())
+    assert writer.flush(30) and writer.failed == 1
+    (record,) = [r for r in caplog.records if "not saved" in r.getMessage()]
+    assert "connection refused" in record.getMessage() and record.exc_info is None
     writer.close()
 
 

@@ -13,9 +13,10 @@ It remembers the chain hash of each recently loaded or written stream head, so a
 the next events continues the hash chain without another read in the common case.
 
 The command path (``load_for_command`` then ``append``): at most one read round trip (the idempotency
-key's record and the stream's new events in one statement), none when the processor may decide on the
-cached copy (``trust_cache``); the decoded aggregate kept between commands (``aggregate_cache``), and
-appends coalesced with those of concurrent commands (``group_commit``).
+key's record and the stream's new events in one statement, sent with concurrent commands' reads:
+``group_read``), none when the processor may decide on the cached copy (``trust_cache``); the decoded aggregate
+kept between commands (``aggregate_cache``), and appends coalesced with those of concurrent commands
+(``group_commit``).
 
 An idempotency record refers to its command's events instead of holding a copy of its answer; a replay reads
 them back (``replays.py``). Personal fields (``domain.personal``) are sealed by the codec before the chain hashes
@@ -53,10 +54,11 @@ from commitline.infrastructure.store.aggregate_cache import AggregateCache, Entr
 from commitline.infrastructure.store.codec import EventCodec, decode_snapshot, encode_snapshot
 from commitline.infrastructure.store.event_versions import EventVersions
 from commitline.infrastructure.store.group_commit import GroupCommitter
+from commitline.infrastructure.store.group_read import GroupReader
 from commitline.infrastructure.store import replays
 from commitline.infrastructure.store.recorder import EventRecorder, PendingAppend, SubjectKeyTaken
 from commitline.infrastructure.store.snapshot_writer import SnapshotWriter
-from commitline.infrastructure.store.streams import CommandRead, ReadEvent, Snapshot
+from commitline.infrastructure.store.streams import CommandRead, ReadArgs, ReadEvent, Snapshot
 
 A = TypeVar("A", bound=Aggregate)
 log = logging.getLogger(__name__)
@@ -76,6 +78,8 @@ class PostgresEventStore:
         self.versions = versions
         self.cache = AggregateCache(cache_size)
         self.committer = GroupCommitter(recorder, max_batch=group_commit, tracing=tracing) if group_commit else None
+        #: the reads before commands, coalesced like their appends (``group_read``) unless group commit is off
+        self.reader = GroupReader(recorder) if group_commit else None
         self.snapshot_interval = snapshot_interval
         self.snapshots = SnapshotWriter(recorder.save_snapshots)
         self.max_event_bytes = max_event_bytes
@@ -127,15 +131,14 @@ class PostgresEventStore:
         if entry is not None and trust_cache and self.cache.trusted(aggregate_id):
             return CommandLoad(entry.aggregate, False, None, verified=False)
         known = entry.aggregate.version if entry is not None else 0
-        read = self.recorder.read_for_command(aggregate_id, known, entry is None and self.snapshot_interval > 0,
-                                              tenant, key)
+        read = self._read(ReadArgs(aggregate_id, known, entry is None and self.snapshot_interval > 0, tenant, key))
         if read.idempotency is not None:
             if entry is not None:
                 self.cache.put(entry, epoch)
             return CommandLoad(None, False, self._revealed(read.idempotency))
         if entry is not None and read.events and read.events[0].version != known + 1:
             entry = None  # cannot happen with an append-only store: trust nothing, read it all again
-            read = self.recorder.read_for_command(aggregate_id, 0, self.snapshot_interval > 0, tenant, key)
+            read = self._read(ReadArgs(aggregate_id, 0, self.snapshot_interval > 0, tenant, key))
         if entry is not None:
             aggregate: A = entry.aggregate  # type: ignore[assignment]
             decode = self.codec.decode_state
@@ -149,6 +152,9 @@ class PostgresEventStore:
         if read.head_hash is not None or entry is None:  # else the append that cached it remembered its head
             self._remember(aggregate_id, aggregate.version, read.head_hash or GENESIS)
         return CommandLoad(aggregate, False, None)
+
+    def _read(self, args: ReadArgs) -> CommandRead:
+        return self.reader.read(args) if self.reader is not None else self.recorder.read_for_command(*args)
 
     def _lent(self, aggregate_id: UUID, epoch: int) -> None:
         with self._heads_lock:  # with two commands of one stream at once, the older epoch counts

@@ -28,9 +28,10 @@ MAX_BATCH = 48
 MAX_BATCH_BYTES = 4 * 1024 * 1024
 
 
-class _Call:
-    """One ``append_many`` call's thread, asleep on a bare lock (cheaper than an Event's condition):
-    ``signal`` (under the committer's lock) wakes it once however often it is called before it wakes."""
+class Sleeper:
+    """One ``append_many`` call's thread (or ``group_read``'s reader's), asleep on a bare lock (cheaper than an
+    Event's condition): ``signal`` (under the committer's lock) wakes it once however often it is called before
+    it wakes."""
 
     __slots__ = ("_lock", "_signalled", "undecided")
 
@@ -54,7 +55,7 @@ class _Call:
 class _Waiter:
     __slots__ = ("pending", "outcome", "done", "call")
 
-    def __init__(self, pending: PendingAppend, call: _Call):
+    def __init__(self, pending: PendingAppend, call: Sleeper):
         self.pending = pending
         self.outcome: list[int] | BaseException | None = None
         self.done = False
@@ -73,7 +74,7 @@ class GroupCommitter:
         self.max_batch = max_batch
         self._free = flushers
         self._queue: deque[_Waiter] = deque()
-        self._done: deque[_Call] = deque()  # calls decided but still asleep: woken one by one (below)
+        self._done: deque[Sleeper] = deque()  # calls decided but still asleep: woken one by one (below)
         self._lock = threading.Lock()
 
     def append(self, pending: PendingAppend) -> list[int]:
@@ -83,7 +84,7 @@ class GroupCommitter:
     def append_many(self, pendings: Sequence[PendingAppend]) -> list[list[int] | BaseException]:
         """Several commands' appends, queued together (so they share a batch when they fit in one):
         per command its ids or what refused it. Returns once every one of them is decided."""
-        call = _Call(len(pendings))
+        call = Sleeper(len(pendings))
         mine = [_Waiter(p, call) for p in pendings]
         with self._lock:
             self._queue.extend(mine)
@@ -122,7 +123,7 @@ class GroupCommitter:
                 size += nxt
             return batch
 
-    def _flush(self, batch: list[_Waiter], leader: _Call) -> None:
+    def _flush(self, batch: list[_Waiter], leader: Sleeper) -> None:
         try:
             if self.tracing is None:
                 outcomes: Sequence[list[int] | BaseException] = self.recorder.append_batch([w.pending for w in batch])

@@ -20,6 +20,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 
+from commitline.application.errors import StoreUnavailable
 from commitline.infrastructure.store.streams import Snapshot
 
 log = logging.getLogger(__name__)
@@ -120,6 +121,10 @@ class SnapshotWriter:
             try:
                 self._save(batch)
                 written, failed = len(batch), 0
+            except StoreUnavailable as e:  # an outage: the reason is enough, the commands say the rest
+                written, failed = 0, len(batch)
+                log.warning("%d snapshot(s) not saved (loads of their streams replay from the previous one): %s",
+                            len(batch), e)
             except Exception:
                 written, failed = 0, len(batch)
                 log.warning("%d snapshot(s) not saved (loads of their streams replay from the previous one)",

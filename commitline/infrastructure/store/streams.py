@@ -43,6 +43,16 @@ class ReadEvent(NamedTuple):
     state: bytes
 
 
+class ReadArgs(NamedTuple):
+    """What one read before a command asks for (``read_for_command``'s arguments)."""
+
+    aggregate_id: UUID
+    known_version: int
+    use_snapshot: bool
+    tenant: str
+    key: str
+
+
 @dataclass
 class CommandRead:
     """What ``read_for_command`` found: the key's record, the snapshot, the events after it or after the
@@ -91,42 +101,24 @@ class StreamReads:
                          key: str) -> CommandRead:
         """One round trip before a command: the key's record, and the stream after ``known_version``
         (from its latest snapshot above that version if ``use_snapshot``): one statement, one snapshot."""
-        steps = [(self._q.read_for_command, (aggregate_id, known_version, tenant, key, use_snapshot)), SYNC]
+        return self.read_many([ReadArgs(aggregate_id, known_version, use_snapshot, tenant, key)])[0]
+
+    def read_many(self, reads: Sequence[ReadArgs]) -> list[CommandRead]:
+        """Several commands' reads (as ``read_for_command``) in one round trip, each its own statement and
+        implicit transaction (a sync after each): per read what it found. A statement the server fails (it is
+        shutting down, in recovery...) fails them all, raised as any failed read is (``StoreUnavailable``)."""
+        steps: list[pipelined.Step] = []
+        for r in reads:
+            steps += [(self._q.read_for_command, (r.aggregate_id, r.known_version, r.tenant, r.key, r.use_snapshot)),
+                      SYNC]
         with self._connection() as conn:
-            (result, _) = pipelined.run(conn, steps)
-            if pipelined.statements_lost(conn, [result]):
-                (result, _) = pipelined.run(conn, steps)
-            if not pipelined.ok(result):
-                raise pipelined.error_of(result, conn.pgconn)  # type: ignore[arg-type]
-        assert result is not None
-        value = result.get_value
-        read = CommandRead()
-        events = read.events
-        rows = result.ntuples
-        for row in range(rows):
-            kind = int.from_bytes(value(row, 0), "big")  # type: ignore[arg-type]
-            if kind == 0:  # the most rows by far: only what a replay needs (the head's hash is read below)
-                raw = value(row, 2)
-                topic = _topics.get(raw) or _topic(raw)  # type: ignore[arg-type]
-                events.append(ReadEvent(int.from_bytes(value(row, 1), "big", signed=True),  # type: ignore[arg-type]
-                                        topic, value(row, 3)))  # type: ignore[arg-type]
-            elif kind == 1:
-                first = value(row, 5)
-                read.snapshot = Snapshot(aggregate_id, pipelined.int8(value(row, 1)), pipelined.text(value(row, 2)),
-                                         bytes(value(row, 3)), bytes(value(row, 4)),  # type: ignore[arg-type]
-                                         bytes(first) if first is not None else None)
-                read.head_hash = read.snapshot.event_hash
-            else:  # the outcome (state) of a record from before migration 14, else its event count and type
-                outcome, count, kind_of = value(row, 3), value(row, 7), value(row, 5)
-                read.idempotency = IdempotencyRecord(
-                    tenant, key, bytes(value(row, 4)), pipelined.text(value(row, 2)),  # type: ignore[arg-type]
-                    pipelined.uuid(value(row, 6)), pipelined.int8(value(row, 1)),  # type: ignore[arg-type]
-                    bytes(outcome) if outcome is not None else None,
-                    pipelined.int8(count) if count is not None else None,
-                    pipelined.text(kind_of) if kind_of is not None else None)
-        if events:
-            read.head_hash = bytes(value(rows - 1, 4))  # type: ignore[arg-type]
-        return read
+            results = pipelined.run(conn, steps)
+            if pipelined.statements_lost(conn, results):
+                results = pipelined.run(conn, steps)
+            for result in results[::2]:
+                if not pipelined.ok(result):
+                    raise pipelined.error_of(result, conn.pgconn)  # type: ignore[arg-type]
+        return [_command_read(result, r) for r, result in zip(reads, results[::2], strict=True)]
 
     def event_hash(self, aggregate_id: UUID, version: int) -> bytes:
         """The stored hash of one event; GENESIS for version 0 and for an event that does not exist
@@ -186,3 +178,35 @@ class StreamReads:
             rows = conn.cursor(row_factory=tuple_row).execute(
                 self._q.command_events, (aggregate_id, after, upto), prepare=True).fetchall()
         return [(v, t, bytes(s)) for v, t, s in rows]
+
+
+def _command_read(result: Any, r: ReadArgs) -> CommandRead:
+    """What one ``read_for_command`` statement returned."""
+    aggregate_id, tenant, key = r.aggregate_id, r.tenant, r.key
+    value = result.get_value
+    read = CommandRead()
+    events = read.events
+    rows = result.ntuples
+    for row in range(rows):
+        kind = int.from_bytes(value(row, 0), "big")
+        if kind == 0:  # the most rows by far: only what a replay needs (the head's hash is read below)
+            raw = value(row, 2)
+            topic = _topics.get(raw) or _topic(raw)
+            events.append(ReadEvent(int.from_bytes(value(row, 1), "big", signed=True), topic, value(row, 3)))
+        elif kind == 1:
+            first = value(row, 5)
+            read.snapshot = Snapshot(aggregate_id, pipelined.int8(value(row, 1)), pipelined.text(value(row, 2)),
+                                     bytes(value(row, 3)), bytes(value(row, 4)),
+                                     bytes(first) if first is not None else None)
+            read.head_hash = read.snapshot.event_hash
+        else:  # the outcome (state) of a record from before migration 14, else its event count and type
+            outcome, count, kind_of = value(row, 3), value(row, 7), value(row, 5)
+            read.idempotency = IdempotencyRecord(
+                tenant, key, bytes(value(row, 4)), pipelined.text(value(row, 2)),
+                pipelined.uuid(value(row, 6)), pipelined.int8(value(row, 1)),
+                bytes(outcome) if outcome is not None else None,
+                pipelined.int8(count) if count is not None else None,
+                pipelined.text(kind_of) if kind_of is not None else None)
+    if events:
+        read.head_hash = bytes(value(rows - 1, 4))
+    return read
