@@ -102,7 +102,6 @@ class SnapshotWriter:
             thread.join(timeout)
 
     def _start(self) -> None:
-        self._queue = deque(self._queue)
         self._writing = 0  # in a forked child, the parent's batch in flight is not this process's
         self._pid = os.getpid()
         self._thread = threading.Thread(target=self._run, name="commitline-snapshots", daemon=True)
