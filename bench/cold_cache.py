@@ -52,11 +52,12 @@ def prefill(ctx: BenchContext, schema: str, streams: int) -> list[str]:
     snapshots: list[Snapshot] = []
     with commitline_app(ctx.dsn, schema) as app:
         def write(last: bool) -> None:
-            if len(events) >= CHUNK or (last and events):
+            save = len(snapshots) >= CHUNK or (last and snapshots)
+            if len(events) >= CHUNK or ((last or save) and events):  # a snapshot is stored after its event
                 app.recorder.append(events, links=links)
                 events.clear()
                 links.clear()
-            if len(snapshots) >= CHUNK or (last and snapshots):
+            if save:
                 app.recorder.save_snapshots(snapshots)
                 snapshots.clear()
 

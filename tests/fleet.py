@@ -143,7 +143,7 @@ class Fleet:
 @dataclass
 class Sent:
     """One command and its key: ``acked`` once a 2xx came back (``answer`` is its body), ``failures`` before
-    (per HTTP status or transport error)."""
+    (per HTTP status or transport error), the last refusal's body in ``refused``."""
 
     key: str
     command: dict[str, Any]
@@ -151,6 +151,7 @@ class Sent:
     answer: dict[str, Any] | None = None
     failures: Counter[str] = field(default_factory=Counter)
     acked_at: float = 0.0
+    refused: str = ""
 
 
 class Load:
@@ -178,6 +179,7 @@ class Load:
             sent.acked, sent.answer, sent.acked_at = True, answer.json(), time.monotonic()
             return True
         sent.failures[str(answer.status_code)] += 1
+        sent.refused = answer.text[:500]
         return False
 
     def _work(self, thread: int) -> None:
@@ -223,7 +225,8 @@ class Load:
         with httpx.Client(base_url=self.base_url, headers=self.headers, timeout=30) as client:
             for sent in failed:
                 while not self.send(client, sent):
-                    assert time.monotonic() < deadline, f"{sent.key} not acknowledged: {dict(sent.failures)}"
+                    assert time.monotonic() < deadline, (f"{sent.key} not acknowledged: {dict(sent.failures)}, "
+                                                         f"the last refusal: {sent.refused}")
                     time.sleep(0.2)
         return len(failed)
 

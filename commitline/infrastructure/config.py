@@ -81,7 +81,7 @@ class Settings(BaseSettings):
     pool_timeout_s: float = Field(5, gt=0, le=600, validation_alias="COMMITLINE_POOL_TIMEOUT_S")
     """longest wait for a pooled connection; then the call fails with `StoreUnavailable`"""
     snapshot_interval: int = Field(10, ge=0, validation_alias="COMMITLINE_SNAPSHOT_INTERVAL")
-    """snapshot every N events of a stream (0 disables): a load replays at most N-1 events"""
+    """snapshot every N events of a stream (0 disables): a load replays at most N-1 events; a stream keeps its latest snapshot only"""
     aggregate_cache_size: int = Field(10_000, ge=0, le=10_000_000, validation_alias="COMMITLINE_AGGREGATE_CACHE_SIZE")
     """aggregates each process keeps decoded between commands (least recently used go first; 0 disables)"""
     group_commit_max: int = Field(48, ge=0, le=60, validation_alias="COMMITLINE_GROUP_COMMIT_MAX")

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
 import textwrap
 import threading
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 import psycopg
 import pytest
@@ -137,9 +138,110 @@ def test_dispatch_takes_snapshots_at_the_interval(pg_dsn: str, schema: str) -> N
         assert app.store.flush_snapshots(60)  # written behind the commands
         with psycopg.connect(pg_dsn) as conn:
             versions = [r[0] for r in conn.execute(f"SELECT version FROM {schema}.snapshots ORDER BY version")]
-        assert versions == [10, 20]
+        assert versions == [20]  # a stream keeps its latest snapshot: the one at 10 was replaced
         snapshot, tail, _ = app.recorder.load_stream(item_id, after_snapshot=True)
         assert snapshot.version == 20 and [e.originator_version for e in tail] == [21, 22, 23, 24, 25]
+
+
+def snapshot_versions(pg_dsn: str, schema: str) -> list[int]:
+    with psycopg.connect(pg_dsn) as conn:
+        return [r[0] for r in conn.execute(f"SELECT version FROM {schema}.snapshots ORDER BY version")]
+
+
+def test_a_new_snapshot_replaces_its_streams_older_ones_and_leaves_other_streams_alone(
+        pg_dsn: str, schema: str) -> None:
+    with bootstrap(settings_for(pg_dsn, schema, snapshot_interval=2)) as app:
+        a, b = uuid4(), uuid4()
+
+        def receive(item: UUID, n: int, tag: str) -> None:
+            for i in range(n):
+                app.dispatch({"type": "receive_stock", "item_id": str(item), "quantity": 1},
+                             idempotency_key=f"{tag}-{item}-{i}")
+            assert app.store.flush_snapshots(60)
+
+        receive(a, 4, "first")
+        receive(b, 2, "first")
+        assert snapshot_versions(pg_dsn, schema) == [2, 4]  # b's at 2, a's at 4
+        receive(a, 2, "second")
+        assert snapshot_versions(pg_dsn, schema) == [2, 6]
+        # Two snapshots of one stream in one batch (a statement does not see its own inserts, so it could not
+        # delete the older of them): only the latest is written.
+        latest = app.recorder.load_stream(a, after_snapshot=True)[0]
+        assert latest is not None and latest.version == 6
+        app.recorder.save_snapshots([dataclasses.replace(latest, version=5), latest])
+        assert snapshot_versions(pg_dsn, schema) == [2, 6]
+        with bootstrap(settings_for(pg_dsn, schema, snapshot_interval=2)) as fresh:
+            assert fresh.load(InventoryItem, a).on_hand == 6 and fresh.load(InventoryItem, b).on_hand == 2
+
+
+def test_a_snapshot_of_a_history_the_log_does_not_hold_is_never_used(pg_dsn: str, schema: str) -> None:
+    """A snapshot is used only while the log holds the event it was taken at, with the same chain hash. One of a
+    lost history (taken on a primary lost in an asynchronous failover, written to the promoted standby by a
+    writer that still had it queued) would otherwise hand every load a state and a head hash the log does not
+    have: every append on the stream refused as not proving its predecessor, forever."""
+    with bootstrap(settings_for(pg_dsn, schema, snapshot_interval=10)) as app:
+        item_id = uuid4()
+        for i in range(12):
+            app.dispatch({"type": "receive_stock", "item_id": str(item_id), "quantity": 1}, idempotency_key=f"r{i}")
+        assert app.store.flush_snapshots(60) and snapshot_versions(pg_dsn, schema) == [10]
+        stale = [(12, os.urandom(32)), (20, os.urandom(32))]  # the head with another hash, and beyond the head
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            for version, event_hash in stale:
+                conn.execute(f"INSERT INTO {schema}.snapshots (aggregate_id, version, aggregate_type, state, event_hash) "
+                             f"SELECT aggregate_id, %s, aggregate_type, state, %s FROM {schema}.snapshots "
+                             "WHERE version = 10", (version, event_hash))
+        # the writer stores none such, and deletes nothing for it
+        stored = app.recorder.load_stream(item_id, after_snapshot=True)[0]
+        assert stored is not None and stored.version == 10
+        app.recorder.save_snapshots([dataclasses.replace(stored, version=30, event_hash=os.urandom(32))])
+        assert snapshot_versions(pg_dsn, schema) == [10, 12, 20]
+    with bootstrap(settings_for(pg_dsn, schema, snapshot_interval=10)) as fresh:  # nothing cached
+        assert fresh.load(InventoryItem, item_id).on_hand == 12
+        assert fresh.dispatch({"type": "receive_stock", "item_id": str(item_id), "quantity": 1},
+                              idempotency_key="after").version == 13
+        assert fresh.store.load(InventoryItem, item_id, use_snapshot=True).on_hand == 13
+
+
+def test_a_refused_snapshot_deletes_nothing(pg_dsn: str, schema: str, caplog) -> None:
+    """The insert and the deletion of the older snapshots are one statement: when the store refuses the new
+    one, the stream keeps the one it had, and loads still start from it."""
+    with bootstrap(settings_for(pg_dsn, schema, snapshot_interval=2)) as app:
+        item_id = uuid4()
+        for i in range(2):
+            app.dispatch({"type": "receive_stock", "item_id": str(item_id), "quantity": 1}, idempotency_key=f"r{i}")
+        assert app.store.flush_snapshots(60) and snapshot_versions(pg_dsn, schema) == [2]
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(f"CREATE FUNCTION {schema}.refuse() RETURNS trigger LANGUAGE plpgsql AS "
+                         "$$BEGIN RAISE EXCEPTION 'no snapshots today'; END$$")
+            conn.execute(f"CREATE TRIGGER refuse BEFORE INSERT ON {schema}.snapshots "
+                         f"FOR EACH ROW EXECUTE FUNCTION {schema}.refuse()")
+        for i in range(2, 4):
+            app.dispatch({"type": "receive_stock", "item_id": str(item_id), "quantity": 1}, idempotency_key=f"r{i}")
+        assert app.store.flush_snapshots(60) and app.store.snapshots.failed == 1
+        assert snapshot_versions(pg_dsn, schema) == [2]
+        snapshot, tail, _ = app.recorder.load_stream(item_id, after_snapshot=True)
+        assert snapshot.version == 2 and [e.originator_version for e in tail] == [3, 4]
+
+
+def test_a_snapshot_being_deleted_by_another_transaction_is_skipped_not_waited_for(pg_dsn: str, schema: str) -> None:
+    """Two writers (two processes) replacing one stream's snapshots never wait for each other, so they cannot
+    deadlock: a row another transaction holds stays, and goes with the stream's next snapshot."""
+    with bootstrap(settings_for(pg_dsn, schema, snapshot_interval=2)) as app:
+        item_id = uuid4()
+
+        def receive(n: int, tag: str) -> None:
+            for i in range(n):
+                app.dispatch({"type": "receive_stock", "item_id": str(item_id), "quantity": 1},
+                             idempotency_key=f"{tag}-{i}")
+            assert app.store.flush_snapshots(60)
+
+        receive(2, "a")
+        with psycopg.connect(pg_dsn) as holder:  # a transaction holding the snapshot at 2, as a deletion would
+            holder.execute(f"SELECT 1 FROM {schema}.snapshots WHERE version = 2 FOR UPDATE")
+            receive(2, "b")
+            assert app.store.snapshots.failed == 0 and snapshot_versions(pg_dsn, schema) == [2, 4]
+        receive(2, "c")
+        assert snapshot_versions(pg_dsn, schema) == [6]
 
 
 def test_a_snapshot_the_store_refuses_fails_no_command(pg_dsn: str, schema: str, caplog) -> None:

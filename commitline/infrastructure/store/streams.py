@@ -137,9 +137,17 @@ class StreamReads:
 
     def save_snapshots(self, snapshots: Sequence[Snapshot]) -> None:
         """Insert ``snapshots`` in one statement and one transaction, which does not wait for its WAL to reach the
-        disk: a snapshot is derived from committed events, so one lost in a crash only costs a longer replay."""
-        columns: tuple[list[Any], ...] = ([], [], [], [], [])
+        disk: a snapshot is derived from committed events, so one lost in a crash only costs a longer replay.
+        Only a snapshot whose event the log holds, with its hash, is written, and the same statement deletes the
+        older snapshots of its stream: a stream keeps its latest one (of several in ``snapshots`` for one
+        stream, only the latest is written)."""
+        latest: dict[UUID, Snapshot] = {}
         for s in snapshots:
+            known = latest.get(s.aggregate_id)
+            if known is None or s.version > known.version:
+                latest[s.aggregate_id] = s
+        columns: tuple[list[Any], ...] = ([], [], [], [], [])
+        for s in latest.values():
             for column, value in zip(columns, (s.aggregate_id, s.version, s.aggregate_type, s.state, s.event_hash)):
                 column.append(value)
         steps: list[pipelined.Step] = [b"BEGIN", b"SET LOCAL synchronous_commit = off",
