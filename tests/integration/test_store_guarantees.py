@@ -130,17 +130,12 @@ def test_a_stream_that_is_most_of_its_table_is_read_by_its_key_not_by_a_scan_of_
     assert app.store.load(InventoryItem, item_id).on_hand == 3_000
 
 
-def test_dispatch_takes_snapshots_at_the_interval(pg_dsn: str, schema: str) -> None:
-    with bootstrap(settings_for(pg_dsn, schema, snapshot_interval=10)) as app:
-        item_id = uuid4()
-        for i in range(25):
-            app.dispatch({"type": "receive_stock", "item_id": str(item_id), "quantity": 1}, idempotency_key=f"r{i}")
-        assert app.store.flush_snapshots(60)  # written behind the commands
-        with psycopg.connect(pg_dsn) as conn:
-            versions = [r[0] for r in conn.execute(f"SELECT version FROM {schema}.snapshots ORDER BY version")]
-        assert versions == [20]  # a stream keeps its latest snapshot: the one at 10 was replaced
-        snapshot, tail, _ = app.recorder.load_stream(item_id, after_snapshot=True)
-        assert snapshot.version == 20 and [e.originator_version for e in tail] == [21, 22, 23, 24, 25]
+def receive(app: Commitline, item_id: UUID, n: int, tag: str) -> None:
+    """``n`` commands on one item, then the snapshots they offered written (they are written behind them)."""
+    for i in range(n):
+        app.dispatch({"type": "receive_stock", "item_id": str(item_id), "quantity": 1},
+                     idempotency_key=f"{tag}-{item_id}-{i}")
+    assert app.store.flush_snapshots(60)
 
 
 def snapshot_versions(pg_dsn: str, schema: str) -> list[int]:
@@ -148,21 +143,32 @@ def snapshot_versions(pg_dsn: str, schema: str) -> list[int]:
         return [r[0] for r in conn.execute(f"SELECT version FROM {schema}.snapshots ORDER BY version")]
 
 
+def refuse_snapshots(pg_dsn: str, schema: str) -> None:
+    """From now on the store refuses every snapshot with the error 'no snapshots today'."""
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE FUNCTION {schema}.refuse() RETURNS trigger LANGUAGE plpgsql AS "
+                     "$$BEGIN RAISE EXCEPTION 'no snapshots today'; END$$")
+        conn.execute(f"CREATE TRIGGER refuse BEFORE INSERT ON {schema}.snapshots "
+                     f"FOR EACH ROW EXECUTE FUNCTION {schema}.refuse()")
+
+
+def test_dispatch_takes_snapshots_at_the_interval(pg_dsn: str, schema: str) -> None:
+    with bootstrap(settings_for(pg_dsn, schema, snapshot_interval=10)) as app:
+        item_id = uuid4()
+        receive(app, item_id, 25, "r")
+        assert snapshot_versions(pg_dsn, schema) == [20]  # a stream keeps its latest snapshot: 10's was replaced
+        snapshot, tail, _ = app.recorder.load_stream(item_id, after_snapshot=True)
+        assert snapshot.version == 20 and [e.originator_version for e in tail] == [21, 22, 23, 24, 25]
+
+
 def test_a_new_snapshot_replaces_its_streams_older_ones_and_leaves_other_streams_alone(
         pg_dsn: str, schema: str) -> None:
     with bootstrap(settings_for(pg_dsn, schema, snapshot_interval=2)) as app:
         a, b = uuid4(), uuid4()
-
-        def receive(item: UUID, n: int, tag: str) -> None:
-            for i in range(n):
-                app.dispatch({"type": "receive_stock", "item_id": str(item), "quantity": 1},
-                             idempotency_key=f"{tag}-{item}-{i}")
-            assert app.store.flush_snapshots(60)
-
-        receive(a, 4, "first")
-        receive(b, 2, "first")
+        receive(app, a, 4, "first")
+        receive(app, b, 2, "first")
         assert snapshot_versions(pg_dsn, schema) == [2, 4]  # b's at 2, a's at 4
-        receive(a, 2, "second")
+        receive(app, a, 2, "second")
         assert snapshot_versions(pg_dsn, schema) == [2, 6]
         # Two snapshots of one stream in one batch (a statement does not see its own inserts, so it could not
         # delete the older of them): only the latest is written.
@@ -181,9 +187,8 @@ def test_a_snapshot_of_a_history_the_log_does_not_hold_is_never_used(pg_dsn: str
     have: every append on the stream refused as not proving its predecessor, forever."""
     with bootstrap(settings_for(pg_dsn, schema, snapshot_interval=10)) as app:
         item_id = uuid4()
-        for i in range(12):
-            app.dispatch({"type": "receive_stock", "item_id": str(item_id), "quantity": 1}, idempotency_key=f"r{i}")
-        assert app.store.flush_snapshots(60) and snapshot_versions(pg_dsn, schema) == [10]
+        receive(app, item_id, 12, "r")
+        assert snapshot_versions(pg_dsn, schema) == [10]
         stale = [(12, os.urandom(32)), (20, os.urandom(32))]  # the head with another hash, and beyond the head
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             for version, event_hash in stale:
@@ -202,22 +207,16 @@ def test_a_snapshot_of_a_history_the_log_does_not_hold_is_never_used(pg_dsn: str
         assert fresh.store.load(InventoryItem, item_id, use_snapshot=True).on_hand == 13
 
 
-def test_a_refused_snapshot_deletes_nothing(pg_dsn: str, schema: str, caplog) -> None:
+def test_a_refused_snapshot_deletes_nothing(pg_dsn: str, schema: str) -> None:
     """The insert and the deletion of the older snapshots are one statement: when the store refuses the new
     one, the stream keeps the one it had, and loads still start from it."""
     with bootstrap(settings_for(pg_dsn, schema, snapshot_interval=2)) as app:
         item_id = uuid4()
-        for i in range(2):
-            app.dispatch({"type": "receive_stock", "item_id": str(item_id), "quantity": 1}, idempotency_key=f"r{i}")
-        assert app.store.flush_snapshots(60) and snapshot_versions(pg_dsn, schema) == [2]
-        with psycopg.connect(pg_dsn, autocommit=True) as conn:
-            conn.execute(f"CREATE FUNCTION {schema}.refuse() RETURNS trigger LANGUAGE plpgsql AS "
-                         "$$BEGIN RAISE EXCEPTION 'no snapshots today'; END$$")
-            conn.execute(f"CREATE TRIGGER refuse BEFORE INSERT ON {schema}.snapshots "
-                         f"FOR EACH ROW EXECUTE FUNCTION {schema}.refuse()")
-        for i in range(2, 4):
-            app.dispatch({"type": "receive_stock", "item_id": str(item_id), "quantity": 1}, idempotency_key=f"r{i}")
-        assert app.store.flush_snapshots(60) and app.store.snapshots.failed == 1
+        receive(app, item_id, 2, "before")
+        assert snapshot_versions(pg_dsn, schema) == [2]
+        refuse_snapshots(pg_dsn, schema)
+        receive(app, item_id, 2, "after")
+        assert app.store.snapshots.failed == 1
         assert snapshot_versions(pg_dsn, schema) == [2]
         snapshot, tail, _ = app.recorder.load_stream(item_id, after_snapshot=True)
         assert snapshot.version == 2 and [e.originator_version for e in tail] == [3, 4]
@@ -228,19 +227,12 @@ def test_a_snapshot_being_deleted_by_another_transaction_is_skipped_not_waited_f
     deadlock: a row another transaction holds stays, and goes with the stream's next snapshot."""
     with bootstrap(settings_for(pg_dsn, schema, snapshot_interval=2)) as app:
         item_id = uuid4()
-
-        def receive(n: int, tag: str) -> None:
-            for i in range(n):
-                app.dispatch({"type": "receive_stock", "item_id": str(item_id), "quantity": 1},
-                             idempotency_key=f"{tag}-{i}")
-            assert app.store.flush_snapshots(60)
-
-        receive(2, "a")
+        receive(app, item_id, 2, "a")
         with psycopg.connect(pg_dsn) as holder:  # a transaction holding the snapshot at 2, as a deletion would
             holder.execute(f"SELECT 1 FROM {schema}.snapshots WHERE version = 2 FOR UPDATE")
-            receive(2, "b")
+            receive(app, item_id, 2, "b")
             assert app.store.snapshots.failed == 0 and snapshot_versions(pg_dsn, schema) == [2, 4]
-        receive(2, "c")
+        receive(app, item_id, 2, "c")
         assert snapshot_versions(pg_dsn, schema) == [6]
 
 
@@ -248,15 +240,9 @@ def test_a_snapshot_the_store_refuses_fails_no_command(pg_dsn: str, schema: str,
     """Snapshots are written behind the commands: one the store refuses is logged and lost, every command is
     acknowledged and stored, and loads replay from the events."""
     with bootstrap(settings_for(pg_dsn, schema, snapshot_interval=2)) as app:
-        with psycopg.connect(pg_dsn, autocommit=True) as conn:
-            conn.execute(f"CREATE FUNCTION {schema}.refuse() RETURNS trigger LANGUAGE plpgsql AS "
-                         "$$BEGIN RAISE EXCEPTION 'no snapshots today'; END$$")
-            conn.execute(f"CREATE TRIGGER refuse BEFORE INSERT ON {schema}.snapshots "
-                         f"FOR EACH ROW EXECUTE FUNCTION {schema}.refuse()")
+        refuse_snapshots(pg_dsn, schema)
         item_id = uuid4()
-        for i in range(7):
-            app.dispatch({"type": "receive_stock", "item_id": str(item_id), "quantity": 1}, idempotency_key=f"r{i}")
-        assert app.store.flush_snapshots(60)
+        receive(app, item_id, 7, "r")
         assert app.store.snapshots.failed >= 1 and "no snapshots today" in caplog.text
         assert count_rows(pg_dsn, schema) == {"events": 7, "idempotency_keys": 7, "snapshots": 0}
     with bootstrap(settings_for(pg_dsn, schema, snapshot_interval=2)) as fresh:
