@@ -240,7 +240,7 @@ def bytes_lines(ours: dict[str, tuple[int, int, int]], stock: dict[str, tuple[in
            f"are kept; the idempotency records ({(idem[1] + idem[2]) / grand:.0%} of the store, "
            f"{(idem[1] + idem[2]) / max(1, idem[0]):.0f} B each) only need to outlive clients' retries: "
            f"run `commitline idempotency expire --older-than-days D` daily with D above the longest retry window "
-           f"(e.g. 7); snapshots are small and one per 10 events of streams longer than 10")
+           f"(e.g. 7); snapshots are one per stream of 10 events or more, its latest")
 
 
 def extrapolation(ours: dict[str, tuple[int, int, int]], stock: dict[str, tuple[int, int, int]], events: int,
