@@ -217,7 +217,8 @@ def scale(ctx: BenchContext) -> Iterator[str]:
     yield (f"scale long aggregate load on new connections (not a goal: each pooled connection's first statements, "
            f"which a running server paid long before): empty={empty_first * 1000:.1f}ms "
            f"stored={stored_first * 1000:.1f}ms ratio={ratio(stored_first, empty_first):.2f}")
-    yield (f"scale catch-up read: a fresh app in a new process, select_notifications pages of 5,000 + decode, best of the rounds; "
+    yield (f"scale catch-up read: a fresh app in a new process, select_notifications pages of 5,000 + decode, "
+           f"best of the rounds; "
            f"events table with its indexes {ref_mib:.0f} MiB at {ref_n:,} events, {read_mib:.0f} MiB at {events:,}; "
            f"the server's shared_buffers {buffers} (beyond it pages come from the OS cache or the disk)")
     if empty_cmd.errors or stored_cmd.errors:
