@@ -27,20 +27,46 @@ import re
 import string
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any, get_args
+from typing import Any, Protocol, get_args
 
 from commitline.application.commands import Command
 from commitline.application.process import ProcessManager
 from commitline.domain.aggregate import Aggregate, Event
 from commitline.domain.errors import DomainError
 from commitline.domain.personal import personal_fields
-from commitline.application.catalog import Stream
+from commitline.domain.registry import EventRegistry
+from commitline.application.catalog import Handler, Stream
 from commitline.framework.declared import Declared, derived_id, shown_path
 from commitline.projections.base import Projection
 from commitline.projections.reads import Reads
 
-if TYPE_CHECKING:
-    from commitline.framework.domain import Domain
+
+class Domain(Protocol):
+    """What the checks read of a ``framework.domain.Domain``: its names and its declarations of each kind (a
+    protocol, so this module does not import the one that calls it)."""
+
+    name: str
+    schema: str
+    where: str
+
+    @property
+    def aggregates(self) -> list[Declared[type[Aggregate]]]: ...
+    @property
+    def handlers(self) -> list[Declared[Handler]]: ...
+    @property
+    def errors(self) -> list[Declared[type[DomainError]]]: ...
+    @property
+    def read_models(self) -> list[Declared[type[Projection]]]: ...
+    @property
+    def process_managers(self) -> list[Declared[type[ProcessManager]]]: ...
+    @property
+    def ports(self) -> list[Declared[tuple[str, Any]]]: ...
+    @property
+    def queries(self) -> list[Declared[Any]]: ...
+    @property
+    def readers(self) -> list[Declared[type[Reads]]]: ...
+    @property
+    def registry(self) -> EventRegistry: ...
 
 NAME = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
 #: codes commitline itself answers with; a domain error may not take one
