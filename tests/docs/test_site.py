@@ -44,6 +44,16 @@ def test_the_readme_is_short_and_links_into_the_site() -> None:
         assert (ROOT / link).is_file(), f"README links to {link}, which does not exist"
 
 
+def test_the_tutorials_complete_example_is_what_commitline_init_writes() -> None:
+    tutorial = (ROOT / "docs" / "tutorial.md").read_text()
+    section = tutorial[tutorial.index("## One complete example"):]
+    shown = section.split("```python\n", 1)[1].split("```", 1)[0]
+    written = (ROOT / "commitline" / "scaffold" / "service" / "package" / "refunds.py.tmpl").read_text()
+    assert shown == written.replace("${package}", "shelfwise"), "the tutorial shows another refunds.py than init writes"
+    lines = shown.splitlines()
+    said = f"in {len(lines)} lines ({sum(1 for line in lines if line.strip())} without blank lines)"
+    assert said in " ".join(section.split("```python", 1)[0].split()), f"the tutorial should say: {said}"
+
 def test_every_page_is_built_and_none_loads_anything_from_outside(site: Path) -> None:
     pages = sorted(p.relative_to(ROOT / "docs") for p in (ROOT / "docs").rglob("*.md"))
     for page in pages:

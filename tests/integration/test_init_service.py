@@ -68,8 +68,12 @@ def test_a_new_service_installs_passes_its_specs_and_serves_its_commands(tmp_pat
             assert requested.status_code == 201, requested.text
             refund = requested.json()["aggregate_id"]
             decided = http.post("/v1/commands", headers={"Idempotency-Key": "r-2"},
-                                json={"type": "decide_refund", "refund_id": refund, "approve": True})
+                                json={"type": "decide_refund", "refund_id": refund, "approve": True,
+                                      "expected_version": 1})
             assert decided.status_code == 200 and decided.json()["events"][0]["type"] == "RefundDecided"
+            late = http.post("/v1/commands", headers={"Idempotency-Key": "r-2-late"},
+                             json={"type": "decide_refund", "refund_id": refund, "approve": True, "expected_version": 1})
+            assert late.status_code == 409 and late.json()["code"] == "concurrency_conflict", late.text
             again = http.post("/v1/commands", headers={"Idempotency-Key": "r-3"},
                               json={"type": "decide_refund", "refund_id": refund, "approve": False})
             assert again.status_code == 409 and again.json()["code"] == "illegal_transition"
