@@ -54,6 +54,7 @@ def test_the_tutorials_complete_example_is_what_commitline_init_writes() -> None
     said = f"in {len(lines)} lines ({sum(1 for line in lines if line.strip())} without blank lines)"
     assert said in " ".join(section.split("```python", 1)[0].split()), f"the tutorial should say: {said}"
 
+
 def test_every_page_is_built_and_none_loads_anything_from_outside(site: Path) -> None:
     pages = sorted(p.relative_to(ROOT / "docs") for p in (ROOT / "docs").rglob("*.md"))
     for page in pages:
