@@ -17,6 +17,7 @@ from commitline.cli import build_parser
 from commitline.framework.loading import load_domain
 from commitline.http.app import create_app
 from commitline.infrastructure.config import Settings
+from commitline.infrastructure.config_brief import brief_markdown
 from commitline.infrastructure.metrics import catalogue
 
 ROOT = Path(__file__).parents[2]
@@ -43,6 +44,14 @@ def test_the_readme_is_short_and_links_into_the_site() -> None:
     for link in re.findall(r"\]\((docs/[^)#]+)", readme):
         assert (ROOT / link).is_file(), f"README links to {link}, which does not exist"
 
+
+def test_the_readmes_configuration_table_is_the_codes() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Configuration"):readme.index("## Documentation")]
+    table = "\n".join(line for line in section.splitlines() if line.startswith("|"))
+    assert table == brief_markdown(), ("README.md's configuration table is not the code's: replace it with what "
+                                       "`python -m commitline.infrastructure.config_brief` prints")
+    assert "(docs/reference/configuration.md)" in section, "the table links to the whole reference"
 
 def test_the_tutorials_complete_example_is_what_commitline_init_writes() -> None:
     tutorial = (ROOT / "docs" / "tutorial.md").read_text()

@@ -107,6 +107,15 @@ def test_the_configuration_reference_is_generated_from_the_settings() -> None:
     assert table.startswith("| variable | default | meaning |") and "`COMMITLINE_DATABASE_URL`" in table
 
 
+def test_every_variable_has_a_brief_for_the_readme_and_no_brief_names_another() -> None:
+    from commitline.infrastructure.config_brief import BRIEFS, brief_markdown, variables
+
+    assert list(BRIEFS) == variables(), "one brief per variable, in the settings' order"
+    table = brief_markdown().splitlines()
+    assert table[2] == "| `COMMITLINE_DATABASE_URL` | unset | PostgreSQL URL (secret) |"
+    assert "| `COMMITLINE_POOL_SIZE` | `10` | connections kept open |" in table
+    assert len(table) == 2 + len(variables())
+
 def test_retry_policy_is_bounded_and_jittered() -> None:
     policy = RetryPolicy(max_attempts=6, base_delay=0.01, max_delay=0.05)
     pauses = [[policy.pause(n) for n in range(1, 6)] for _ in range(200)]
