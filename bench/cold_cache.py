@@ -33,6 +33,7 @@ from bench.harness import BenchContext, commitline_app, fresh_schema
 from commitline.application.chain import GENESIS, chain
 from commitline.examples.inventory import InventoryItem
 from commitline.infrastructure.store.codec import encode_event, encode_snapshot
+from commitline.infrastructure.store.snapshot_shape import shape_of, stored_type
 from commitline.infrastructure.store.streams import Snapshot
 
 WRITERS = 32
@@ -50,6 +51,7 @@ def prefill(ctx: BenchContext, schema: str, streams: int) -> list[str]:
     events: list[StoredEvent] = []
     links: list[tuple[bytes, bytes]] = []
     snapshots: list[Snapshot] = []
+    snapshot_type = stored_type("InventoryItem", shape_of(InventoryItem))  # as the store takes them: used
     with commitline_app(ctx.dsn, schema) as app:
         def write(last: bool) -> None:
             save = len(snapshots) >= CHUNK or (last and snapshots)
@@ -74,7 +76,7 @@ def prefill(ctx: BenchContext, schema: str, streams: int) -> list[str]:
                 links.append(chain(heads[n], events[-1:])[0])
                 heads[n] = links[-1][1]
                 if version % SNAPSHOT_INTERVAL == 0:
-                    snapshots.append(Snapshot(ids[n], version, "InventoryItem", encode_snapshot(item), heads[n]))
+                    snapshots.append(Snapshot(ids[n], version, snapshot_type, encode_snapshot(item), heads[n]))
                 write(False)
         write(True)
     return [str(i) for i in ids]

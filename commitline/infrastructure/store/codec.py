@@ -25,7 +25,7 @@ from uuid import UUID
 
 import orjson
 from eventsourcing.persistence import StoredEvent
-from pydantic import TypeAdapter
+from pydantic import TypeAdapter, ValidationError
 
 from commitline.application.errors import ConfigurationError
 from commitline.application.results import json_default
@@ -193,7 +193,10 @@ class EventCodec:
         else:
             data = {**data, "event_id": stored["id"], "aggregate_id": originator_id, "version": originator_version,
                     "occurred_at": stored["at"]}
-        return validate(data)  # type: ignore[no-any-return]
+        try:
+            return validate(data)  # type: ignore[no-any-return]
+        except ValidationError as e:
+            raise unfitting(cls, topic, originator_id, originator_version, version, e) from None
 
     def _decoder(self, topic: str) -> tuple[type[Event], Any]:
         """(event class, its validator) of a stored type name."""
@@ -203,6 +206,20 @@ class EventCodec:
         decoder = (cls, _adapter(cls).validator.validate_python)
         self._decoders[topic] = decoder
         return decoder
+
+
+def unfitting(cls: type[Event], topic: str, originator_id: UUID, originator_version: int, version: int,
+              error: ValidationError) -> ConfigurationError:
+    """A stored event its class (after any upcasting) does not validate: the domain's code no longer fits its
+    store, most often a field added to an event that gave it no default and no upcaster."""
+    first = error.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or "the event"
+    return ConfigurationError(
+        "COMMITLINE_APP", f"{topic} event {originator_id} v{originator_version}, stored at class version {version}, "
+        f"does not fit {cls.__module__}.{cls.__qualname__} (class_version {cls.class_version}): {where}: "
+        f"{first['msg']}. A field added to an event class needs a default, or the class a new class_version and an "
+        f"upcaster that fills the field in for the events already stored (upcast_v{cls.class_version}_v"
+        f"{cls.class_version + 1})")
 
 
 def encode_snapshot(aggregate: Aggregate) -> bytes:

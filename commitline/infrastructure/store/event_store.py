@@ -57,6 +57,7 @@ from commitline.infrastructure.store.group_commit import GroupCommitter
 from commitline.infrastructure.store.group_read import GroupReader
 from commitline.infrastructure.store import replays
 from commitline.infrastructure.store.recorder import EventRecorder, PendingAppend, SubjectKeyTaken
+from commitline.infrastructure.store.snapshot_shape import parsed_type, shape_of, stored_type
 from commitline.infrastructure.store.snapshot_writer import SnapshotWriter
 from commitline.infrastructure.store.streams import CommandRead, ReadArgs, ReadEvent, Snapshot
 
@@ -82,6 +83,10 @@ class PostgresEventStore:
         self.reader = GroupReader(recorder) if group_commit else None
         self.snapshot_interval = snapshot_interval
         self.snapshots = SnapshotWriter(recorder.save_snapshots)
+        #: each aggregate type's snapshot shape (``snapshot_shape.py``), worked out at its first snapshot
+        self._shapes: dict[type[Aggregate], str] = {}
+        #: aggregate types a snapshot of which could not be decoded by this code: none is taken any more
+        self._unsnapshottable: set[type[Aggregate]] = set()
         self.max_event_bytes = max_event_bytes
         self._heads: OrderedDict[UUID, tuple[int, bytes]] = OrderedDict()
         self._heads_limit = remembered_heads
@@ -106,11 +111,13 @@ class PostgresEventStore:
         start: A | None = None
         if snapshot is not None:
             start = self._snapshot_start(cls, snapshot, owner)
-            if start is None:  # its subject was erased: from the first event
+            if start is None:  # not to be used: from the first event
                 _, stored, head_hash = self.recorder.load_stream(aggregate_id, after_snapshot=False)
         aggregate = self._replayed(cls, aggregate_id, [(s.originator_version, s.topic, orjson.loads(s.state))
                                                        for s in stored], start)
         self._remember(aggregate_id, aggregate.version, head_hash)
+        if snapshot is not None and start is None:
+            self._snapshot_again(aggregate, owner, head_hash)
         return aggregate
 
     def load_for_command(self, cls: type[A], aggregate_id: UUID, *, tenant: str, key: str,
@@ -174,14 +181,18 @@ class PostgresEventStore:
             raise ForeignStream(aggregate_id)  # before any more of it is parsed
         states = [head, *(orjson.loads(e.state) for e in events[1:])] if head is not None else []
         start: A | None = None
+        head_hash: bytes | None = None
         if read.snapshot is not None:
             start = self._snapshot_start(cls, read.snapshot, owner)
-            if start is None:  # its subject was erased: from the first event
-                _, stored, _ = self.recorder.load_stream(aggregate_id, after_snapshot=False)
+            if start is None:  # not to be used: from the first event
+                _, stored, head_hash = self.recorder.load_stream(aggregate_id, after_snapshot=False)
                 events = [ReadEvent(s.originator_version, s.topic, s.state) for s in stored]
                 states = [orjson.loads(e.state) for e in events]
-        return self._replayed(cls, aggregate_id, [(e.version, e.topic, state) for e, state in zip(events, states)],
-                              start)
+        aggregate = self._replayed(cls, aggregate_id, [(e.version, e.topic, state) for e, state in zip(events, states)],
+                                   start)
+        if head_hash is not None:
+            self._snapshot_again(aggregate, owner, head_hash)
+        return aggregate
 
     def _replayed(self, cls: type[A], aggregate_id: UUID, stored: list[tuple[int, str, dict[str, Any]]],
                   start: A | None) -> A:
@@ -193,11 +204,39 @@ class PostgresEventStore:
         return cls.replay(aggregate_id, events, start)
 
     def _snapshot_start(self, cls: type[A], snapshot: Snapshot, owner: str | None) -> A | None:
-        if snapshot.aggregate_type != cls.__name__:
-            raise WrongAggregateType(snapshot.aggregate_id, cls.__name__, snapshot.aggregate_type)
+        """The state ``snapshot`` holds, to replay the events after it on; None when it is not to be used: taken
+        by other code (another shape, ``snapshot_shape.py``), its subject erased, or not decodable by this code."""
+        name, shape = parsed_type(snapshot.aggregate_type)
+        if name != cls.__name__:
+            raise WrongAggregateType(snapshot.aggregate_id, cls.__name__, name)
+        if shape != self._shape(cls):
+            return None
         state = snapshots.open_state(self.codec.personal, owner or "", snapshot.aggregate_id, snapshot.version,
                                      snapshot.state)
-        return decode_snapshot(cls, state) if state is not None else None  # type: ignore[return-value]
+        if state is None:
+            return None
+        try:
+            return decode_snapshot(cls, state)  # type: ignore[return-value]
+        except Exception:
+            if cls not in self._unsnapshottable:
+                self._unsnapshottable.add(cls)
+                log.warning("a snapshot of %s %s cannot be decoded by the class that took it (a field whose type "
+                            "does not survive JSON?): its streams are replayed from their first event, and this "
+                            "process takes no more snapshots of %s", cls.__name__, snapshot.aggregate_id,
+                            cls.__name__, exc_info=True)
+            return None
+
+    def _shape(self, cls: type[Aggregate]) -> str:
+        shape = self._shapes.get(cls)
+        if shape is None:
+            shape = self._shapes[cls] = shape_of(cls)
+        return shape
+
+    def _snapshot_again(self, aggregate: Aggregate, owner: str | None, head_hash: bytes) -> None:
+        """After a replay from the first event past a snapshot that was not used: a snapshot of this code, so
+        that the next load starts from it."""
+        if self.snapshot_interval > 0 and aggregate.version >= self.snapshot_interval:
+            self._take_snapshot(aggregate, owner, head_hash)
 
     def append(
         self, aggregate: Aggregate, events: Sequence[Event], *, tenant: str, idempotency: IdempotencyRecord | None
@@ -324,6 +363,8 @@ class PostgresEventStore:
         fields (without it, such an aggregate is not snapshotted); ``head_hash``: the chain hash of the event
         at the aggregate's version (None: looked up)."""
         # Best effort, after the commit: a missing snapshot only costs a longer replay.
+        if type(aggregate) in self._unsnapshottable:
+            return
         try:
             state: bytes | None = encode_snapshot(aggregate)
             subjects = self._personal_aggregates.get(type(aggregate))
@@ -334,7 +375,8 @@ class PostgresEventStore:
             if state is None:
                 return
             self.snapshots.offer(Snapshot(
-                aggregate.id, aggregate.version, type(aggregate).__name__, state,
+                aggregate.id, aggregate.version, stored_type(type(aggregate).__name__, self._shape(type(aggregate))),
+                state,
                 head_hash if head_hash is not None else self._head_hash(aggregate.id, aggregate.version)))
         except Exception:
             log.warning("snapshot of %s at version %d not taken", aggregate.id, aggregate.version, exc_info=True)
