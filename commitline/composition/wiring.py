@@ -13,7 +13,7 @@ from commitline.application.errors import ConfigurationError, InvalidDomain, Sto
 from commitline.application.processor import CommandProcessor
 from commitline.application.retry import RetryPolicy
 from commitline.composition.root import Commitline
-from commitline.framework.checks import stored_problems
+from commitline.framework.checks import column_type_problems, stored_problems
 from commitline.framework.domain import Domain
 from commitline.framework.loading import load_domain
 from commitline.infrastructure import migrations
@@ -34,6 +34,7 @@ from commitline.infrastructure.store.datastore import StoreDatastore, connect_op
 from commitline.infrastructure.store.event_store import PostgresEventStore
 from commitline.infrastructure.store.event_versions import EventVersions
 from commitline.infrastructure.store.recorder import EventRecorder
+from commitline.projections.storage import unknown_types
 from commitline.infrastructure.tracing import tracing_for
 
 log = logging.getLogger(__name__)
@@ -113,12 +114,13 @@ def bootstrap(settings: Settings | None = None, *, domain: Domain | str | None =
         recorder = EventRecorder(datastore)
         with datastore.get_connection() as conn:
             stored = event_versions.stored_pairs(conn, settings.schema_name)
+            unknown = unknown_types(conn, domain.projections.values())
     except Exception as e:
         cpu.close()
         if shared is not None:
             shared.release()
         raise StoreUnavailable(describe_failure(e, parts)) from None
-    unreadable = stored_problems(domain, stored, settings.schema_name)
+    unreadable = stored_problems(domain, stored, settings.schema_name) + column_type_problems(domain, unknown)
     if unreadable:  # before this process writes or publishes anything
         datastore.close()
         cpu.close()

@@ -82,6 +82,8 @@ class IllegalTransition(DomainError):
 
     @property
     def targets(self) -> str:
+        if self.current == "NEW" and not self.allowed:  # the first state is set by the first event, not a move
+            return "none: a new aggregate's first event is emitted with _emit, whose _evolve sets its first state"
         return ", ".join(self.allowed) or "none (terminal state)"
 
     def details(self) -> dict[str, Any]:

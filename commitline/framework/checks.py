@@ -26,8 +26,8 @@ import inspect
 import re
 import string
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
-from typing import Any, Protocol, get_args
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Protocol, get_args, get_origin
 
 from commitline.application.commands import Command
 from commitline.application.process import ProcessManager
@@ -37,7 +37,7 @@ from commitline.domain.personal import personal_fields
 from commitline.domain.registry import EventRegistry
 from commitline.application.catalog import Handler, Stream
 from commitline.framework.declared import Declared, derived_id, shown_path
-from commitline.projections.base import Projection
+from commitline.projections.base import Projection, Table
 from commitline.projections.reads import Reads
 
 
@@ -192,9 +192,17 @@ def _machine(cls: type[Aggregate], where: str, say: Any) -> None:
         return
     enum = table.enum
     annotation = fields[machine[1]].type
-    per_entry = isinstance(annotation, str) and annotation.replace(" ", "").startswith(("dict[", "Mapping[", "dict"))
-    if enum is not None and isinstance(annotation, str) and not per_entry and enum.__name__ not in annotation:
-        say(where, f"aggregate {cls.__name__}'s field {machine[1]} is {annotation}, but its transition table's "
+    if isinstance(annotation, str):  # the module has ``from __future__ import annotations``
+        per_entry = annotation.replace(" ", "").startswith(("dict[", "Mapping[", "dict"))
+        other = enum is not None and not per_entry and enum.__name__ not in annotation
+        shown = annotation
+    else:
+        per_entry = get_origin(annotation) in (dict, Mapping)
+        other = enum is not None and not per_entry and enum not in (get_args(annotation) or (annotation,))
+        shown = " | ".join("None" if a is type(None) else getattr(a, "__name__", str(a))
+                           for a in (get_args(annotation) or (annotation,)))
+    if other:
+        say(where, f"aggregate {cls.__name__}'s field {machine[1]} is {shown}, but its transition table's "
             f"states are {enum.__name__} members")
 
 
@@ -328,10 +336,32 @@ def _read_models(domain: Domain, events: dict[type[Event], type[Aggregate]], say
             if table.name in tables:
                 say(where, f"read model {name} declares the table {table.name}, as {tables[table.name]} does")
             tables.setdefault(table.name, name)
+            _table(name, table, where, say)
         for event in cls._handlers:
             if event not in events:
                 say(where, f"read model {name} handles {getattr(event, '__name__', event)}, which no aggregate of "
                     "the domain emits")
+
+
+def _table(read_model: str, table: Table, where: str, say: Any) -> None:
+    """A table's key and counters are among its columns, and each column has a type."""
+    columns = ", ".join(table.columns)
+    if not table.key:
+        say(where, f"read model {read_model}'s table {table.name} has no key: name its key columns (key=(...))")
+    for column in table.key:
+        if column not in table.columns:
+            say(where, f"read model {read_model}'s table {table.name}: key column {column!r} is not one of its "
+                f"columns ({columns})")
+    for column in table.counters:
+        if column not in table.columns:
+            say(where, f"read model {read_model}'s table {table.name}: counter {column!r} is not one of its "
+                f"columns ({columns})")
+        elif column in table.key:
+            say(where, f"read model {read_model}'s table {table.name}: {column!r} is a key column and a counter")
+    for column, sql_type in table.columns.items():
+        if not isinstance(sql_type, str) or not sql_type.strip():
+            say(where, f"read model {read_model}'s table {table.name}: column {column!r} needs an SQL type, "
+                f"not {sql_type!r}")
 
 
 def _process_managers(domain: Domain, events: dict[type[Event], type[Aggregate]], say: Any) -> None:
@@ -433,4 +463,17 @@ def stored_problems(domain: Domain, pairs: Iterable[tuple[str, int]], schema: st
             found.append(f"{where}: holds {cls.__name__} events at version {version}, and {cls.__name__} "
                          f"({where_defined(cls, '?')}) lacks {', '.join(missing)} to bring them to version "
                          f"{cls.class_version}")
+    return found
+
+
+def column_type_problems(domain: Domain, unknown: set[str]) -> list[str]:
+    """The read models' columns whose types PostgreSQL does not know (``unknown``, as the database found them)."""
+    found = []
+    for d in _unique_declared(domain.read_models):
+        cls = d.value
+        for table in getattr(cls, "tables", ()):
+            for column, sql_type in table.columns.items():
+                if sql_type in unknown:
+                    found.append(f"{where_defined(cls, d.where)}: read model {cls.name}'s table {table.name}: column "
+                                 f"{column!r} has the type {sql_type!r}, which PostgreSQL does not know")
     return found

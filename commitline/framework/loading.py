@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import sysconfig
 import traceback
 
 from commitline.application.errors import InvalidApp, InvalidDomain
@@ -74,11 +75,18 @@ def _where(module: object) -> str:
     return ""
 
 
+#: Where Python's own modules, installed packages and commitline live: a frame there is not the team's code.
+_NOT_THE_TEAMS = tuple(sorted({*(sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")),
+                               os.path.dirname(os.path.dirname(__file__))}))
+
+
 def _described(error: BaseException) -> str:
-    """The error and the innermost place of the importing code it came from (a syntax error: its line)."""
+    """The error and the innermost place of the importing code it came from: of the team's code if it passed
+    there (a ``@dataclass`` event fails inside ``dataclasses.py``, on the team's line); a syntax error: its line."""
     if isinstance(error, SyntaxError) and error.filename:
         return f"SyntaxError: {error.msg} ({shown_path(error.filename)}:{error.lineno})"
-    frames = traceback.extract_tb(error.__traceback__)
-    inside = [f for f in frames if "importlib" not in f.filename]
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if "importlib" not in f.filename]
+    teams = [f for f in frames if not os.path.abspath(f.filename).startswith(_NOT_THE_TEAMS)]
+    inside = teams or frames
     place = f" ({shown_path(inside[-1].filename)}:{inside[-1].lineno})" if inside else ""
     return f"{type(error).__name__}: {error}{place}"

@@ -22,6 +22,7 @@ as ``{"erased": true}`` in a text or JSON column, and as no value (NULL) in a co
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from decimal import Decimal
 from math import isfinite
 from typing import Any
@@ -99,6 +100,28 @@ def declared_shape(conn: psycopg.Connection[Any], projection: Projection) -> Sha
         "FROM unnest(%s::text[]) AS t", (types,)).fetchall()
     resolved = dict(rows)
     return {table.name: {c: resolved[t] for c, t in table.columns.items()} for table in projection.tables}
+
+
+def unknown_types(conn: psycopg.Connection[Any], projections: Iterable[Projection]) -> set[str]:
+    """The column types of ``projections``' tables PostgreSQL does not know (a typo: ``bigintt``), found before
+    any table is created with them."""
+    types = sorted({t for p in projections for table in p.tables for t in table.columns.values()})
+    try:
+        with conn.transaction():
+            rows = conn.cursor(row_factory=tuple_row).execute(
+                "SELECT t FROM unnest(%s::text[]) AS t WHERE to_regtype(t) IS NULL", (types,)).fetchall()
+        return {t for (t,) in rows}
+    except psycopg.errors.SyntaxError:  # before PostgreSQL 16, a type name that does not parse raises: each alone
+        unknown = set()
+        for sql_type in types:
+            try:
+                with conn.transaction():
+                    row = conn.execute("SELECT to_regtype(%s) IS NULL", (sql_type,)).fetchone()
+            except psycopg.errors.SyntaxError:
+                row = (True,)
+            if row is None or row[0]:
+                unknown.add(sql_type)
+        return unknown
 
 
 def stored_shape(conn: psycopg.Connection[Any], schema: str, projection: Projection, suffix: str = "") -> Shape:

@@ -101,6 +101,13 @@ class Brightness(Projection):  # <- event no aggregate emits
         pass
 
 
+@domain.read_model
+class Glows(Projection):  # <- table of unknown columns
+    name = "glows"
+    tables = (Table("rm_glows", {"lamp_id": "uuid", "n": "bigint"}, key=("lamp_id", "lamp"),
+                    counters=("nn", "lamp_id")),)
+
+
 @domain.error
 class Broken(DomainError):  # <- error without status
     code = "broken_lamp"

@@ -4,11 +4,13 @@ built-in examples when none is): real processes, started from the project root a
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import orjson
+import psycopg
 import pytest
 
 ROOT = Path(__file__).parents[2]
@@ -30,11 +32,13 @@ def on_database(pg_dsn: str, schema: str) -> dict[str, str]:
     ("tests.no_such_module:domain", "there is no module 'tests.no_such_module'"),
     ("tests.domains.raising:domain", "importing tests.domains.raising failed: RuntimeError: the team's settings file "
                                      "is missing (tests/domains/raising.py:6)"),
+    ("tests.domains.mutable:domain", "importing tests.domains.mutable failed: TypeError: cannot inherit non-frozen "
+                                     "dataclass from a frozen one (tests/domains/mutable.py:11)"),
     ("tests.trades:nothing", "module tests.trades has no attribute 'nothing'"),
     ("tests.trades.portfolio:Portfolio", "Portfolio is a class, not a commitline Domain"),
     ("tests.trades:domain.missing", "attribute tests.trades.domain has no attribute 'missing'"),
     ("tests.domains.exiting:domain", "importing tests.domains.exiting exited (sys.exit(5))"),
-    ("tests.domains.contradictions:domain", "domain 'contradictions' cannot be used: 8 problems:"),
+    ("tests.domains.contradictions:domain", "domain 'contradictions' cannot be used: 11 problems:"),
 ])
 def test_a_path_that_names_no_usable_domain_exits_3_naming_it(spec: str, says: str) -> None:
     for args, env in ((["--app", spec, "status"], {}), (["status"], {"COMMITLINE_APP": spec})):
@@ -48,9 +52,21 @@ def test_a_path_that_names_no_usable_domain_exits_3_naming_it(spec: str, says: s
 def test_the_contradictions_are_listed_each_with_where_it_is_declared() -> None:
     done = commitline("--app", "tests.domains.contradictions:domain", "projections", "list")
     listed = [line for line in done.stderr.splitlines() if line.startswith("  - ")]
-    assert done.returncode == 3 and len(listed) == 8, done.stderr
+    assert done.returncode == 3 and len(listed) == 11, done.stderr
     assert all(line.startswith("  - tests/domains/contradictions.py:") for line in listed), listed
 
+
+
+def test_a_column_type_the_database_does_not_know_is_refused_before_its_table_is_made(pg_dsn: str,
+                                                                                      schema: str) -> None:
+    for args in (["status"], ["project"], ["projections", "rebuild", "switches"]):
+        done = commitline("--app", "tests.domains.typo:domain", *args, env=on_database(pg_dsn, schema))
+        assert done.returncode == 3, (args, done.stderr)
+        assert re.search(r"tests/domains/typo\.py:\d+: read model switches's table rm_switches: column 'n' has the "
+                         r"type 'bigintt', which PostgreSQL does not know", done.stderr), done.stderr
+        assert "Traceback" not in done.stderr
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute("SELECT to_regclass(%s)", (f"{schema}.rm_switches",)).fetchone() == (None,)
 
 @pytest.mark.parametrize("args", ENTRY_POINTS, ids=lambda a: " ".join(a[:2]))
 def test_every_entry_point_takes_the_app_before_or_after_its_command(args: list[str]) -> None:

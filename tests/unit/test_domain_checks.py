@@ -40,6 +40,10 @@ def test_every_contradiction_is_listed_in_one_error() -> None:
         "a read model of an event no aggregate emits": r"read model brightness handles Dimmed, which no aggregate",
         "an upcaster chain with a hole": r"upcaster chain has a hole: it is at class_version 3 and lacks upcast_v2_v3",
         "an error without its HTTP status": r"error Broken needs an HTTP status",
+        "a key that is not a column": r"read model glows's table rm_glows: key column 'lamp' is not one of its "
+                                      r"columns \(lamp_id, n\)",
+        "a counter that is not a column": r"rm_glows: counter 'nn' is not one of its columns",
+        "a counter that is a key column": r"rm_glows: 'lamp_id' is a key column and a counter",
     }
     for kind, pattern in kinds.items():
         assert any(re.search(pattern, p) for p in found), f"{kind} not reported in {found}"
@@ -52,6 +56,7 @@ def test_every_contradiction_is_listed_in_one_error() -> None:
     (r"read model brightness handles Dimmed", "event no aggregate emits"),
     (r"error Broken needs an HTTP status", "error without status"),
     (r"two events have the type name Switched", "event type twice"),
+    (r"key column 'lamp' is not one of its columns", "table of unknown columns"),
 ])
 def test_each_problem_names_the_file_and_line_it_is_declared_at(pattern: str, mark: str) -> None:
     problem = next(p for p in problems() if re.search(pattern, p))
@@ -195,3 +200,12 @@ def test_an_error_whose_message_names_what_it_does_not_have_is_refused() -> None
     (problem,) = refused.value.problems
     assert "error Nope's message names thing: not one of its fields (thing_id)" in problem
     assert str(Fine("t-1")) == "thing t-1 refused: because"
+
+
+def test_a_state_field_of_another_enum_is_found_without_postponed_annotations() -> None:
+    from tests.domains import plain_annotations
+
+    with pytest.raises(InvalidDomain) as refused:
+        plain_annotations.domain.check()
+    assert any("aggregate Gate's field state is Door | None, but its transition table's states are Lock members" in p
+               for p in refused.value.problems), refused.value.problems

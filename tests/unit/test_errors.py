@@ -40,6 +40,10 @@ CASES = [
     (IllegalTransition("Order", "CANCELLED", "CONFIRMED", ()), "illegal_transition",
      "Order cannot move from CANCELLED to CONFIRMED; allowed from CANCELLED: none (terminal state)",
      {"aggregate": "Order", "current": "CANCELLED", "requested": "CONFIRMED", "allowed": []}),
+    (IllegalTransition("Account", "NEW", "OPEN", ()), "illegal_transition",
+     "Account cannot move from NEW to OPEN; allowed from NEW: none: a new aggregate's first event is emitted with "
+     "_emit, whose _evolve sets its first state",
+     {"aggregate": "Account", "current": "NEW", "requested": "OPEN", "allowed": []}),
     (InvalidValue("amount", Decimal("1.001"), "too precise"), "invalid_value", "amount=1.001: too precise",
      {"field": "amount", "value": "1.001", "reason": "too precise"}),
     (InsufficientStock("item-1", 2, 1), "insufficient_stock", "item item-1: requested 2, available 1",

@@ -1,0 +1,19 @@
+"""A domain whose read model declares a column type PostgreSQL does not know (``bigintt``): sound as declared,
+refused when it meets a database, before anything is created (``test_choosing_a_domain.py``)."""
+
+from __future__ import annotations
+
+from commitline import Changes, Domain, Projection, RecordedEvent, Table, on
+from tests.domains import quiet
+
+domain = Domain("typo").include(quiet.domain)
+
+
+@domain.read_model
+class Switches(Projection):
+    name = "switches"
+    tables = (Table("rm_switches", {"lamp_id": "uuid", "n": "bigintt"}, key=("lamp_id",), counters=("n",)),)
+
+    @on(quiet.LampSwitched)
+    def switched(self, changes: Changes, r: RecordedEvent) -> None:
+        changes.add("rm_switches", (r.event.aggregate_id,), n=1)
