@@ -17,6 +17,7 @@ from uuid import UUID
 import psycopg
 
 from commitline.application.audit import Progress, VerificationReport
+from commitline.application.errors import ConfigurationError
 from commitline.infrastructure import migrations
 from commitline.infrastructure.followers import interventions
 from commitline.infrastructure.followers.buckets import bucket_name
@@ -48,8 +49,9 @@ class Operations:
     """What an operator asks of the store (a part of ``Commitline``)."""
 
     def unready(self) -> list[str]:
-        """Why this process cannot serve now ([] when it can): the database does not answer, or its schema
-        is not at the version this commitline needs."""
+        """Why this process cannot serve now ([] when it can): the database does not answer, its schema is not
+        at the version this commitline needs, or the domain has personal fields and no master key opens them
+        (``COMMITLINE_MASTER_KEY`` unset with a configured database, or another store's key)."""
         try:
             with self.datastore.probe_connection(READY_PROBE_TIMEOUT_S) as conn:
                 missing = migrations.pending(conn, self.settings.schema_name)
@@ -57,8 +59,16 @@ class Operations:
             return [str(e)]
         except Exception as e:
             return [f"database unreachable: {describe_failure(e, self.conninfo)}"]
-        return [f"schema {self.settings.schema_name} lacks migration {m.version} ({m.description}); "
-                "run commitline migrate" for m in missing]
+        if missing:
+            return [f"schema {self.settings.schema_name} lacks migration {m.version} ({m.description}); "
+                    "run commitline migrate" for m in missing]
+        personal = self.store.codec.personal
+        if personal is not None and self.domain.has_personal_fields:
+            try:
+                personal.master()  # checked against the key table once, then kept
+            except ConfigurationError as e:
+                return [f"personal fields cannot be written or read: {e}"]
+        return []
 
     def migrate(self, *, apply: bool = True) -> MigrationReport:
         """Bring the schema to the version this commitline needs (with ``apply`` False, only say how far behind

@@ -223,6 +223,11 @@ class Domain:
         return MappingProxyType({d.value.name: d.value for d in self.read_models})
 
     @functools.cached_property
+    def has_personal_fields(self) -> bool:
+        """Whether an event of the domain has a ``Personal`` field (sealed under its data subject's key)."""
+        return any(personal_fields(event) for event in self.registry.event_types.values())
+
+    @functools.cached_property
     def personal_projections(self) -> Mapping[str, tuple[str, ...]]:
         """The read models that may copy personal values into their rows, each with the personal fields its
         handlers receive (``"CustomerRegistered.email"``): every projection handling an event type with a

@@ -25,6 +25,7 @@ from commitline.application.errors import CommitlineError
 from commitline.composition import Commitline, Domain, bootstrap, load_domain, load_settings
 from commitline.composition.observability import tracing_from_environment
 from commitline.http import commands, docs, erasures, openapi, operations, queries, reads, status_page, tracing
+from commitline.http.operations import SENT_METHOD
 from commitline.http.problems import (
     InternalError,
     InvalidQuery,
@@ -85,7 +86,7 @@ class HeadAsGet:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["method"] == "HEAD":
-            scope = {**scope, "method": "GET"}
+            scope = {**scope, "method": "GET", SENT_METHOD: "HEAD"}  # the metrics count it as sent
         await self.app(scope, receive, send)
 
 

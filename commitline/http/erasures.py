@@ -28,6 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
+from commitline.application.boundary import CommandLimits, read_json
+from commitline.application.errors import InvalidCommand
 from commitline.composition import RebuildError
 from commitline.http.auth import admin_key
 from commitline.http.commands import is_json, read_body, utf8_only
@@ -35,8 +37,10 @@ from commitline.http.problems import (
     PROBLEM_JSON,
     ErasureIncomplete,
     InvalidBody,
+    InvalidQuery,
     MalformedJson,
     UnsupportedMediaType,
+    as_http_error,
 )
 
 router = APIRouter(tags=["personal data"])
@@ -94,14 +98,17 @@ def _json(value: Any) -> Response:
     return Response(orjson.dumps(value), media_type="application/json")
 
 
-def subject_of(body: bytes, limit: int) -> str:
+def subject_of(body: bytes, limits: CommandLimits) -> str:
     """The subject a body names: MalformedJson (400) when it is not JSON, InvalidBody (422) when it is not
-    ``{"subject": <1-limit characters, not blank, no NUL>}``."""
+    ``{"subject": <1 to max_string_length characters, not blank, no NUL>}``. The JSON is read as a command's
+    is (``read_json``): a key given twice is refused, as is whatever a command's limits refuse."""
     utf8_only(body)
     try:
-        document = orjson.loads(body)
-    except orjson.JSONDecodeError as e:
-        raise MalformedJson([{"loc": [], "msg": str(e), "type": "json_invalid"}]) from None
+        document = read_json(body, limits)
+    except InvalidCommand as e:
+        refused = as_http_error(e)
+        raise (refused if isinstance(refused, MalformedJson) else InvalidBody(e.errors)) from None
+    limit = limits.max_string_length
     if not isinstance(document, dict):
         raise InvalidBody([{"loc": [], "msg": 'must be an object: {"subject": "..."}', "type": "model_type"}])
     errors = [{"loc": [name], "msg": "not a field of an erasure request (only subject)", "type": "extra_forbidden"}
@@ -148,7 +155,7 @@ async def post_erasure(request: Request, key: Any = Depends(admin_key)) -> Respo
     if not is_json(request.headers.get("content-type")):
         raise UnsupportedMediaType(request.headers.get("content-type"))
     body = await read_body(request, commitline.settings.http_max_body_bytes)
-    subject = subject_of(body, commitline.settings.max_string_length)
+    subject = subject_of(body, commitline.settings.command_limits())
     try:
         done = await run_in_threadpool(commitline.erase, key.tenant, subject, by=f"api key {key.key_id}")
     except RebuildError:
@@ -165,8 +172,13 @@ async def post_erasure(request: Request, key: Any = Depends(admin_key)) -> Respo
                **_FORBIDDEN},
 )
 def get_erasures(request: Request, key: Any = Depends(admin_key),
-                 subject: str | None = Query(None, min_length=1, max_length=1024, pattern=SUBJECT_PATTERN,
+                 subject: str | None = Query(None, min_length=1, pattern=SUBJECT_PATTERN,
                                              description="only this data subject's")) -> Response:
-    done = request.app.state.commitline.erasures(key.tenant)
+    commitline = request.app.state.commitline
+    limit = commitline.settings.max_string_length  # as POST bounds it: any subject it erases can be looked up
+    if subject is not None and len(subject) > limit:
+        raise InvalidQuery([{"loc": ["query", "subject"], "msg": f"String should have at most {limit} characters",
+                             "type": "string_too_long"}])
+    done = commitline.erasures(key.tenant)
     return _json({"tenant": key.tenant,
                   "erasures": [_view(e) for e in done if subject is None or e.subject == subject]})

@@ -11,7 +11,8 @@ FastAPI describes the routes; this module completes that with what only commitli
   where a path names something, 503 (with ``Retry-After``) where the store is read, each a problem
   document, and ``default``: any other error is one too;
 - each error status of ``POST /v1/commands`` listing the error codes that answer with it (commitline's and
-  the domain's own); the longest subject ``POST /v1/erasures`` takes (the command boundary's string limit).
+  the domain's own); the longest subject ``POST /v1/erasures`` takes and ``GET /v1/erasures`` looks up (the command
+  boundary's string limit).
 """
 
 from __future__ import annotations
@@ -100,6 +101,8 @@ def describe(app: FastAPI, domain: Domain, limits: CommandLimits) -> dict[str, A
     _commands(schema["paths"]["/v1/commands"]["post"], public, domain.error_statuses)
     erasure = schema["paths"]["/v1/erasures"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     erasure["properties"]["subject"]["maxLength"] = limits.max_string_length  # as the server bounds it
+    lookup = next(p for p in schema["paths"]["/v1/erasures"]["get"]["parameters"] if p["name"] == "subject")
+    lookup["schema"]["anyOf"][0]["maxLength"] = limits.max_string_length  # any subject POST takes can be looked up
     return schema
 
 

@@ -25,6 +25,8 @@ router = APIRouter(tags=["operations"])
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 UNMATCHED = "unmatched"  # the route label of a request no route answered (404): never its path
 READY_RETRY_AFTER_S = "5"
+#: The scope key holding a request's method as sent, where the app answers it as another (HEAD as GET).
+SENT_METHOD = "commitline.sent_method"
 
 
 class NotReady(HttpProblem):
@@ -78,6 +80,8 @@ class RequestMetrics:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
+        sent = scope.get(SENT_METHOD, scope["method"])  # as sent: a HEAD is answered as a GET (``app.HeadAsGet``)
+        method = sent if sent in _METHODS else "other"
         status = 500  # unless the app starts a response
 
         async def sending(message: Message) -> None:
@@ -89,13 +93,16 @@ class RequestMetrics:
         try:
             await self.app(scope, receive, sending)
         finally:
-            method = scope["method"] if scope["method"] in _METHODS else "other"
             observe_request(method, _route(scope), status, time.perf_counter() - started)
 
 
 def _route(scope: dict[str, Any]) -> str:
-    route = scope.get("route")  # set by the router on the shared scope once a route matched
-    return getattr(route, "path", None) or UNMATCHED
+    route = scope.get("route")  # set by the router on the shared scope once one of the API's routes matched
+    path = getattr(route, "path", None)
+    if path is None and "endpoint" in scope:  # a plain route of the framework's own (``/openapi.json``)
+        path = next((r.path for r in getattr(scope.get("app"), "routes", ())
+                     if getattr(r, "endpoint", None) is scope["endpoint"]), None)
+    return path or UNMATCHED
 
 
 def instrument(app: FastAPI) -> None:

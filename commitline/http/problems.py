@@ -17,11 +17,14 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
-from commitline.application.errors import CommitlineError, InvalidCommand, StoreUnavailable, at_location, joined
+from commitline.application.errors import CommitlineError, ConfigurationError, InvalidCommand, at_location, joined
 
 PROBLEM_JSON = "application/problem+json"
 TYPE_PREFIX = "urn:commitline:problem:"
 _STANDARD = frozenset({"type", "title", "status", "detail", "instance"})
+#: ``Retry-After`` of a 503 for a setting that is missing or wrong: it takes an operator (a store that is
+#: unavailable, and every other 503, says 1)
+CONFIGURATION_RETRY_AFTER_S = "30"
 
 #: commitline's error codes -> HTTP status; a domain error has its own ``status``; any other code is a
 #: refusal of the request as sent (422).
@@ -201,8 +204,8 @@ def problem_response(error: CommitlineError, instance: str, headers: dict[str, s
     extra = dict(headers or {})
     if isinstance(error, Unauthorized):
         extra["WWW-Authenticate"] = 'Bearer realm="commitline"'
-    if isinstance(error, (StoreUnavailable, ErasureIncomplete)):
-        extra["Retry-After"] = "1"
+    if status_of(error) == 503:  # every 503 says when to try again; a configuration waits for an operator
+        extra.setdefault("Retry-After", CONFIGURATION_RETRY_AFTER_S if isinstance(error, ConfigurationError) else "1")
     body = orjson.dumps(problem_document(error, instance), default=str)
     return Response(body, status_code=status_of(error), headers=extra, media_type=PROBLEM_JSON)
 

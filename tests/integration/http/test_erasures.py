@@ -114,6 +114,7 @@ def test_another_tenants_subject_is_never_touched_nor_listed(served: Server) -> 
     ({"subject": "a\u0000b"}, 422, "invalid_body", ["subject"]),
     ({"subject": "s", "extra": 1}, 422, "invalid_body", ["extra"]),
     (["s"], 422, "invalid_body", []),
+    (b'{"subject": "first", "subject": "second"}', 422, "invalid_body", ["subject"]),  # which one? neither
     (b"{not json", 400, "malformed_json", []),
 ])
 def test_a_bad_body_is_a_typed_error_and_erases_nothing(served: Server, body: Any, status: int, code: str,
@@ -127,8 +128,22 @@ def test_a_bad_body_is_a_typed_error_and_erases_nothing(served: Server, body: An
             answer = erase(admin, body)
         document = problem(answer, status, code)
         assert [e["loc"] for e in document["errors"]][:1] == ([where] if code == "invalid_body" else [[]])
+        if code == "malformed_json":
+            assert document["detail"].startswith("the body is not valid JSON: "), document["detail"]
         assert admin.get("/v1/erasures").json() == before
         assert account_of(acme, payment) == ACCOUNT
+
+
+def test_any_subject_an_erasure_takes_can_be_looked_up(served: Server) -> None:
+    longest = "s" * 4096  # COMMITLINE_MAX_STRING_LENGTH's default, the server's
+    with client(served, admin_key(served, "acme")) as admin:
+        assert erase(admin, {"subject": longest}).json()["erased"] == []  # no data key: nothing to erase
+        found = admin.get("/v1/erasures", params={"subject": longest})
+        assert found.status_code == 200 and found.json() == {"tenant": "acme", "erasures": []}, found.text
+        too_long = problem(erase(admin, {"subject": longest + "s"}), 422, "invalid_body")
+        assert too_long["errors"][0]["loc"] == ["subject"]
+        looked_up = problem(admin.get("/v1/erasures", params={"subject": longest + "s"}), 400, "invalid_query")
+        assert "4096" in looked_up["detail"]
 
 
 def test_no_key_a_wrong_key_and_a_wrong_media_type_are_refused(served: Server) -> None:
@@ -149,6 +164,8 @@ def test_the_description_documents_the_erasure_routes(served: Server) -> None:
     body = post["requestBody"]["content"]["application/json"]["schema"]
     assert body["required"] == ["subject"] and body["additionalProperties"] is False
     assert "422" in post["responses"] and "admin_key_required" in post["responses"]["403"]["description"]
+    (lookup,) = get["parameters"]
+    assert lookup["schema"]["anyOf"][0]["maxLength"] == body["properties"]["subject"]["maxLength"] == 4096
     with served.client("acme") as acme:  # two routes share the path: a 405 names the methods of both
         for method in ("OPTIONS", "DELETE", "PUT"):
             wrong = acme.request(method, "/v1/erasures")

@@ -99,6 +99,28 @@ def test_readyz_is_ready_then_not_once_the_schema_is_behind(served: Server, pg_d
     assert httpx.get(f"{served.base_url}/readyz").status_code == 200
 
 
+def test_without_a_master_key_a_domain_with_personal_fields_is_not_ready_and_each_503_says_when_to_retry(
+        pg_dsn: str, schema: str, tmp_path: Path) -> None:
+    """With a configured database and no ``COMMITLINE_MASTER_KEY``, a payment (its account is personal) can be
+    neither written nor read: the server answers 503 ``configuration_error`` naming the setting, with a
+    ``Retry-After`` as every 503 has, and ``/readyz`` says it is not ready, so that a rolling deploy missing the
+    key stops at its first process instead of replacing ready ones."""
+    server = start_server(pg_dsn, schema, tmp_path / "serve.log", COMMITLINE_MASTER_KEY="")
+    try:
+        with server.client("acme") as acme:
+            refused = acme.post("/v1/commands", headers={"Idempotency-Key": "no-key-1"}, json={
+                "type": "create_payment", "amount": "1.00", "currency": "EUR", "account": "DE89370400440532013000"})
+            assert refused.status_code == 503 and refused.json()["code"] == "configuration_error", refused.text
+            assert "COMMITLINE_MASTER_KEY" in refused.json()["detail"] and refused.headers["retry-after"] == "30"
+        ready = httpx.get(f"{server.base_url}/readyz")
+        assert ready.status_code == 503 and ready.headers["retry-after"], ready.text
+        (reason,) = ready.json()["reasons"]
+        assert reason.startswith("personal fields cannot be written or read: COMMITLINE_MASTER_KEY"), reason
+        assert count_rows(pg_dsn, schema)["events"] == 0
+    finally:
+        server.stop()
+
+
 def test_metrics_count_commands_by_type_outcome_and_code(served: Server, acme: httpx.Client, pg_dsn: str,
                                                          module_schema: str) -> None:
     _, before = scrape(served.base_url)
@@ -167,6 +189,25 @@ def test_metrics_count_commands_by_type_outcome_and_code(served: Server, acme: h
     assert value(after, "commitline_fulfilments_stuck") == 0
     assert served.key("acme") not in response.text
 
+
+
+def test_each_request_is_counted_under_its_own_method_and_route(served: Server) -> None:
+    """A HEAD is counted as a HEAD (the server answers it as a GET), and the framework's own ``/openapi.json``
+    under its route, not as unmatched (which only a request no route answers is)."""
+    _, before = scrape(served.base_url)
+    assert httpx.head(f"{served.base_url}/healthz").status_code == 200
+    assert httpx.get(f"{served.base_url}/openapi.json").status_code == 200
+    assert httpx.get(f"{served.base_url}/no-such-route").status_code == 404
+    _, after = scrape(served.base_url)
+
+    def delta(**labels: str) -> float:
+        return value(after, "commitline_http_requests_total", **labels) - value(
+            before, "commitline_http_requests_total", **labels)
+
+    assert delta(method="HEAD", route="/healthz", status="200") == 1
+    assert delta(method="GET", route="/healthz", status="200") == 0
+    assert delta(method="GET", route="/openapi.json", status="200") == 1
+    assert delta(method="GET", route="unmatched", status="404") == 1
 
 def test_every_exported_metric_is_in_the_documented_catalogue(served: Server, acme: httpx.Client) -> None:
     """The reference's metrics page is rendered from ``catalogue()``: a metric a scrape shows must be there, with
