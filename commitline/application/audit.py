@@ -132,7 +132,11 @@ LARGE_COLLECTION = 50
 
 def _canonical(value: Any) -> Any:
     if isinstance(value, (set, frozenset)):
-        return sorted(_canonical(v) for v in value)
+        items = [_canonical(v) for v in value]
+        try:
+            return sorted(items)
+        except TypeError:  # members without an order (enum members, mixed types): ordered by how they print
+            return sorted(items, key=lambda v: (type(v).__qualname__, repr(v)))
     if isinstance(value, dict):
         return {k: _canonical(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -26,8 +26,8 @@ import inspect
 import re
 import string
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, Protocol, get_args, get_origin
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
+from typing import Any, Literal, Protocol, get_args, get_origin, get_type_hints
 
 from commitline.application.commands import Command
 from commitline.application.process import ProcessManager
@@ -227,6 +227,9 @@ def _events(aggregates: dict[type[Aggregate], str], say: Any) -> dict[type[Event
                 say(event_where, f"event {event.__name__}'s class_version must be a whole number from 1, not "
                     f"{event.class_version!r}")
                 continue
+            for field, key in _non_string_keys(event):
+                say(event_where, f"event {event.__name__}'s field {field} holds a dict keyed by {key}: an event is "
+                    "stored as JSON, whose object keys are strings; key it by str")
             missing = event.missing_upcasters()
             if missing:
                 say(event_where, f"event {event.__name__}'s upcaster chain has a hole: it is at class_version "
@@ -239,6 +242,30 @@ def _events(aggregates: dict[type[Aggregate], str], say: Any) -> dict[type[Event
         for place in places[1:]:
             say(place, f"two events have the type name {name} (also {places[0]})")
     return owner
+
+
+def _non_string_keys(event: type[Event]) -> Iterator[tuple[str, str]]:
+    """Each field of ``event`` holding (anywhere in its type) a dict whose keys are not strings, with the key's
+    type: JSON cannot store it (the encoder refuses it on every command)."""
+    try:
+        hints = get_type_hints(event)
+    except Exception:  # a name the module cannot resolve: the class is checked no further here
+        return
+    for field in _field_names(event):
+        stack = [hints.get(field)]
+        while stack:
+            annotation = stack.pop()
+            args = get_args(annotation)
+            if get_origin(annotation) in (dict, Mapping, MutableMapping) and args and not _string_like(args[0]):
+                yield field, getattr(args[0], "__name__", None) or str(args[0])
+                break
+            stack.extend(a for a in args if a is not Ellipsis)
+
+
+def _string_like(key: Any) -> bool:
+    if key is str or (get_origin(key) is Literal and all(isinstance(a, str) for a in get_args(key))):
+        return True
+    return getattr(key, "__supertype__", None) is str  # a NewType of str
 
 
 def _personal(events: dict[type[Event], type[Aggregate]], aggregates: dict[type[Aggregate], str], say: Any) -> None:

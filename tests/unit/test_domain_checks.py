@@ -209,3 +209,17 @@ def test_a_state_field_of_another_enum_is_found_without_postponed_annotations() 
         plain_annotations.domain.check()
     assert any("aggregate Gate's field state is Door | None, but its transition table's states are Lock members" in p
                for p in refused.value.problems), refused.value.problems
+
+
+def test_an_event_dict_keyed_by_anything_but_strings_is_refused_naming_the_field() -> None:
+    from tests.domains import keyed
+
+    with pytest.raises(InvalidDomain) as refused:
+        keyed.domain.check()
+    found = [p for p in refused.value.problems if "keyed by" in p]
+    assert sorted(re.sub(r"^\S+: ", "", p) for p in found) == [
+        "event Measured's field by_level holds a dict keyed by Level: an event is stored as JSON, whose object keys "
+        "are strings; key it by str",
+        "event Measured's field history holds a dict keyed by UUID: an event is stored as JSON, whose object keys "
+        "are strings; key it by str"]
+    assert all(p.startswith("tests/domains/keyed.py:") for p in found), found
