@@ -83,8 +83,8 @@ class PostgresEventStore:
         self.reader = GroupReader(recorder) if group_commit else None
         self.snapshot_interval = snapshot_interval
         self.snapshots = SnapshotWriter(recorder.save_snapshots)
-        #: each aggregate type's snapshot shape (``snapshot_shape.py``), worked out at its first snapshot
-        self._shapes: dict[type[Aggregate], str] = {}
+        #: each aggregate type's snapshot shape (``snapshot_shape.py``), worked out now, from the files just imported
+        self._shapes: dict[type[Aggregate], str] = {a: shape_of(a) for a in codec.registry.aggregates}
         #: aggregate types a snapshot of which could not be decoded by this code: none is taken any more
         self._unsnapshottable: set[type[Aggregate]] = set()
         self.max_event_bytes = max_event_bytes
