@@ -85,16 +85,13 @@ def variables() -> list[str]:
 
 def brief_markdown() -> str:
     """The table: variable, default (``unset``: the reference says what that means) and the brief."""
-    defaults = {}
-    for f in Settings.model_fields.values():
-        value = "unset" if f.default is None else str(f.default).lower() if isinstance(f.default, bool) else f.default
-        defaults[str(f.validation_alias)] = "unset" if value == "unset" else f"`{value}`"
-    defaults.update({name: "unset" for name, _, _ in TOOLING_VARIABLES})
-    defaults["COMMITLINE_TEST_OUTAGE_S"] = next(d for n, d, _ in TOOLING_VARIABLES if n == "COMMITLINE_TEST_OUTAGE_S")
+    defaults = {str(f.validation_alias): "unset" if f.default is None else
+                f"`{str(f.default).lower() if isinstance(f.default, bool) else f.default}`"
+                for f in Settings.model_fields.values()}
+    defaults.update({name: "unset" if d.startswith("unset") else d for name, d, _ in TOOLING_VARIABLES})
     rows = ["| variable | default | what |", "|---|---|---|"]
     rows += [f"| `{name}` | {defaults[name]} | {BRIEFS[name]} |" for name in variables()]
     return "\n".join(rows)
-
 
 if __name__ == "__main__":
     print(brief_markdown())
