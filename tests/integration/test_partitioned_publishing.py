@@ -19,7 +19,6 @@ from uuid import uuid4
 import orjson
 import psycopg
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from commitline.composition import Commitline, bootstrap
 from tests.support import AGGREGATES
@@ -29,6 +28,7 @@ from commitline.infrastructure.kafka.publisher import Publisher
 from commitline.infrastructure.kafka.publisher import PUBLISHER
 from commitline.infrastructure.store.log import BucketLog, BucketPage, bucket_of
 from commitline.infrastructure.store.recorder import EventRecorder
+from tests.kafka_reader import read_topics
 from tests.support import FollowerThread, kafka_settings, wait_for
 
 BUCKETS = 16
@@ -71,35 +71,15 @@ def stored_events(pg_dsn: str, schema: str) -> dict[str, tuple[str, int]]:
 def consume_everything(bootstrap_servers: str, prefix: str,
                        aggregates: Sequence[type] = AGGREGATES) -> list[tuple[str, int, int, dict]]:
     """(topic, partition, offset, envelope) of every record of the prefix's topics (of ``aggregates``, by default
-    the examples'), each partition read from its beginning to the end offset it had when reading began: manual
-    assignment, no consumer group."""
-    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"reader-{uuid.uuid4()}",
-                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
-    try:
-        metadata = consumer.list_topics(timeout=20)
-        wanted = [topic_for(prefix, a.__name__) for a in aggregates]
-        partitions = [TopicPartition(t, p, OFFSET_BEGINNING) for t in wanted if t in metadata.topics
-                      for p in metadata.topics[t].partitions]
-        ends = {(tp.topic, tp.partition): consumer.get_watermark_offsets(tp, timeout=20)[1] for tp in partitions}
-        remaining = {tp for tp, end in ends.items() if end > 0}
-        consumer.assign(partitions)
-        records = []
-        deadline = time.monotonic() + 120
-        while remaining:
-            assert time.monotonic() < deadline, f"could not read to the end of {sorted(remaining)}"
-            for m in consumer.consume(num_messages=2000, timeout=0.5):
-                if m.error():
-                    assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
-                    continue
-                envelope = orjson.loads(m.value())
-                envelope["_publisher"] = dict(m.headers() or []).get("publisher", b"?").decode()
-                records.append((m.topic(), m.partition(), m.offset(), envelope))
-                assert m.key().decode() == records[-1][3]["aggregate_id"], "key = aggregate id"
-                if m.offset() + 1 >= ends[(m.topic(), m.partition())]:
-                    remaining.discard((m.topic(), m.partition()))
-        return sorted(records, key=lambda r: (r[0], r[1], r[2]))
-    finally:
-        consumer.close()
+    the examples'), each partition read from its beginning to its end (``tests/kafka_reader.py``); the envelope
+    also says who sent it (``_publisher``)."""
+    records = []
+    for r in read_topics(bootstrap_servers, [topic_for(prefix, a.__name__) for a in aggregates]):
+        envelope = orjson.loads(r.value)
+        envelope["_publisher"] = r.headers.get("publisher", b"?").decode()
+        assert r.key.decode() == envelope["aggregate_id"], "key = aggregate id"
+        records.append((r.topic, r.partition, r.offset, envelope))
+    return records
 
 
 def keep_writing(app: Commitline, stop: threading.Event, tag: str, written: list[int]) -> threading.Thread:
