@@ -192,13 +192,16 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
         return EXIT_REFUSED if failures else EXIT_OK
 
 
+MAX_RETENTION_DAYS = 365_000  # a thousand years
+
+
 def cmd_expire(args: argparse.Namespace) -> int:
     from datetime import timedelta
 
     from commitline.cli.common import bootstrap
 
-    if args.older_than_days < 1:
-        print("idempotency expire: --older-than-days must be at least 1", file=sys.stderr)
+    if not 1 <= args.older_than_days <= MAX_RETENTION_DAYS:  # beyond: before any date PostgreSQL can hold
+        print(f"idempotency expire: --older-than-days must be between 1 and {MAX_RETENTION_DAYS}", file=sys.stderr)
         return EXIT_USAGE
     with bootstrap() as app:
         count = app.expire_idempotency_records(timedelta(days=args.older_than_days), dry_run=args.dry_run)

@@ -138,7 +138,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     for problem in problems:  # one line per problem, on stderr
         print(f"unhealthy: {problem}", file=sys.stderr)
     if not args.json and not problems:
-        checked = ", ".join(only) if only is not None else f"all {len(report.followers)} followers"
+        if only is not None:
+            checked = ", ".join(only)
+        else:  # which followers run is a deployment's choice: those that do not are counted, not judged
+            idle = sum(not f.alive for f in report.followers)
+            checked = f"all {len(report.followers)} followers" + (f" ({idle} not running)" if idle else "")
         print(f"healthy: {checked}")
     return EXIT_REFUSED if problems else EXIT_OK
 

@@ -64,14 +64,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     host = args.host or settings.http_host
     port = settings.http_port if args.port is None else args.port
     workers = args.workers or settings.http_workers
+    from commitline.http.access_log import log_config
+
     options = {"host": host, "port": port, "access_log": not args.no_access_log, "log_level": "info",
-               "timeout_graceful_shutdown": 30}
+               "timeout_graceful_shutdown": 30, "log_config": log_config()}
     chosen = domain()
     with metrics_files(workers), app_for_workers(workers):
         import uvicorn
 
         from commitline.composition import bootstrap
         from commitline.http.app import create_app, freeze_startup_heap
+        from commitline.http.operations import note_readiness
 
         # One worker dispatches here, on a CPU of its own; several claim theirs in their own processes.
         with bootstrap(settings, domain=chosen, dispatch_cpu="auto" if workers == 1 else "off") as app:
@@ -81,6 +84,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 # SIGTERM's default would end the process with 143, where a clean stop is 0 (as with --workers N).
                 signal.signal(signal.SIGTERM, lambda signum, frame: None)
                 served = create_app(app)
+                note_readiness(served.state, app.unready())
                 freeze_startup_heap()
                 uvicorn.run(served, **options)
             else:

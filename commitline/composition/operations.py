@@ -17,7 +17,7 @@ from uuid import UUID
 import psycopg
 
 from commitline.application.audit import Progress, VerificationReport
-from commitline.application.errors import ConfigurationError
+from commitline.application.errors import ConfigurationError, StoreUnavailable
 from commitline.infrastructure import migrations
 from commitline.infrastructure.followers import interventions
 from commitline.infrastructure.followers.buckets import bucket_name
@@ -57,6 +57,8 @@ class Operations:
                 missing = migrations.pending(conn, self.settings.schema_name)
         except migrations.SchemaTooNew as e:
             return [str(e)]
+        except StoreUnavailable as e:  # described already
+            return [f"database unreachable: {e.reason}"]
         except Exception as e:
             return [f"database unreachable: {describe_failure(e, self.conninfo)}"]
         if missing:

@@ -25,7 +25,7 @@ from commitline.application.errors import CommitlineError
 from commitline.composition import Commitline, Domain, bootstrap, load_domain, load_settings
 from commitline.composition.observability import tracing_from_environment
 from commitline.http import commands, docs, erasures, openapi, operations, queries, reads, status_page, tracing
-from commitline.http.operations import SENT_METHOD
+from commitline.http.operations import SENT_METHOD, note_readiness
 from commitline.http.problems import (
     InternalError,
     InvalidQuery,
@@ -173,6 +173,7 @@ def app_from_environment() -> FastAPI:
         holder["app"] = app.state.commitline = bootstrap(domain=domain, apply_migrations=False,
                                                          dispatch_cpu="auto")
         holder["app"].dispatch_cpu.enter()  # the event loop too, and the threads it starts: the whole worker
+        note_readiness(app.state, holder["app"].unready())
         freeze_startup_heap()
         try:
             yield

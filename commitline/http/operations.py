@@ -8,6 +8,7 @@ worker's metrics and reads follower positions from PostgreSQL at scrape time (``
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -21,6 +22,7 @@ from commitline.application.errors import joined
 from commitline.composition.observability import observe_request
 from commitline.http.problems import PROBLEM_JSON, HttpProblem, problem_response
 
+log = logging.getLogger(__name__)
 router = APIRouter(tags=["operations"])
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 UNMATCHED = "unmatched"  # the route label of a request no route answered (404): never its path
@@ -54,9 +56,21 @@ async def healthz() -> dict[str, str]:
 )
 def readyz(request: Request) -> Response:
     reasons = request.app.state.commitline.unready()
+    note_readiness(request.app.state, reasons)
     if reasons:
         return problem_response(NotReady(reasons), request.url.path, {"Retry-After": READY_RETRY_AFTER_S})
     return JSONResponse({"status": "ready"})
+
+
+def note_readiness(state: Any, reasons: list[str]) -> None:
+    """Log why this process is not ready when that starts or changes, and that it is ready again when it is: the
+    reason is then in its log, not only in a ``/readyz`` answer (which a probe like ``curl -sf`` does not show)."""
+    was = getattr(state, "unready_reasons", None)
+    if reasons and reasons != was:
+        log.warning("not ready: %s", "; ".join(reasons))
+    elif not reasons and was:
+        log.info("ready again")
+    state.unready_reasons = reasons
 
 
 @router.get(

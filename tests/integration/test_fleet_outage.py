@@ -67,6 +67,10 @@ def test_a_two_minute_outage_under_load_loses_nothing_and_every_process_recovers
             with psycopg.connect(server.dsn) as conn:  # everything stored before the outage
                 [(head,)] = conn.execute(f"SELECT max(notification_id) FROM {SCHEMA}.events").fetchall()
             wait_for(lambda: fleet.ready() == 200, "serve to be ready again", timeout=120)
+            said = [line for line in fleet.processes["serve"].output().splitlines() if "ready" in line]
+            assert any("not ready: database unreachable: cannot use PostgreSQL at" in line for line in said) and \
+                "ready again" in said[-1], said  # in serve's log, not only in the 503s
+            assert not any("event store unavailable" in line for line in said), said  # described once
             wait_for(lambda: published_beyond(server.dsn, SCHEMA, head), "an event stored after the outage to be "
                      "published", timeout=180)
             published = time.monotonic()

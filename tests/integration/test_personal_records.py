@@ -10,42 +10,21 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 
 import orjson
 import pytest
-from confluent_kafka import Consumer
 from jsonschema_rs import Draft202012Validator
 
 from commitline import ERASED, ConfigurationError, InvalidValue, PersonalRecords, WrongMasterKey
 from commitline.composition import bootstrap
 from commitline.infrastructure.kafka.envelope import ENVELOPE_SCHEMA
 from commitline.infrastructure.personal.master import generate
+from tests.kafka_reader import read_topics
 from tests.support import MASTER_KEY, FollowerThread, kafka_settings, wait_for
 
 pytestmark = pytest.mark.integration
 ACCOUNT = "GB33BUKB20201555555555"
-
-
-def consume(bootstrap_servers: str, topic: str, count: int) -> list[bytes]:
-    """The first ``count`` record values of ``topic``, read by a consumer of its own group from the start."""
-    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"reader-{uuid.uuid4().hex}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
-    consumer.subscribe([topic])
-    values: list[bytes] = []
-    try:
-        def read() -> bool:
-            message = consumer.poll(0.5)
-            if message is not None:
-                assert message.error() is None, message.error()
-                values.append(message.value())
-            return len(values) >= count
-
-        wait_for(read, f"{count} records on {topic}", timeout=120)
-    finally:
-        consumer.close()
-    return values
 
 
 @pytest.fixture
@@ -57,7 +36,8 @@ def published(pg_dsn: str, schema: str, kafka_bootstrap: str) -> Iterator[tuple[
                                idempotency_key="create").aggregate_id
         app.dispatch({"type": "submit_payment", "payment_id": str(payment)}, idempotency_key="submit")
         background.wait_until_at(app.recorder.max_notification_id())
-    values = consume(kafka_bootstrap, f"{settings.kafka_topic_prefix}PaymentTransaction", 2)
+    values = [r.value for r in read_topics(kafka_bootstrap, [f"{settings.kafka_topic_prefix}PaymentTransaction"])]
+    assert len(values) == 2, values
     yield str(payment), {orjson.loads(v)["type"]: v for v in values}
 
 

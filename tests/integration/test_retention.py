@@ -42,5 +42,7 @@ def test_expire_command(app: Commitline, pg_dsn: str, schema: str) -> None:
     run = [sys.executable, "-m", "commitline.cli", "idempotency", "expire"]
     out = subprocess.run([*run, "--older-than-days", "30"], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "deleted 0 idempotency records" in out.stdout
-    bad = subprocess.run([*run, "--older-than-days", "0"], env=env, capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and bad.stdout == ""
+    for days in ("0", "999999999", "99999999999"):  # none, or before any date PostgreSQL (or Python) can hold
+        bad = subprocess.run([*run, "--older-than-days", days], env=env, capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 2 and bad.stdout == "", bad.stderr
+        assert bad.stderr.strip() == "idempotency expire: --older-than-days must be between 1 and 365000"

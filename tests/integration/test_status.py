@@ -86,7 +86,8 @@ def test_a_fresh_store_lists_every_follower_as_never_run(pg_dsn: str, schema: st
 
     everything = status(pg_dsn, schema, "--check")
     assert everything.returncode == 0, everything.stderr  # nothing runs, so nothing is broken
-    assert everything.stdout.startswith("healthy")
+    n = len(names)
+    assert everything.stdout.strip() == f"healthy: all {n} followers ({n} not running)"  # counted, not judged
     named = status(pg_dsn, schema, "--check", "publisher,task_statuses")
     assert named.returncode == 1  # named followers must be running
     lines = named.stderr.strip().splitlines()

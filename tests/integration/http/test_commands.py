@@ -396,7 +396,11 @@ def test_no_key_appears_in_the_log_or_any_response(served: Server, acme: httpx.C
         assert fake not in response.text and fake not in str(response.headers)
     keys = [*served.keys.values(), fake]
     assert len(keys) >= 3
+    # a key put in a URL by mistake: the access log shows the request line without it
+    for url in (f"/v1/aggregates/0b5f3c1e-6a0d-4f7e-9c2b-8d4e1a7f3b21?token={keys[0]}", f"/v1/nothing/{keys[1]}"):
+        assert acme.get(url).status_code == 404
     log = served.output()
+    assert "?token=clk_<redacted>" in log and "/v1/nothing/clk_<redacted>" in log
     assert "POST /v1/commands" in log  # the access log is on: requests are logged, keys are not
     for secret in keys:
         assert secret not in log

@@ -104,7 +104,7 @@ def test_without_a_master_key_a_domain_with_personal_fields_is_not_ready_and_eac
     """With a configured database and no ``COMMITLINE_MASTER_KEY``, a payment (its account is personal) can be
     neither written nor read: the server answers 503 ``configuration_error`` naming the setting, with a
     ``Retry-After`` as every 503 has, and ``/readyz`` says it is not ready, so that a rolling deploy missing the
-    key stops at its first process instead of replacing ready ones."""
+    key stops at its first process instead of replacing ready ones; the log says why as the server starts."""
     server = start_server(pg_dsn, schema, tmp_path / "serve.log", COMMITLINE_MASTER_KEY="")
     try:
         with server.client("acme") as acme:
@@ -117,6 +117,8 @@ def test_without_a_master_key_a_domain_with_personal_fields_is_not_ready_and_eac
         (reason,) = ready.json()["reasons"]
         assert reason.startswith("personal fields cannot be written or read: COMMITLINE_MASTER_KEY"), reason
         assert count_rows(pg_dsn, schema)["events"] == 0
+        # the reason is in the log too, once (logged as the server started, not again for each probe)
+        assert server.output().count(f"not ready: {reason}") == 1, server.output()
     finally:
         server.stop()
 

@@ -1,0 +1,37 @@
+"""The HTTP access log without API keys: uvicorn's logging configuration with a filter on its access lines.
+
+A key belongs in the ``Authorization`` header, which is never logged; a client that puts one in a URL (a path
+or a query string) would otherwise have it written to the log with the request line. Anything shaped like a
+key (``clk_`` and what follows) is shown as ``clk_<redacted>``. The filter is named in the configuration by
+its import path, so each worker process of ``serve --workers N`` builds its own.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import re
+from typing import Any
+
+_KEY_LIKE = re.compile(r"clk_[A-Za-z0-9_%-]+")
+REDACTED = "clk_<redacted>"
+
+
+class RedactApiKeys(logging.Filter):
+    """Replaces every key-shaped text in an access line's arguments (the request line among them)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(_KEY_LIKE.sub(REDACTED, a) if isinstance(a, str) and "clk_" in a else a
+                                for a in record.args)
+        return True
+
+
+def log_config() -> dict[str, Any]:
+    """uvicorn's default logging configuration, its access lines passed through ``RedactApiKeys``."""
+    from uvicorn.config import LOGGING_CONFIG
+
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config.setdefault("filters", {})["redact_api_keys"] = {"()": f"{__name__}.RedactApiKeys"}
+    config["handlers"]["access"]["filters"] = ["redact_api_keys"]
+    return config
