@@ -4,8 +4,8 @@
 Each partition is read from its beginning to the log end the broker reports with the records it returns
 (the high watermark of the fetch responses), by manual assignment, no consumer group. The offsets a
 ListOffsets request answers are used only to know which partitions hold anything: the embedded broker
-(Tansu) answers "latest" with the base offset of the batch written last, plus one, so a read that stopped
-there would leave out the rest of that batch, or whole batches another producer wrote a moment before.
+(Tansu) answers "latest" with the base offset of the batch written last (by time, not by offset), plus one,
+so a read that stopped there would leave out the rest of that batch.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def read_topics(bootstrap_servers: str, topics: list[str], timeout: float = 120)
                     assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
                     continue
                 records.append(Read(m.topic(), m.partition(), m.offset(), m.key(), m.value(),
-                                    {k: v for k, v in (m.headers() or [])}, m.timestamp()[1]))
+                                    dict(m.headers() or []), m.timestamp()[1]))
                 next_offset[(m.topic(), m.partition())] = m.offset() + 1
             for tp in list(remaining):
                 end = consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)[1]  # the last fetch's

@@ -59,13 +59,12 @@ def app_for_workers(workers: int) -> Iterator[None]:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from commitline.composition import load_settings
+    from commitline.http.access_log import log_config
 
     settings = load_settings()
     host = args.host or settings.http_host
     port = settings.http_port if args.port is None else args.port
     workers = args.workers or settings.http_workers
-    from commitline.http.access_log import log_config
-
     options = {"host": host, "port": port, "access_log": not args.no_access_log, "log_level": "info",
                "timeout_graceful_shutdown": 30, "log_config": log_config()}
     chosen = domain()

@@ -93,5 +93,6 @@ def brief_markdown() -> str:
     rows += [f"| `{name}` | {defaults[name]} | {BRIEFS[name]} |" for name in variables()]
     return "\n".join(rows)
 
+
 if __name__ == "__main__":
     print(brief_markdown())
