@@ -91,9 +91,14 @@ def _verify(app, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-de
         for v in report.broken:
             print(f"BROKEN {v.aggregate_id}: {v.problem} at version {v.version}: {v.detail}")
         verdict = "OK" if report.ok else f"{len(report.broken)} stream(s) BROKEN"
-        print(f"{verdict}: {report.streams} streams, {report.events} events verified in {report.seconds:.1f} s "
+        print(f"{verdict}: {report.streams} streams, {report.events} events verified in {_took(report.seconds)} "
               f"({rate:,.0f} events/s)")
     return EXIT_OK if report.ok else EXIT_REFUSED
+
+
+def _took(seconds: float) -> str:
+    """A duration as a person reads it: milliseconds below a second (a small store's "0.0 s" says nothing)."""
+    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.1f} s"
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

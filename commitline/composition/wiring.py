@@ -34,8 +34,8 @@ from commitline.infrastructure.store.datastore import StoreDatastore, connect_op
 from commitline.infrastructure.store.event_store import PostgresEventStore
 from commitline.infrastructure.store.event_versions import EventVersions
 from commitline.infrastructure.store.recorder import EventRecorder
-from commitline.projections.storage import unknown_types
 from commitline.infrastructure.tracing import tracing_for
+from commitline.projections.storage import unknown_types
 
 log = logging.getLogger(__name__)
 

@@ -62,6 +62,17 @@ def is_json(content_type: str | None) -> bool:
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
+def _as_sent(value: str) -> str:
+    """A header value as its sender wrote it: the server reads header bytes as Latin-1, so a UTF-8 key's 'é'
+    arrives as 'Ã©'; read back as UTF-8 when it is that, so a refusal names the character the client sent."""
+    if value.isascii():
+        return value
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except UnicodeError:  # not UTF-8: the bytes as Latin-1 are as good a reading as any
+        return value
+
+
 def idempotency_key(headers: Headers) -> str:
     """The header's key: a plain token, or a quoted string as the Idempotency-Key draft writes it; refused when
     sent twice (which one counts would be a guess). ``check_idempotency_key`` then drops surrounding white
@@ -73,7 +84,7 @@ def idempotency_key(headers: Headers) -> str:
     if raw is None:
         raise MissingIdempotencyKey(_REQUEST, "send an Idempotency-Key header (1-255 printable ASCII characters, "
                                     "one per command; a retry sends the same key)")
-    raw = raw.strip(KEY_WHITE_SPACE)
+    raw = _as_sent(raw).strip(KEY_WHITE_SPACE)
     if len(raw) >= 2 and raw[0] == raw[-1] == '"':
         raw = raw[1:-1].replace('\\"', '"').replace("\\\\", "\\")
     return check_idempotency_key(raw, _REQUEST)

@@ -4,6 +4,7 @@ editing stored rows behind the application's back is detected and named."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
@@ -183,6 +184,7 @@ def test_cli_audit_commands_and_their_errors(app: Commitline, pg_dsn: str, schem
     assert diff["changed"]["state"] == {"from": "PENDING", "to": "COMPLETED"}
     verify = cli(["audit", "verify", "--all"], pg_dsn, schema)
     assert verify.returncode == 0 and verify.stdout.startswith("OK:"), verify.stdout + verify.stderr
+    assert re.search(r"verified in \d+\.\d ms ", verify.stdout), verify.stdout  # a small store: not "0.0 s"
     for args in (["audit", "history", str(uuid4())],
                  ["audit", "state", pid, "--at-version", "99"],
                  ["audit", "state", pid, "--as-of", "2001-01-01T00:00:00+00:00"],

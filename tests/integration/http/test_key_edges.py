@@ -85,9 +85,12 @@ def test_a_key_that_is_not_printable_ascii_is_refused_alike_everywhere(server: S
     assert by_cli.returncode == 1 and error["code"] == "invalid_idempotency_key", by_cli.stderr
     assert "must be printable ASCII" in error["message"]
     with server.client("acme") as http:
-        # The header's bytes are UTF-8 here; read as Latin-1 by HTTP they are other characters, refused the same way.
+        # The header's bytes are UTF-8: the refusal names the character sent, not its Latin-1 reading ('Ã').
         answer = http.post("/v1/commands", json=PAYMENT, headers={"Idempotency-Key": "clé-ü".encode()})
+        latin1 = http.post("/v1/commands", json=PAYMENT, headers={"Idempotency-Key": "clé".encode("latin-1")})
     assert answer.status_code == 400 and answer.json()["code"] == "invalid_idempotency_key"
+    assert "'é' (U+00E9) at position 2" in answer.json()["detail"], answer.text
+    assert latin1.status_code == 400 and "'é' (U+00E9) at position 2" in latin1.json()["detail"], latin1.text
     assert answer.headers["content-type"] == "application/problem+json"
     assert count_rows(pg_dsn, schema) == rows
 
