@@ -64,7 +64,9 @@ def errors() -> str:
 
     rows = ["| `code` | class | where it comes from | meaning |", "|---|---|---|---|"]
     for cls in _error_classes():
-        doc = " ".join((inspect.getdoc(cls) or "").split("\n\n")[0].split())
+        # the class's own docstring (inspect.getdoc would give a base class's), its first paragraph, as Markdown
+        doc = " ".join((inspect.cleandoc(cls.__dict__.get("__doc__") or "")).split("\n\n")[0].split())
+        doc = doc.replace("``", "`") or f"the message: `{cls.message}`"
         rows.append(f"| `{cls.code}` | `{cls.__name__}` | `{cls.__module__}` | {doc.replace('|', '/')} |")
     return (f"### By HTTP status\n\n{status_markdown(load_domain(None).error_statuses)}\n\n"
             f"### Every error class\n\n{chr(10).join(rows)}")

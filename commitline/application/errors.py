@@ -45,6 +45,8 @@ class InvalidCommand(CommitlineError):
 
 
 class UnknownCommandType(CommitlineError):
+    """The command's ``type`` names no command the domain accepts; ``known`` lists those it does."""
+
     code = "unknown_command_type"
     fields = ("command_type", "known")
     text_fields = ("command_type",)
@@ -53,6 +55,8 @@ class UnknownCommandType(CommitlineError):
 
 
 class MissingIdempotencyKey(CommitlineError):
+    """A state-changing command came without an idempotency key."""
+
     code = "missing_idempotency_key"
     fields = ("command_type", "reason")
     reason = "state-changing commands require an idempotency key"
@@ -111,6 +115,8 @@ class ConcurrencyConflict(CommitlineError):
 
 
 class AggregateNotFound(CommitlineError):
+    """No aggregate of the type with that id, in the caller's tenant (another tenant's is not found either)."""
+
     code = "aggregate_not_found"
     fields = ("aggregate_type", "aggregate_id")
     text_fields = ("aggregate_id",)
@@ -118,6 +124,8 @@ class AggregateNotFound(CommitlineError):
 
 
 class AggregateAlreadyExists(CommitlineError):
+    """A command that creates a stream named an id that is already taken."""
+
     code = "aggregate_already_exists"
     fields = ("aggregate_type", "aggregate_id")
     text_fields = ("aggregate_id",)
@@ -125,6 +133,8 @@ class AggregateAlreadyExists(CommitlineError):
 
 
 class WrongAggregateType(CommitlineError):
+    """The id names a stream of another aggregate type than the command acts on."""
+
     code = "wrong_aggregate_type"
     fields = ("aggregate_id", "expected", "actual")
     text_fields = ("aggregate_id",)
@@ -141,6 +151,9 @@ class EventTooLarge(CommitlineError):
 
 
 class ConfigurationError(CommitlineError):
+    """A setting is missing or unusable (an environment variable, a flag, the database's schema version); nothing
+    was done."""
+
     code = "configuration_error"
     fields = ("variable", "reason")
     message = "{variable}: {reason}"
@@ -165,11 +178,12 @@ class InvalidDomain(ConfigurationError):
     spec = None  # the ``module:attribute`` it was loaded by, when it was
 
     @property
-    def message(self) -> str:  # type: ignore[override]
+    def message(self) -> str:  # type: ignore[override]  # a template: the braces of a problem's text are its own
         count = len(self.problems)
         lines = "".join(f"\n  - {p}" for p in self.problems)
         source = f"{self.variable} {self.spec!r}: " if self.spec else ""
-        return f"{source}domain {self.domain!r} cannot be used: {count} problem{'s' if count != 1 else ''}:{lines}"
+        text = f"{source}domain {self.domain!r} cannot be used: {count} problem{'s' if count != 1 else ''}:{lines}"
+        return text.replace("{", "{{").replace("}", "}}")
 
 
 class WrongMasterKey(ConfigurationError):
@@ -205,10 +219,14 @@ class AuditQueryError(CommitlineError):
 
 
 class VersionBeyondHead(AuditQueryError):
+    """An audit query asked for a version the stream has not reached."""
+
     code = "version_beyond_head"
 
 
 class BeforeCreation(AuditQueryError):
+    """An audit query asked for a stream's state at a time before its first event."""
+
     code = "before_creation"
 
 

@@ -21,6 +21,7 @@ from enum import Enum
 from typing import Any, ClassVar, Self, dataclass_transform
 from uuid import UUID
 
+from commitline.domain.errors import IllegalTransition
 from commitline.domain.fsm import TransitionTable
 from commitline.domain.ids import new_id
 
@@ -89,6 +90,9 @@ class Event:
 @functools.cache
 def _payload_fields(cls: type[Event]) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls) if f.name not in cls.ENVELOPE)
+
+
+_NO_MACHINE = object()  # ``_machine_states`` of an aggregate without a transition table
 
 
 def utcnow() -> datetime:
@@ -170,9 +174,15 @@ class Aggregate:
         self.TRANSITIONS.check(current if key is None else current[key].state, target, type(self).__name__)
 
     def _move(self, target: Enum, event_type: type[Event], /, **payload: Any) -> None:
-        """Check the move to ``target`` (``_transition``), then emit the event that makes it."""
+        """Check the move to ``target`` (``_transition``), then emit the event that makes it; an event whose
+        ``_evolve`` puts the machine anywhere else is a defect of the domain (RuntimeError: nothing is written)."""
         self._transition(target)
         self._emit(event_type, **payload)
+        reached = getattr(self, self.machine()[1])  # type: ignore[index]  # _transition asserted a machine
+        if reached != target:
+            shown = reached.value if isinstance(reached, Enum) else reached
+            raise RuntimeError(f"{type(self).__name__}._move to {target.value}: its {event_type.__name__} left the "
+                               f"machine at {shown} (its _evolve must set the state _move names)")
 
     def apply(self, event: Event) -> None:
         if event.version != self.version + 1:
@@ -189,11 +199,43 @@ class Aggregate:
         raise NotImplementedError
 
     def _emit(self, event_type: type[Event], **payload: Any) -> None:
+        """Apply a new event and keep it to be stored. Whatever state change it makes is checked against
+        ``TRANSITIONS`` (IllegalTransition, and the command writes nothing), however the handler made it:
+        ``_move``, or ``_emit`` of an event whose ``_evolve`` moves the machine."""
         event = event_type(
             event_id=new_id(), aggregate_id=self.id, version=self.version + 1, occurred_at=utcnow(), **payload
         )
+        before = self._machine_states()
         self.apply(event)
+        if before is not _NO_MACHINE:
+            self._check_moves(before)
         self._pending().append(event)
+
+    def _machine_states(self) -> Any:
+        """The machine's state now, or each entry's state for a per-entry machine (a dict)."""
+        machine = self.machine()
+        if machine is None:
+            return _NO_MACHINE
+        current = getattr(self, machine[1])
+        return {key: entry.state for key, entry in current.items()} if isinstance(current, Mapping) else current
+
+    def _check_moves(self, before: Any) -> None:
+        """Raise IllegalTransition for a state change since ``before`` that ``TRANSITIONS`` does not allow. A
+        machine's (or entry's) first state is free, as it is for ``_move``'s creation events; one that stays
+        where it was has made no move."""
+        table, after = self.TRANSITIONS, getattr(self, self.machine()[1])  # type: ignore[index]
+        assert table is not None
+        name = type(self).__name__
+        if isinstance(after, Mapping):
+            for key, entry in after.items():
+                old = before.get(key) if isinstance(before, Mapping) else None
+                if old is not None and entry.state != old:
+                    table.check(old, entry.state, name)
+        elif before is not None and after != before:
+            if after is None:  # back to no state at all: no row of a table leads there
+                raise IllegalTransition(table.aggregate or name, before.value, "NEW",
+                                        (s.value for s in table.allowed.get(before, ())))
+            table.check(before, after, name)
 
     def _pending(self) -> list[Event]:
         # Kept outside the dataclass fields so snapshots and equality see state only.

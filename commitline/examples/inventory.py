@@ -50,6 +50,8 @@ class ReservationFulfilled(Event):
 
 @domain.error
 class InsufficientStock(DomainError):
+    """A reservation asked for more than the item has available."""
+
     code = "insufficient_stock"
     status = 409
     fields = ("item_id", "requested", "available")
@@ -64,6 +66,8 @@ class ReservationError(DomainError):
 
 @domain.error
 class UnknownReservation(ReservationError):
+    """The item has no reservation of that id."""
+
     code = "unknown_reservation"
     status = 404
     message = "item {item_id} has no reservation {reservation_id}"
@@ -71,6 +75,8 @@ class UnknownReservation(ReservationError):
 
 @domain.error
 class DuplicateReservation(ReservationError):
+    """The item already has a reservation of that id."""
+
     code = "duplicate_reservation"
     status = 409
     message = "item {item_id} already has a reservation {reservation_id}"

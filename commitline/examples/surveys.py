@@ -82,6 +82,8 @@ class TaskRefusal(DomainError):
 
 @domain.error
 class TaskClosed(TaskRefusal):
+    """The task is closed: it can no longer be issued to users or answered."""
+
     code = "task_closed"
     fields = ("task_id", "action")
     message = "task {task_id} is closed: cannot {action}"
@@ -112,6 +114,8 @@ class UsersAlreadyIssued(TaskRefusal):
 
 @domain.error
 class UserNotIssued(TaskRefusal):
+    """The user was never issued the task."""
+
     code = "user_not_issued"
     fields = ("task_id", "user_id")
     message = "task {task_id} was never issued to user {user_id}"

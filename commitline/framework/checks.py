@@ -227,6 +227,11 @@ def _events(aggregates: dict[type[Aggregate], str], say: Any) -> dict[type[Event
                 say(event_where, f"event {event.__name__}'s class_version must be a whole number from 1, not "
                     f"{event.class_version!r}")
                 continue
+            declared = set().union(*map(inspect.get_annotations, event.__mro__[:event.__mro__.index(Event)]))
+            envelope = sorted(Event.ENVELOPE & declared)
+            if envelope:
+                say(event_where, f"event {event.__name__} declares {', '.join(envelope)}, which every event has "
+                    f"already ({', '.join(sorted(Event.ENVELOPE))}, set when it is emitted): name the field otherwise")
             for field, key in _non_string_keys(event):
                 say(event_where, f"event {event.__name__}'s field {field} holds a dict keyed by {key}: an event is "
                     "stored as JSON, whose object keys are strings; key it by str")
@@ -329,6 +334,9 @@ def _commands(domain: Domain, aggregates: dict[type[Aggregate], str], say: Any) 
             say(place, f"two commands have the type {name!r} (also {places[0]})")
 
 
+_CODE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,99}")
+
+
 def _errors(domain: Domain, say: Any) -> None:
     codes: dict[str, str] = {}
     for cls, where in _subclasses(domain.errors, DomainError, say):
@@ -338,6 +346,9 @@ def _errors(domain: Domain, say: Any) -> None:
         elif code in codes:
             say(where, f"error {cls.__name__} uses the code {code!r}, as another error does ({codes[code]})")
         codes.setdefault(code, where)
+        if not isinstance(code, str) or _CODE.fullmatch(code) is None:
+            say(where, f"error {cls.__name__}'s code {code!r} is not a usable code: letters, digits, '_', '-' and "
+                "'.', starting with a letter, at most 100 (it is the end of the problem's type URI)")
         status = getattr(cls, "status", None)
         if not isinstance(status, int) or not 400 <= status <= 599:
             say(where, f"error {cls.__name__} needs an HTTP status from 400 to 599 (status = 409, 404, 422, ...), "

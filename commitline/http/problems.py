@@ -78,6 +78,8 @@ class HttpProblem(CommitlineError):
 
 
 class Unauthorized(HttpProblem):
+    """No API key, or one that is unknown or revoked (401, with ``WWW-Authenticate``)."""
+
     code = "unauthorized"
 
 
@@ -111,12 +113,16 @@ class InvalidBody(HttpProblem):
 
 
 class BodyTooLarge(HttpProblem):
+    """The request body is above ``COMMITLINE_HTTP_MAX_BODY_BYTES``; it was not read."""
+
     code = "body_too_large"
     fields = ("limit",)
     message = "the request body is larger than {limit} bytes (COMMITLINE_HTTP_MAX_BODY_BYTES)"
 
 
 class UnsupportedMediaType(HttpProblem):
+    """A body that is not declared as JSON."""
+
     code = "unsupported_media_type"
     fields = ("content_type",)
     message = "the body must be JSON (Content-Type: application/json), not {shown}"
@@ -124,6 +130,8 @@ class UnsupportedMediaType(HttpProblem):
 
 
 class MalformedJson(HttpProblem):
+    """A body that is not JSON (or not UTF-8), with where it stops being so."""
+
     code = "malformed_json"
     fields = ("errors",)
     message = "the body is {summary}"
@@ -139,6 +147,8 @@ class DuplicateHeader(HttpProblem):
 
 
 class InvalidQuery(HttpProblem):
+    """A path or query parameter that is not of its type or range."""
+
     code = "invalid_query"
     fields = ("errors",)
     message = "invalid query or path parameters: {summary}"
@@ -146,18 +156,24 @@ class InvalidQuery(HttpProblem):
 
 
 class RouteNotFound(HttpProblem):
+    """No route at that path."""
+
     code = "not_found"
     fields = ("path",)
     message = "no resource at {path}"
 
 
 class MethodNotAllowed(HttpProblem):
+    """The path exists, not for that method (405, with ``Allow``)."""
+
     code = "method_not_allowed"
     fields = ("method", "path")
     message = "{method} is not allowed on {path}"
 
 
 class InternalError(HttpProblem):
+    """An unexpected fault; nothing was written, and a retry with the same key answers either way."""
+
     code = "internal_error"
     fields = ()
     message = "internal error; nothing was written (retry with the same Idempotency-Key to be sure)"

@@ -116,7 +116,8 @@ def unknown_types(conn: psycopg.Connection[Any], projections: Iterable[Projectio
         for sql_type in types:
             try:
                 with conn.transaction():
-                    row = conn.execute("SELECT to_regtype(%s) IS NULL", (sql_type,)).fetchone()
+                    row = conn.cursor(row_factory=tuple_row).execute("SELECT to_regtype(%s) IS NULL",
+                                                                     (sql_type,)).fetchone()
             except psycopg.errors.SyntaxError:
                 row = (True,)
             if row is None or row[0]:

@@ -108,6 +108,9 @@ def test_the_errors_metrics_and_envelope_references_are_complete(site: Path) -> 
     for code in ("concurrency_conflict", "invalid_idempotency_key", "store_unavailable", "insufficient_stock",
                  "malformed_json", "duplicate_header"):
         assert code in errors, code
+    # each class says what it means itself, not its base class's words, and in Markdown, not reST
+    assert "Base of every error" not in errors and "``" not in errors
+    assert re.search(r"aggregate_not_found\s+AggregateNotFound\s+commitline\.application\.errors\s+No aggregate", errors)
     metrics = text_of(site, "reference/metrics")
     for name, kind, _, _ in catalogue():
         assert (f"{name}_total" if kind == "counter" else name) in metrics, name

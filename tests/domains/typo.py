@@ -1,4 +1,5 @@
-"""A domain whose read model declares a column type PostgreSQL does not know (``bigintt``): sound as declared,
+"""A domain whose read model declares column types PostgreSQL does not know (``bigintt``, and ``numeric(12,2``, which
+before PostgreSQL 16 does not even parse): sound as declared,
 refused when it meets a database, before anything is created (``test_choosing_a_domain.py``)."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ domain = Domain("typo").include(quiet.domain)
 @domain.read_model
 class Switches(Projection):
     name = "switches"
-    tables = (Table("rm_switches", {"lamp_id": "uuid", "n": "bigintt"}, key=("lamp_id",), counters=("n",)),)
+    tables = (Table("rm_switches", {"lamp_id": "uuid", "n": "bigintt", "price": "numeric(12,2"}, key=("lamp_id",), counters=("n",)),)
 
     @on(quiet.LampSwitched)
     def switched(self, changes: Changes, r: RecordedEvent) -> None:

@@ -64,6 +64,7 @@ def test_a_column_type_the_database_does_not_know_is_refused_before_its_table_is
         assert done.returncode == 3, (args, done.stderr)
         assert re.search(r"tests/domains/typo\.py:\d+: read model switches's table rm_switches: column 'n' has the "
                          r"type 'bigintt', which PostgreSQL does not know", done.stderr), done.stderr
+        assert "column 'price' has the type 'numeric(12,2', which PostgreSQL does not know" in done.stderr
         assert "Traceback" not in done.stderr
     with psycopg.connect(pg_dsn) as conn:
         assert conn.execute("SELECT to_regclass(%s)", (f"{schema}.rm_switches",)).fetchone() == (None,)

@@ -223,3 +223,36 @@ def test_an_event_dict_keyed_by_anything_but_strings_is_refused_naming_the_field
         "event Measured's field history holds a dict keyed by UUID: an event is stored as JSON, whose object keys "
         "are strings; key it by str"]
     assert all(p.startswith("tests/domains/keyed.py:") for p in found), found
+
+
+def test_an_event_field_of_the_envelopes_name_and_an_unusable_error_code_are_refused() -> None:
+    from commitline import DomainError
+
+    domain = Domain("drafts")
+
+    class Drafted(Event):
+        version: int  # every event has a version already: emitting this one could only fail
+        title: str
+
+    @domain.aggregate
+    class Draft(Aggregate):
+        EVENTS = (Drafted,)
+
+        def _evolve(self, event: Event) -> None:
+            pass
+
+    @domain.error
+    class Odd(DomainError):
+        code = "Weird Code!"
+        status = 409
+
+    with pytest.raises(InvalidDomain) as refused:
+        domain.check()
+    found = refused.value.problems
+    assert any("event Drafted declares version, which every event has already" in p for p in found), found
+    assert any("error Odd's code 'Weird Code!' is not a usable code" in p for p in found), found
+
+
+def test_a_problem_whose_text_holds_braces_is_shown_as_it_is() -> None:
+    refused = InvalidDomain(domain="slots", problems=["slots.py:9: two queries have the path slots/{slot_id}"])
+    assert str(refused).endswith("  - slots.py:9: two queries have the path slots/{slot_id}")

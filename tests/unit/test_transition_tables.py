@@ -4,11 +4,14 @@ IllegalTransition naming the aggregate, both states and the allowed targets."""
 from __future__ import annotations
 
 from decimal import Decimal
+from dataclasses import dataclass, field
+from enum import Enum
 from itertools import product
 from uuid import uuid4
 
 import pytest
 
+from commitline import Aggregate, Event, transitions
 from commitline.domain.errors import IllegalTransition
 from commitline.examples.inventory import RESERVATION_TRANSITIONS, InventoryItem, ReservationState
 from commitline.examples.payments import PAYMENT_TRANSITIONS, PaymentState, PaymentTransaction
@@ -123,3 +126,102 @@ def test_a_user_answers_at_most_once() -> None:
     with pytest.raises(IllegalTransition) as caught:
         assignment.answer(task, "u1")
     assert (caught.value.current, caught.value.requested) == ("DONE", "DONE")
+
+
+class Job(str, Enum):
+    OPEN = "OPEN"
+    DONE = "DONE"
+
+
+class JobOpened(Event):
+    pass
+
+
+class JobFinished(Event):
+    pass
+
+
+class JobReopened(Event):
+    pass
+
+
+class JobNoted(Event):
+    note: str
+
+
+class Entry(str, Enum):
+    ON = "ON"
+    OFF = "OFF"
+
+
+@dataclass
+class Switch:
+    state: Entry
+
+
+class EntryAdded(Event):
+    key: str
+
+
+class EntryFlipped(Event):
+    key: str
+    to: Entry
+
+
+class Jobs(Aggregate):
+    """One machine (``state``) moved by events whose ``_evolve`` sets it, and a per-entry machine (``switches``)."""
+
+    state: Job | None = None
+    EVENTS = (JobOpened, JobFinished, JobReopened, JobNoted)
+    TRANSITIONS = transitions({Job.OPEN: {Job.DONE}, Job.DONE: set()})
+
+    def _evolve(self, event: Event) -> None:
+        match event:
+            case JobOpened() | JobReopened():
+                self.state = Job.OPEN
+            case JobFinished():
+                self.state = Job.DONE
+            case JobNoted():
+                pass
+
+
+class Switches(Aggregate):
+    switches: dict[str, Switch] = field(default_factory=dict)
+    EVENTS = (EntryAdded, EntryFlipped)
+    TRANSITIONS = transitions({Entry.ON: {Entry.OFF}, Entry.OFF: set()})
+    MACHINE = ("switch", "switches")
+
+    def _evolve(self, event: Event) -> None:
+        match event:
+            case EntryAdded(key=key):
+                self.switches[key] = Switch(Entry.ON)
+            case EntryFlipped(key=key, to=to):
+                self.switches[key].state = to
+
+
+def test_an_event_emitted_without_move_is_still_checked_against_the_table() -> None:
+    job = Jobs(id=uuid4())
+    job._emit(JobOpened)  # the first state is free
+    job._emit(JobNoted, note="no move")  # an event that leaves the state where it is moves nothing
+    job._emit(JobFinished)  # OPEN -> DONE, in the table, though not made with _move
+    with pytest.raises(IllegalTransition) as refused:
+        job._emit(JobReopened)  # DONE -> OPEN: not in the table
+    assert (refused.value.current, refused.value.requested, refused.value.allowed) == ("DONE", "OPEN", ())
+
+
+def test_a_move_whose_event_lands_elsewhere_is_a_defect_of_the_domain() -> None:
+    job = Jobs(id=uuid4())
+    job._emit(JobOpened)
+    with pytest.raises(RuntimeError, match=r"Jobs\._move to DONE: its JobReopened left the machine at OPEN"):
+        job._move(Job.DONE, JobReopened)  # OPEN -> DONE is allowed, but the event's _evolve keeps it OPEN
+
+
+def test_a_per_entry_machine_checks_each_entry_that_moves() -> None:
+    switches = Switches(id=uuid4())
+    switches._emit(EntryAdded, key="a")
+    switches._emit(EntryAdded, key="b")
+    switches._emit(EntryFlipped, key="a", to=Entry.OFF)
+    with pytest.raises(IllegalTransition) as refused:
+        switches._emit(EntryFlipped, key="a", to=Entry.ON)
+    assert (refused.value.current, refused.value.requested) == ("OFF", "ON")
+    assert len(switches.collect_events()) == 3  # the refused event is not kept
