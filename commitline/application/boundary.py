@@ -64,6 +64,15 @@ def problem(loc: list[str | int], msg: str, kind: str) -> dict[str, Any]:
     return {"loc": loc, "msg": msg, "type": kind}
 
 
+def at_most(problems: list[dict[str, Any]], limit: int = MAX_PROBLEMS) -> list[dict[str, Any]]:
+    """The first ``limit`` problems, then one that counts the rest: an answer stays small whatever the input
+    (a command with 100,000 unknown fields is not answered with 100,000 entries)."""
+    if len(problems) <= limit:
+        return problems
+    return [*problems[:limit], problem([], f"and {len(problems) - limit} more problems, not listed",
+                                       "too_many_problems")]
+
+
 def text_problem(text: str, max_length: int) -> str | None:
     """What makes ``text`` unstorable or too long (a phrase: "is longer than ..."), or None."""
     if len(text) > max_length:

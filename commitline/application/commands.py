@@ -22,8 +22,10 @@ from uuid import UUID
 
 import orjson
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, WithJsonSchema
+from pydantic_core import PydanticSerializationError
 
-from commitline.application.boundary import DEFAULT_LIMITS, CommandLimits, check_json, problem, read_json, too_large
+from commitline.application.boundary import (DEFAULT_LIMITS, CommandLimits, at_most, check_json, problem, read_json,
+                                             too_large)
 from commitline.application.errors import InvalidCommand, UnknownCommandType
 
 
@@ -128,8 +130,12 @@ def parse_command(command: Command | Mapping[str, Any] | str | bytes, catalog: K
         cls: type[Command] | None = type(command)
         if not catalog.holds(type(command)):
             raise UnknownCommandType(command.type, catalog.public_types())
-        data: dict[Any, Any] = dict(command)
-        check_json(data, limits, command_type=command.type, objects=_object_fields(cls))
+        try:  # its JSON values (dates, nested models, ids and amounts as text), defaults left out as JSON does
+            data: dict[Any, Any] = {**command.model_dump(mode="json", exclude_unset=True, warnings=False),
+                                    "type": command.type}
+        except PydanticSerializationError as e:  # a model_construct'ed value JSON cannot hold
+            raise InvalidCommand(command.type, [problem([], f"not JSON: {e}", "json_type")]) from None
+        check_json(data, limits, command_type=command.type)
     elif isinstance(command, (str, bytes, bytearray)):
         value = read_json(command, limits)
         if not isinstance(value, dict):
@@ -156,7 +162,7 @@ def parse_command(command: Command | Mapping[str, Any] | str | bytes, catalog: K
         parsed = cls.model_validate_json(text)
     except ValidationError as e:
         errors = [{"loc": list(err["loc"]), "msg": err["msg"], "type": err["type"]} for err in e.errors()]
-        raise InvalidCommand(data["type"], errors) from None
+        raise InvalidCommand(data["type"], at_most(errors)) from None
     return command if isinstance(command, Command) else parsed
 
 

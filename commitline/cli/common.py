@@ -13,7 +13,7 @@ from uuid import UUID
 import orjson
 from rich.console import Console
 
-from commitline.application.errors import CommitlineError, StoreUnavailable
+from commitline.application.errors import CommitlineError, ConfigurationError, StoreUnavailable
 
 if TYPE_CHECKING:
     from commitline.composition import Commitline, Domain
@@ -56,9 +56,10 @@ def print_error(e: CommitlineError) -> None:
 
 
 def error_exit(e: CommitlineError, code: int) -> int:
-    """Print ``e``; return ``code``, or EXIT_UNAVAILABLE when the store could not be used (retry then)."""
+    """Print ``e``; return ``code``, or EXIT_UNAVAILABLE when the store could not be used (retry then) or the
+    configuration is wrong (a master key that opens nothing, say): neither is the command's fault."""
     print_error(e)
-    return EXIT_UNAVAILABLE if isinstance(e, StoreUnavailable) else code
+    return EXIT_UNAVAILABLE if isinstance(e, (StoreUnavailable, ConfigurationError)) else code
 
 
 def console() -> Console:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
 import queue
 import sys
 import threading
@@ -50,6 +51,12 @@ DERIVED_PREFIX = "sha256:"
 DERIVED_LENGTH = len(DERIVED_PREFIX) + 64
 MAX_NAMESPACE_LENGTH = MAX_KEY_LENGTH - DERIVED_LENGTH - 1  # room for "K:" in front of the derived key
 CHUNK = 256  # stdin lines handed to ``dispatch_many`` at once (concurrent ones share group commits)
+
+
+#: What ``dispatch`` prints on stderr (after the traceback, logged) when a command fails with an unexpected exception.
+INTERNAL_ERROR = {"error": "InternalError", "code": "internal_error", "details": {},
+                  "message": "internal error (the traceback above); nothing was written: a retry with the same "
+                             "idempotency key answers either way"}
 
 
 def canonical_json(value: Any) -> bytes:
@@ -168,6 +175,10 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
                 result = app.dispatch(args.command, idempotency_key=args.idempotency_key, tenant=args.tenant)
             except CommitlineError as e:
                 return error_exit(e, EXIT_REFUSED)
+            except Exception:  # a defect of the domain's code (a handler's TypeError): refused as HTTP's 500 is
+                logging.getLogger("commitline.dispatch").exception("the command failed unexpectedly")
+                print_json(INTERNAL_ERROR, sys.stderr)
+                return EXIT_REFUSED
             print_json(result.model_dump(mode="json"), sys.stdout)
             return EXIT_OK
         failures = 0

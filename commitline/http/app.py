@@ -21,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
+from commitline.application.boundary import at_most
 from commitline.application.errors import CommitlineError
 from commitline.composition import Commitline, Domain, bootstrap, load_domain, load_settings
 from commitline.composition.observability import tracing_from_environment
@@ -50,7 +51,7 @@ def install_problem_handlers(app: FastAPI) -> None:
         assert isinstance(error, RequestValidationError)
         errors = [{"loc": [str(p) for p in e.get("loc", ())], "msg": e.get("msg", ""), "type": e.get("type", "")}
                   for e in error.errors()]
-        return problem_response(InvalidQuery(errors), _instance(request))
+        return problem_response(InvalidQuery(at_most(errors)), _instance(request))
 
     async def http_error(request: Request, error: Exception) -> Response:
         assert isinstance(error, StarletteHTTPException)

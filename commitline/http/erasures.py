@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
-from commitline.application.boundary import CommandLimits, read_json
+from commitline.application.boundary import CommandLimits, at_most, read_json
 from commitline.application.errors import InvalidCommand
 from commitline.composition import RebuildError
 from commitline.http.auth import admin_key
@@ -111,8 +111,7 @@ def subject_of(body: bytes, limits: CommandLimits) -> str:
         raise (refused if isinstance(refused, MalformedJson) else InvalidBody(e.errors)) from None
     if not isinstance(document, dict):
         raise InvalidBody([{"loc": [], "msg": 'must be an object: {"subject": "..."}', "type": "model_type"}])
-    errors = [{"loc": [name], "msg": "not a field of an erasure request (only subject)", "type": "extra_forbidden"}
-              for name in document if name != "subject"]
+    errors = []  # the subject's problem first: a long list of unknown fields is cut short after it (at_most)
     subject = document.get("subject")
     if "subject" not in document:
         errors.append({"loc": ["subject"], "msg": "is required: the data subject's id", "type": "missing"})
@@ -121,8 +120,10 @@ def subject_of(body: bytes, limits: CommandLimits) -> str:
     elif _SUBJECT.fullmatch(subject) is None:
         errors.append({"loc": ["subject"], "msg": "must name a data subject: not blank, no NUL character",
                        "type": "string_pattern_mismatch"})
+    errors += [{"loc": [name], "msg": "not a field of an erasure request (only subject)", "type": "extra_forbidden"}
+               for name in document if name != "subject"]
     if errors:
-        raise InvalidBody(errors)
+        raise InvalidBody(at_most(errors))
     return subject  # type: ignore[return-value]  # a str once no error was found
 
 

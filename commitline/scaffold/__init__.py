@@ -7,8 +7,10 @@ The package is named after the folder; ``${package}`` in a template stands for t
 
 from __future__ import annotations
 
+import importlib.util
 import keyword
 import re
+import sys
 from importlib import resources
 from pathlib import Path
 from string import Template
@@ -34,7 +36,21 @@ def package_name(path: Path) -> str:
     if not _NAME.fullmatch(name) or keyword.iskeyword(name):
         raise ScaffoldRefused(f"{path.name!r} cannot name a Python package (and a database schema): use lowercase "
                               "letters, digits and '_' (or '-'), starting with a letter, at most 41 characters")
+    if name in sys.stdlib_module_names or _installed(name):
+        raise ScaffoldRefused(f"{path.name!r} is the name of a module Python already has ({name}, "
+                              f"{'in its standard library' if name in sys.stdlib_module_names else 'installed'}): "
+                              "a package of that name would hide it or be hidden by it; choose another name")
     return name
+
+
+def _installed(name: str) -> bool:
+    """A module of that name is importable here (a folder without code, such as an empty one of that name in the
+    working directory, is a namespace package, not a module in the way)."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return False
+    return spec is not None and spec.origin is not None
 
 
 def write_service(path: Path) -> tuple[str, list[Path]]:

@@ -137,3 +137,23 @@ def test_every_worker_of_serve_runs_the_chosen_domain(pg_dsn: str, schema: str) 
     finally:
         server.terminate()
         server.wait(60)
+
+
+def test_a_defect_in_a_handler_is_an_internal_error_on_stderr_and_writes_nothing(pg_dsn: str, schema: str) -> None:
+    lamp = "3f0c6b1e-2d4a-4c8e-9b7f-1a2b3c4d5e6f"
+    done = commitline("--app", "tests.domains.faulty:domain", "dispatch", "-k", "k1",
+                      '{"type": "break", "lamp_id": "%s"}' % lamp, env=on_database(pg_dsn, schema))
+    assert done.returncode == 1 and done.stdout == "", done.stderr
+    assert "TypeError" in done.stderr  # the traceback, for whoever fixes the handler
+    last = orjson.loads(done.stderr.strip().splitlines()[-1])
+    assert last["code"] == "internal_error" and "nothing was written" in last["message"], last
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute(f"SELECT count(*) FROM {schema}.events").fetchone() == (0,)
+        assert conn.execute(f"SELECT count(*) FROM {schema}.idempotency_keys").fetchone() == (0,)
+
+
+def test_a_configuration_error_met_while_a_command_runs_exits_3(pg_dsn: str, schema: str) -> None:
+    env = {**on_database(pg_dsn, schema), "COMMITLINE_MASTER_KEY": ""}  # a configured database: no development key
+    done = commitline("dispatch", "-k", "p1", '{"type": "create_payment", "amount": "1.00", "currency": "EUR", '
+                      '"account": "acc-1"}', env=env)
+    assert done.returncode == 3 and orjson.loads(done.stderr)["code"] == "configuration_error", done.stderr

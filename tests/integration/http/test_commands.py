@@ -222,6 +222,18 @@ def test_every_field_problem_is_listed_422(acme: httpx.Client, rows: Any) -> Non
     assert document["details"]["errors"] == document["errors"]
 
 
+def test_a_command_with_thousands_of_problems_is_answered_with_fifty_and_a_count(acme: httpx.Client,
+                                                                                rows: Any) -> None:
+    bad = {**PAYMENT, **{f"k{n}": 1 for n in range(20_000)}}
+    answer = post(acme, bad, key())
+    document = refused(rows, lambda: answer, 422, "invalid_command")
+    assert len(document["errors"]) == 51 and document["errors"][:50] == [
+        {"loc": [f"k{n}"], "msg": "Extra inputs are not permitted", "type": "extra_forbidden"} for n in range(50)]
+    assert document["errors"][50] == {"loc": [], "msg": "and 19950 more problems, not listed",
+                                      "type": "too_many_problems"}
+    assert len(answer.content) < 20_000, len(answer.content)  # the body sent was 160 kB
+
+
 @pytest.mark.parametrize(("command", "locs"), [
     ({"type": "receive_stock", "item_id": "not-a-uuid", "quantity": "5"}, {("item_id",), ("quantity",)}),
     ({"type": "receive_stock", "item_id": str(uuid.uuid4()), "quantity": 5.5, "expected_version": -1},

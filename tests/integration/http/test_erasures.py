@@ -113,6 +113,7 @@ def test_another_tenants_subject_is_never_touched_nor_listed(served: Server) -> 
     ({"subject": 7}, 422, "invalid_body", ["subject"]),
     ({"subject": "a\u0000b"}, 422, "invalid_body", ["subject"]),
     ({"subject": "s", "extra": 1}, 422, "invalid_body", ["extra"]),
+    ({**{f"x{n}": 1 for n in range(5_000)}, "subject": 7}, 422, "invalid_body", ["subject"]),  # then 50, and a count
     (["s"], 422, "invalid_body", []),
     (b'{"subject": "first", "subject": "second"}', 422, "invalid_body", ["subject"]),  # which one? neither
     (b"{not json", 400, "malformed_json", []),
@@ -128,6 +129,7 @@ def test_a_bad_body_is_a_typed_error_and_erases_nothing(served: Server, body: An
             answer = erase(admin, body)
         document = problem(answer, status, code)
         assert [e["loc"] for e in document["errors"]][:1] == ([where] if code == "invalid_body" else [[]])
+        assert len(document["errors"]) <= 51 and len(answer.content) < 20_000, len(answer.content)
         if code == "malformed_json":
             assert document["detail"].startswith("the body is not valid JSON: "), document["detail"]
         assert admin.get("/v1/erasures").json() == before
