@@ -18,14 +18,15 @@ from collections.abc import Callable
 from dataclasses import asdict, field
 from enum import Enum
 from typing import Annotated, Any
-from uuid import UUID, uuid5
+from uuid import UUID
 
 from pydantic import Field
 
 from commitline import (Aggregate, AggregateNotFound, Changes, Command, Domain, Event, Id, InvalidValue, Loader,
                         Projection, RecordedEvent, Stream, Table, Text, on, table)
 from commitline.examples.orders import Order
-from commitline.examples.reads import SAGA_NAMESPACE, ExampleReads, FulfilmentOut, FulfilmentsOut, fulfilment_id
+from commitline.examples.reads import (ExampleReads, FulfilmentOut, FulfilmentsOut, fulfilment_id,  # noqa: F401
+                                      payment_id_for)  # the saga's and its users' name for it
 
 domain = Domain("fulfilment")
 STEPS = ("reserve", "charge", "confirm")
@@ -55,10 +56,6 @@ SAGA_TRANSITIONS = table("OrderFulfilment", {
     S.COMPENSATED: set(),
 })
 AFTER_STEP = {"reserve": S.RESERVED, "charge": S.AUTHORIZED, "confirm": S.COMPLETED}
-
-
-def payment_id_for(order_id: UUID) -> UUID:
-    return uuid5(SAGA_NAMESPACE, f"payment/{order_id}")
 
 
 class FulfilmentStarted(Event):

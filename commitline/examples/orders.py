@@ -13,11 +13,13 @@ from __future__ import annotations
 
 from decimal import Decimal
 from enum import Enum
+from typing import Annotated
 from uuid import UUID
 
-from commitline import (Aggregate, Domain, DomainError, Event, Id, InvalidValue, Quantity, Stream, Text,
+from commitline import (Aggregate, Domain, DomainError, Event, Id, InvalidValue, Personal, Quantity, Stream, Text,
                         VersionedCommand, table)
 from commitline.examples.money import PricedCommand, check_amount, check_currency
+from commitline.examples.reads import payment_id_for
 
 domain = Domain("orders")
 
@@ -27,7 +29,7 @@ class OrderPlaced(Event):
     quantity: int
     amount: Decimal
     currency: str
-    account: str
+    account: Annotated[str, Personal(subject="holder")]  # the order's ``holder``: its payment's, erased together
 
 
 class OrderConfirmed(Event):
@@ -76,6 +78,13 @@ class Order(Aggregate):
     EVENTS = (OrderPlaced, OrderConfirmed, OrderCancelled)
     TRANSITIONS = ORDER_TRANSITIONS
     MACHINE = ("order", "state")
+
+    @property
+    def holder(self) -> str:
+        """The data subject of the account: the same as the payment the order is paid by (each payment is its
+        own holder, ``payments.PaymentTransaction.holder``), so erasing that subject erases the account from both
+        streams (and the fulfilment saga copies it from the order into the payment)."""
+        return str(payment_id_for(self.id))
 
     @classmethod
     def place(cls, order_id: UUID, *, item_id: UUID, quantity: int, amount: Decimal, currency: str,

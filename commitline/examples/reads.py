@@ -24,6 +24,11 @@ def fulfilment_id(order_id: UUID) -> UUID:
     return uuid5(SAGA_NAMESPACE, str(order_id))
 
 
+def payment_id_for(order_id: UUID) -> UUID:
+    """The id of the payment the fulfilment saga creates for an order, derived from the order's."""
+    return uuid5(SAGA_NAMESPACE, f"payment/{order_id}")
+
+
 @dataclass(frozen=True)
 class PaymentTotal:
     tenant: str

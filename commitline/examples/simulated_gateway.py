@@ -11,6 +11,9 @@ Behaviour is chosen per order by tokens in the account reference, ``|``-separate
 
 Every operation is idempotent per key, like a real gateway's idempotency keys: a repeated
 authorize returns the same hold, a repeated capture charges nothing more.
+
+The ledger's ``account`` column keeps only those tokens, never the account itself: the account is personal data
+(erased with its holder in commitline's store), and this table, kept beside the store, is out of an erasure's reach.
 """
 
 from __future__ import annotations
@@ -31,6 +34,15 @@ log = logging.getLogger(__name__)
 LEDGER = "simulated_gateway_ledger"
 CALLS = "simulated_gateway_calls"
 _Call = tuple[psycopg.Connection[Any], tuple[str, str] | None, int]
+
+
+TOKENS = frozenset({"authorize-declines", "authorize-fails-once", "authorize-times-out-once", "capture-declines",
+                    "void-fails"})
+
+
+def behaviour(tokens: set[str]) -> str:
+    """What the ledger keeps of an account: the behaviour tokens it holds, ``|``-separated (often nothing)."""
+    return "|".join(sorted(tokens & TOKENS))
 
 
 class SimulatedGateway:
@@ -83,7 +95,7 @@ class SimulatedGateway:
             if "authorize-fails-once" in tokens and call == 1:
                 raise GatewayUnavailable("gateway unavailable (simulated)")
             conn.execute(SQL("INSERT INTO {} (key, amount, currency, account, status) VALUES (%s, %s, %s, %s, "
-                             "'AUTHORIZED')").format(self.ledger), (key, amount, currency, account))
+                             "'AUTHORIZED')").format(self.ledger), (key, amount, currency, behaviour(tokens)))
         if "authorize-times-out-once" in tokens and call == 1:
             raise GatewayTimeout("no answer from the gateway (simulated; the hold was made)")
         return f"auth-{key}"

@@ -14,6 +14,7 @@ from uuid import UUID, uuid4
 import psycopg
 import pytest
 
+from commitline import ERASED
 from commitline.examples.fulfilment_saga import FulfilmentSaga
 from commitline.examples.inventory import InventoryItem
 from commitline.examples.fulfilment import (
@@ -230,3 +231,27 @@ def test_a_retry_recorded_before_it_named_the_order_is_resolved_through_the_saga
     app.store.append(saga, [legacy], tenant="default", idempotency=None)
     shop.run_until_done()
     assert shop.outcome(order) == ("COMPENSATED", "CANCELLED", "FAILED", 0)
+
+
+def test_erasing_a_payments_holder_erases_the_account_on_its_order_too(app: Commitline, pg_dsn: str,
+                                                                       schema: str) -> None:
+    """The order's account is the same personal value as its payment's (the saga copies it), under the same
+    subject: one erasure leaves it readable nowhere, not in the events nor in the simulated gateway's ledger."""
+    shop = Shop(app)
+    account = "GB29NWBK60161331926819"
+    order_id = shop.place(account=account)
+    kept = shop.place(account="DE89370400440532013000")
+    shop.run_until_done()
+    assert shop.outcome(order_id)[:3] == ("COMPLETED", "CONFIRMED", "COMPLETED")
+    with psycopg.connect(pg_dsn) as conn:
+        stored = b"".join(bytes(r[0]) for r in conn.execute(f'SELECT state FROM "{schema}".events'))
+        ledger = conn.execute(f'SELECT account FROM "{schema}".simulated_gateway_ledger').fetchall()
+    assert account.encode() not in stored and ledger == [("",), ("",)]  # the ledger keeps behaviour tokens only
+
+    erased = app.erase("default", str(payment_id_for(order_id)))
+    assert [e.subject for e in erased] == [str(payment_id_for(order_id))]
+    assert app.load(Order, order_id).account is ERASED
+    assert app.load(PaymentTransaction, payment_id_for(order_id)).account is ERASED
+    assert app.auditor().history(order_id).entries[0].payload["account"] == {"erased": True}
+    assert app.load(Order, kept).account == "DE89370400440532013000"
+    assert app.verify_chains().ok
