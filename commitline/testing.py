@@ -15,7 +15,6 @@ that the aggregate did not change. Both return what they checked for further ass
 from __future__ import annotations
 
 import dataclasses
-
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -82,9 +81,14 @@ class When(Generic[A]):
             raise AssertionError(f"expected {list(expected)}, but the command was refused: {e!r}") from None
         subject = returned if isinstance(returned, Aggregate) else aggregate
         emitted = subject.collect_events()
-        assert [Fact(type(e), e.payload()) for e in emitted] == list(expected)
+        facts = [Fact(type(e), e.payload()) for e in emitted]
+        if facts != list(expected):
+            raise AssertionError(f"the command emitted {facts}, expected {list(expected)}")
         history = recorded(subject.id, self.given.facts) if subject is aggregate else []
-        assert type(subject).replay(subject.id, history + emitted) == subject, "replaying must rebuild the same state"
+        replayed = type(subject).replay(subject.id, history + emitted)
+        if replayed != subject:
+            raise AssertionError(f"replaying must rebuild the same state: the command left {subject!r}, its events "
+                                 f"replayed give {replayed!r} (does a command change state outside _evolve?)")
         return subject
 
     def then_raises(self, error_type: type[E], **fields: Any) -> E:
@@ -96,7 +100,11 @@ class When(Generic[A]):
             caught = e
         else:
             raise AssertionError(f"expected {error_type.__name__}, but the command was accepted")
-        assert {name: getattr(caught, name) for name in fields} == fields
-        assert aggregate == self.given.aggregate(), "a refused command must not change the aggregate"
-        assert aggregate.collect_events() == [], "a refused command must not emit events"
+        found = {name: getattr(caught, name, None) for name in fields}
+        if found != fields:
+            raise AssertionError(f"{error_type.__name__} was raised with {found}, expected {fields}: {caught}")
+        if aggregate != self.given.aggregate():
+            raise AssertionError(f"a refused command must not change the aggregate: it left {aggregate!r}")
+        if emitted := aggregate.collect_events():
+            raise AssertionError(f"a refused command must not emit events: it emitted {emitted}")
         return caught

@@ -206,18 +206,27 @@ class Aggregate:
             event_id=new_id(), aggregate_id=self.id, version=self.version + 1, occurred_at=utcnow(), **payload
         )
         before = self._machine_states()
-        self.apply(event)
-        if before is not _NO_MACHINE:
-            self._check_moves(before)
+        if before is _NO_MACHINE:
+            self.apply(event)
+        else:
+            fields = dict(self.__dict__)
+            self.apply(event)
+            try:
+                self._check_moves(before)
+            except IllegalTransition:  # refused: the aggregate as it was, as for a refusal before any event
+                self._restore(fields, before)
+                raise
         self._pending().append(event)
 
     def _machine_states(self) -> Any:
-        """The machine's state now, or each entry's state for a per-entry machine (a dict)."""
+        """The machine's state now, or for a per-entry machine (a dict) each entry with its state."""
         machine = self.machine()
         if machine is None:
             return _NO_MACHINE
         current = getattr(self, machine[1])
-        return {key: entry.state for key, entry in current.items()} if isinstance(current, Mapping) else current
+        if isinstance(current, Mapping):
+            return {key: (entry, entry.state) for key, entry in current.items()}
+        return current
 
     def _check_moves(self, before: Any) -> None:
         """Raise IllegalTransition for a state change since ``before`` that ``TRANSITIONS`` does not allow. A
@@ -228,7 +237,7 @@ class Aggregate:
         name = type(self).__name__
         if isinstance(after, Mapping):
             for key, entry in after.items():
-                old = before.get(key) if isinstance(before, Mapping) else None
+                old = before[key][1] if isinstance(before, Mapping) and key in before else None
                 if old is not None and entry.state != old:
                     table.check(old, entry.state, name)
         elif before is not None and after != before:
@@ -236,6 +245,19 @@ class Aggregate:
                 raise IllegalTransition(table.aggregate or name, before.value, "NEW",
                                         (s.value for s in table.allowed.get(before, ())))
             table.check(before, after, name)
+
+    def _restore(self, fields: dict[str, Any], before: Any) -> None:
+        """Undo a refused event's ``_evolve``: the fields it reassigned, and a per-entry machine's entries and
+        their states, which it may have changed in place."""
+        self.__dict__.clear()
+        self.__dict__.update(fields)
+        entries = getattr(self, self.machine()[1])  # type: ignore[index]
+        if isinstance(entries, dict) and isinstance(before, Mapping):
+            entries.clear()
+            for key, (entry, state) in before.items():
+                if entry.state != state:
+                    object.__setattr__(entry, "state", state)  # an entry may be a frozen dataclass
+                entries[key] = entry
 
     def _pending(self) -> list[Event]:
         # Kept outside the dataclass fields so snapshots and equality see state only.

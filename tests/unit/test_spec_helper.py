@@ -40,6 +40,20 @@ def test_a_spec_that_does_not_hold_fails(spec) -> None:
         spec()
 
 
+@pytest.mark.parametrize(("spec", "says"), [
+    (lambda: CREATED.when(lambda p: p.submit()).then(event(PaymentSubmitted, attempt=2)),
+     r"the command emitted \[PaymentSubmitted\(attempt=1\)\], expected \[PaymentSubmitted\(attempt=2\)\]"),
+    (lambda: CREATED.when(lambda p: p.complete()).then_raises(IllegalTransition, current="PENDING"),
+     r"IllegalTransition was raised with \{'current': 'CREATED'\}, expected \{'current': 'PENDING'\}"),
+    (lambda: CREATED.when(touch_then_refuse).then_raises(IllegalTransition),
+     r"a refused command must not change the aggregate: it left PaymentTransaction\(.*attempts=5"),
+])
+def test_a_failing_spec_says_what_happened_and_what_was_expected(spec, says: str) -> None:
+    """The helper is library code, which pytest does not rewrite: its own messages are all a reader gets."""
+    with pytest.raises(AssertionError, match=says):
+        spec()
+
+
 def test_given_events_are_replayed_in_order_with_versions() -> None:
     payment = CREATED.when(lambda p: p.submit()).then(event(PaymentSubmitted, attempt=1))
     assert (payment.id, payment.version) == (CREATED.id, 2)

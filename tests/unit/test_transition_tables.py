@@ -13,6 +13,7 @@ import pytest
 
 from commitline import Aggregate, Event, transitions
 from commitline.domain.errors import IllegalTransition
+from commitline.testing import event, given
 from commitline.examples.inventory import RESERVATION_TRANSITIONS, InventoryItem, ReservationState
 from commitline.examples.payments import PAYMENT_TRANSITIONS, PaymentState, PaymentTransaction
 from commitline.examples.surveys import (
@@ -207,6 +208,9 @@ def test_an_event_emitted_without_move_is_still_checked_against_the_table() -> N
     with pytest.raises(IllegalTransition) as refused:
         job._emit(JobReopened)  # DONE -> OPEN: not in the table
     assert (refused.value.current, refused.value.requested, refused.value.allowed) == ("DONE", "OPEN", ())
+    assert (job.state, job.version, len(job.collect_events())) == (Job.DONE, 3, 3)  # as before the refused event
+    given(Jobs, event(JobOpened), event(JobFinished)).when(lambda j: j._emit(JobReopened)).then_raises(
+        IllegalTransition, current="DONE", requested="OPEN")
 
 
 def test_a_move_whose_event_lands_elsewhere_is_a_defect_of_the_domain() -> None:
@@ -225,3 +229,5 @@ def test_a_per_entry_machine_checks_each_entry_that_moves() -> None:
         switches._emit(EntryFlipped, key="a", to=Entry.ON)
     assert (refused.value.current, refused.value.requested) == ("OFF", "ON")
     assert len(switches.collect_events()) == 3  # the refused event is not kept
+    assert {key: s.state for key, s in switches.switches.items()} == {"a": Entry.OFF, "b": Entry.ON}
+    assert switches.version == 3
