@@ -22,8 +22,8 @@ _PARTS: dict[str, tuple[str, ...]] = {  # each module of this package, with the 
     "status": ("FOLLOWER_ALIASES", "PUBLISHER", "StatusReport", "UnknownFollower"),
     "operations": ("MigrationReport",),
     "personal": ("ErasureReport",),
-    "errors": ("InterventionRefused", "ProjectionNeedsRebuild", "RebuildError", "UnknownProcessManager",
-               "UnknownProjection"),
+    "errors": ("InterventionRefused", "ProjectionNeedsRebuild", "RebuildError", "RebuildRunning",
+               "UnknownProcessManager", "UnknownProjection"),
     "setup": ("Domain", "Query", "Settings", "load_domain", "load_settings", "set_kind"),
     "consumers": ("PersonalRecords",),
 }
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
         InterventionRefused,
         ProjectionNeedsRebuild,
         RebuildError,
+        RebuildRunning,
         UnknownProcessManager,
         UnknownProjection,
     )

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from commitline.infrastructure.followers.interventions import InterventionRefused
-from commitline.projections.rebuild import RebuildError
+from commitline.projections.rebuild import RebuildError, RebuildRunning
 from commitline.projections.storage import ProjectionNeedsRebuild
 
 
@@ -28,5 +28,5 @@ class UnknownProcessManager(LookupError):
             super().__init__(f"unknown process manager {unknown!r}; known: {', '.join(names)}")
 
 
-__all__ = ["InterventionRefused", "ProjectionNeedsRebuild", "RebuildError", "UnknownProcessManager",
-           "UnknownProjection"]
+__all__ = ["InterventionRefused", "ProjectionNeedsRebuild", "RebuildError", "RebuildRunning",
+           "UnknownProcessManager", "UnknownProjection"]

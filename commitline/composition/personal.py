@@ -10,6 +10,7 @@ batch of erasures, and the report names the read models and the command that rec
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import overload
@@ -19,7 +20,7 @@ from commitline.application.errors import ConfigurationError
 from commitline.domain.errors import InvalidValue
 from commitline.infrastructure.personal.keys import DataKeys, Erasure, Rotation
 from commitline.infrastructure.personal.master import MasterKey
-from commitline.projections.rebuild import Progress, RebuildResult
+from commitline.projections.rebuild import Progress, RebuildResult, RebuildRunning
 from commitline.projections.storage import rebuild_command
 
 
@@ -63,6 +64,8 @@ class ErasureReport(Sequence[Erasure]):
 
 
 PREVIOUS = "COMMITLINE_PREVIOUS_MASTER_KEY"
+#: How long an erasure waits for a rebuild of its read models that is already running, to run its own after it.
+ERASURE_REBUILD_WAIT_S = 120.0
 
 
 class PersonalDataOperations:
@@ -90,9 +93,24 @@ class PersonalDataOperations:
         holding = dict(self.domain.personal_projections)  # type: ignore[attr-defined]
         rebuilt: list[RebuildResult] = []
         if rebuild and holding:
-            # fresh: an interrupted rebuild's rows, written before the erasure, may hold the values
-            rebuilt = self.rebuild_many(holding, progress=progress, fresh=True)  # type: ignore[attr-defined]
+            rebuilt = self._rebuild_after_erasure(holding, progress)
         return ErasureReport(tenant, subject, tuple(done), holding, tuple(rebuilt))
+
+    def _rebuild_after_erasure(self, holding: dict[str, object], progress: Progress | None) -> list[RebuildResult]:
+        """Rebuild the read models that may hold erased values, from the first event (``fresh``: an interrupted
+        rebuild's rows, written before the erasure, may hold them). A rebuild already running (another erasure's,
+        say) may have read the values before this erasure: this one waits for it to finish, then runs its own, for
+        up to ``ERASURE_REBUILD_WAIT_S``; then it raises ``RebuildRunning`` (the erasure itself is committed)."""
+        deadline = time.monotonic() + ERASURE_REBUILD_WAIT_S
+        pause = 0.05
+        while True:
+            try:
+                return self.rebuild_many(holding, progress=progress, fresh=True)  # type: ignore[attr-defined,no-any-return]
+            except RebuildRunning:
+                if time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
 
     def erasures(self, tenant: str | None = None) -> list[Erasure]:
         return self.data_keys().erased(check_tenant(tenant) if tenant is not None else None)

@@ -30,7 +30,7 @@ from starlette.responses import Response
 
 from commitline.application.boundary import CommandLimits, at_most, read_json
 from commitline.application.errors import InvalidCommand
-from commitline.composition import RebuildError
+from commitline.composition import RebuildError, RebuildRunning
 from commitline.http.auth import admin_key
 from commitline.http.commands import is_json, read_body, utf8_only
 from commitline.http.problems import (
@@ -157,6 +157,10 @@ async def post_erasure(request: Request, key: Any = Depends(admin_key)) -> Respo
     subject = subject_of(body, commitline.settings.command_limits())
     try:
         done = await run_in_threadpool(commitline.erase, key.tenant, subject, by=f"api key {key.key_id}")
+    except RebuildRunning as e:  # waited for the rebuild in the way (ERASURE_REBUILD_WAIT_S): no defect to trace
+        log.warning("erasure of a subject of tenant %s: recomputing the read models waited too long: %s", key.tenant,
+                    e)
+        raise ErasureIncomplete(subject, sorted(commitline.domain.personal_projections)) from None
     except RebuildError:
         log.exception("erasure of a subject of tenant %s: recomputing the read models failed", key.tenant)
         raise ErasureIncomplete(subject, sorted(commitline.domain.personal_projections)) from None

@@ -75,6 +75,10 @@ class RebuildError(RuntimeError):
     pass
 
 
+class RebuildRunning(RebuildError):
+    """Another rebuild of the projection holds its lease: this one did not start (nothing was written)."""
+
+
 @dataclass(frozen=True)
 class RebuildResult:
     projection: str
@@ -208,7 +212,7 @@ async def _rebuild(projections: list[Projection], codec: EventCodec, recorder: E
     try:
         for replay in replays:
             if not await asyncio.to_thread(replay.lease.try_acquire):
-                raise RebuildError(f"a rebuild of {replay.projection.name} is already running")
+                raise RebuildRunning(f"a rebuild of {replay.projection.name} is already running")
             held.append(replay)
         # each projection on its own connection: prepared side by side, swapped in side by side
         resumed = await _together([asyncio.to_thread(r.lease.run, lambda conn, r=r: _prepare(

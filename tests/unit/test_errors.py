@@ -111,3 +111,11 @@ def test_fields_are_attributes_and_keywords_work() -> None:
 def test_wrong_arguments_are_a_type_error(args: tuple, kwargs: dict) -> None:
     with pytest.raises(TypeError):
         InsufficientStock(*args, **kwargs)
+
+
+def test_a_whole_number_beyond_64_bits_is_given_as_text_so_the_error_can_be_encoded() -> None:
+    import orjson
+
+    error = InsufficientStock(item_id="i", requested=10**30, available=2**63 - 1)
+    assert error.details() == {"item_id": "i", "requested": str(10**30), "available": 2**63 - 1}
+    assert orjson.loads(orjson.dumps(error.to_dict()))["details"]["requested"] == str(10**30)

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import re
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
 from commitline.http.erasures import ErasedOut, ErasuresOut
@@ -188,5 +190,28 @@ def test_an_erasure_recomputes_the_read_models_that_copy_personal_values(pg_dsn:
             assert len(done.erased) == 1 and done.rebuilt == ["customer_contacts"]
             customer = admin.get(f"/v1/aggregates/{registered.json()['aggregate_id']}").json()
             assert customer["state"]["email"] == {"erased": True}
+    finally:
+        server.stop()
+
+
+def test_erasures_sent_at_once_each_wait_for_the_rebuild_before_them_and_all_succeed(pg_dsn: str, schema: str,
+                                                                                     tmp_path: Path) -> None:
+    """Each erasure must rebuild the read models after its key is gone; one already running may have read the
+    values first, so the others wait for it and run their own (they used to fail with 503 erasure_incomplete)."""
+    server = start_server(pg_dsn, schema, tmp_path / "serve.log", COMMITLINE_APP="tests.domains.customers:domain")
+    try:
+        with client(server, server.admin_key("acme")) as admin:
+            for n in range(6):
+                registered = admin.post("/v1/commands", headers={"Idempotency-Key": f"register-{n}"}, json={
+                    "type": "register_customer", "customer_id": f"c-{n}", "email": f"person{n}@example.com"})
+                assert registered.status_code == 201, registered.text
+            with ThreadPoolExecutor(6) as pool:
+                answers = list(pool.map(lambda n: erase(admin, {"subject": f"c-{n}"}), range(6)))
+            assert [a.status_code for a in answers] == [200] * 6, [a.text for a in answers]
+            assert all(ErasedOut.model_validate(a.json()).rebuilt == ["customer_contacts"] for a in answers)
+        with psycopg.connect(pg_dsn) as conn:
+            contacts = conn.execute(f'SELECT * FROM "{schema}".rm_customer_contacts').fetchall()
+        assert not any("@example.com" in str(row) for row in contacts), contacts
+        assert "Traceback" not in (tmp_path / "serve.log").read_text()
     finally:
         server.stop()
