@@ -128,6 +128,9 @@ def problems(domain: Domain) -> list[str]:
     if not NAME.fullmatch(domain.schema):
         say(domain.where, f"the domain's schema {domain.schema!r} must be 1-41 lowercase letters, digits or '_' "
             "(give Domain(..., schema=...) when the name is not one)")
+    elif domain.schema.startswith("pg_"):
+        say(domain.where, f"the domain's schema {domain.schema!r} begins with pg_, which PostgreSQL keeps for its "
+            "own schemas (give Domain(..., schema=...) when the name is one)")
     aggregates = _aggregates(domain, say)
     events = _events(aggregates, say)
     _personal(events, aggregates, say)

@@ -245,6 +245,13 @@ class Settings(BaseSettings):
                 raise ValueError(f"has connect_timeout={parts['connect_timeout']}: a whole number of seconds")
         return url
 
+    @field_validator("schema_name")
+    @classmethod
+    def _not_postgresqls_own(cls, schema: str | None) -> str | None:
+        if schema is not None and schema.startswith("pg_"):
+            raise ValueError("begins with pg_, which PostgreSQL keeps for its own schemas: choose another name")
+        return schema
+
     @field_validator("master_key", "previous_master_key")
     @classmethod
     def _master_key_bytes(cls, key: SecretStr | None) -> SecretStr | None:

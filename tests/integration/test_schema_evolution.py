@@ -104,7 +104,8 @@ def test_an_event_field_added_without_a_default_or_an_upcaster_is_named_when_a_s
             with pytest.raises(ConfigurationError) as refused:
                 attempt()
             message = str(refused.value)
-            assert f"NoteWritten event {notebook} v1, stored at class version 1, does not fit " in message
+            assert message.startswith(f"the domain: the NoteWritten event at version 1 of stream {notebook}, stored "
+                                      "at class_version 1, does not fit "), message
             assert "tests.domains.evolution.v1_field_added.NoteWritten" in message
             assert "pinned: Field required" in message and "needs a default" in message
             assert "upcast_v1_v2" in message

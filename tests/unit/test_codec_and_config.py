@@ -75,6 +75,9 @@ def test_configuration_defaults_and_errors() -> None:
     with pytest.raises(ConfigurationError) as bad_url:
         load_settings({"COMMITLINE_DATABASE_URL": "postgresql://u:hunter2@h:notaport/db x=y=z"})
     assert "hunter2" not in str(bad_url.value) and bad_url.value.variable == "COMMITLINE_DATABASE_URL"
+    with pytest.raises(ConfigurationError, match="begins with pg_, which PostgreSQL keeps") as reserved:
+        load_settings({"COMMITLINE_SCHEMA": "pg_catalog"})
+    assert reserved.value.variable == "COMMITLINE_SCHEMA"
 
 
 def test_secret_never_in_repr() -> None:
@@ -159,3 +162,34 @@ def test_an_event_class_s_own_upcast_runs_on_a_replay_at_its_current_version(mon
     stored = encode_event(event, "t1")
     monkeypatch.setattr(StockReceived, "upcast", classmethod(lambda cls, d, v: {**d, "quantity": d["quantity"] * 10}))
     assert CODEC.decode_state(stored.topic, stored.originator_id, 1, orjson.loads(stored.state)).quantity == 10
+
+
+def test_an_event_its_upcasters_bring_to_an_unfitting_shape_names_the_upcasters_not_a_new_one() -> None:
+    from pydantic import TypeAdapter, ValidationError
+
+    from commitline.domain.aggregate import Event
+    from commitline.infrastructure.store.codec import unfitting
+
+    class LoanDue(Event):
+        class_version = 3
+        due: str
+
+        @staticmethod
+        def upcast_v1_v2(data: dict) -> dict:
+            return data
+
+        @staticmethod
+        def upcast_v2_v3(data: dict) -> dict:
+            return {**data, "due": 5}  # the defect: not a str
+
+    try:
+        TypeAdapter(str).validate_python(5)
+    except ValidationError as e:
+        error = e
+    stream = uuid4()
+    upcast = str(unfitting(LoanDue, "LoanDue", stream, 2, 1, error))
+    assert upcast.startswith(f"the domain: the LoanDue event at version 2 of stream {stream}, stored at class_version "
+                             "1, does not fit "), upcast
+    assert "The upcasters from class_version 1 to 3 (upcast_v1_v2 first) must give a payload" in upcast
+    current = str(unfitting(LoanDue, "LoanDue", stream, 2, 3, error))
+    assert "needs a default" in current and "upcast_v3_v4" in current

@@ -256,3 +256,8 @@ def test_an_event_field_of_the_envelopes_name_and_an_unusable_error_code_are_ref
 def test_a_problem_whose_text_holds_braces_is_shown_as_it_is() -> None:
     refused = InvalidDomain(domain="slots", problems=["slots.py:9: two queries have the path slots/{slot_id}"])
     assert str(refused).endswith("  - slots.py:9: two queries have the path slots/{slot_id}")
+
+
+def test_a_domain_named_like_postgresqls_own_schemas_is_refused() -> None:
+    with pytest.raises(InvalidDomain, match="the domain's schema 'pg_temp' begins with pg_"):
+        Domain("pg_temp").check()

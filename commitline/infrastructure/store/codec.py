@@ -214,12 +214,17 @@ def unfitting(cls: type[Event], topic: str, originator_id: UUID, originator_vers
     store, most often a field added to an event that gave it no default and no upcaster."""
     first = error.errors()[0]
     where = ".".join(str(part) for part in first["loc"]) or "the event"
+    if version < cls.class_version:  # the upcasters ran: one of them gave this shape
+        advice = (f"The upcasters from class_version {version} to {cls.class_version} (upcast_v{version}_v"
+                  f"{version + 1} first) must give a payload the class validates")
+    else:
+        advice = (f"A field added to an event class needs a default, or the class a new class_version and an upcaster "
+                  f"that fills the field in for the events already stored (upcast_v{cls.class_version}_v"
+                  f"{cls.class_version + 1})")
     return ConfigurationError(
-        "COMMITLINE_APP", f"{topic} event {originator_id} v{originator_version}, stored at class version {version}, "
-        f"does not fit {cls.__module__}.{cls.__qualname__} (class_version {cls.class_version}): {where}: "
-        f"{first['msg']}. A field added to an event class needs a default, or the class a new class_version and an "
-        f"upcaster that fills the field in for the events already stored (upcast_v{cls.class_version}_v"
-        f"{cls.class_version + 1})")
+        "the domain", f"the {topic} event at version {originator_version} of stream {originator_id}, stored at "
+        f"class_version {version}, does not fit {cls.__module__}.{cls.__qualname__} (class_version "
+        f"{cls.class_version}): {where}: {first['msg']}. {advice}")
 
 
 def encode_snapshot(aggregate: Aggregate) -> bytes:
