@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from commitline.application.errors import CommitlineError
+from commitline.application.errors import CommitlineError, printable
 from commitline.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, actions, console, error_exit, print_json
 
 
@@ -51,7 +51,8 @@ def cmd_tenants(args: argparse.Namespace) -> int:
                                   str(r["created_at"]), str(r["revoked_at"] or ""))
                 console().print(table)
                 return EXIT_OK
-            revoked = keys.revoke(args.name, args.key)
+            key_id = keys.key_id_in(args.key) if args.key is not None else None
+            revoked = keys.revoke(args.name, key_id)
         except CommitlineError as e:
             return error_exit(e, EXIT_USAGE)
         if args.json:
@@ -59,8 +60,9 @@ def cmd_tenants(args: argparse.Namespace) -> int:
         for k in revoked if not args.json else ():
             print(f"revoked {k.key_id} of tenant {k.tenant}")
         if not revoked:
-            which = f"key {args.key}" if args.key else "active key"
-            print(f"tenant {args.name} has no {which} to revoke", file=sys.stderr)
+            which = f"active key {printable(key_id)}" if key_id else "active key"
+            print(f"tenant {args.name} has no {which} to revoke (revoked already, or not one of its keys)",
+                  file=sys.stderr)
             return EXIT_REFUSED
         return EXIT_OK
 
@@ -79,7 +81,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     listing.add_argument("--json", action="store_true", help="machine-readable output")
     revoke = tsub.add_parser("revoke", help="revoke tenant NAME's keys (or one of them); refused from the next request")
     revoke.add_argument("name", metavar="NAME")
-    revoke.add_argument("--key", metavar="KEY_ID", help="revoke only this key (its id, as `tenants list` shows)")
+    revoke.add_argument("--key", metavar="KEY_ID", help="revoke only this key: its id, as `tenants list` shows (or "
+                        "the whole key: only its id is read)")
     revoke.add_argument("--json", action="store_true", help="machine-readable output")
     for parser_ in (add, listing, revoke):
         parser_.set_defaults(run=cmd_tenants)

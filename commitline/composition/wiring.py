@@ -119,6 +119,8 @@ def bootstrap(settings: Settings | None = None, *, domain: Domain | str | None =
         cpu.close()
         if shared is not None:
             shared.release()
+        if isinstance(e, ConfigurationError):  # the database answered: the store is not one this code may use
+            raise
         raise StoreUnavailable(describe_failure(e, parts)) from None
     unreadable = stored_problems(domain, stored, settings.schema_name) + column_type_problems(domain, unknown)
     if unreadable:  # before this process writes or publishes anything

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Composed, Identifier
 
+from commitline.application.errors import ConfigurationError
 from commitline.infrastructure.followers.positions import Connection, Positions
 from commitline.infrastructure.personal import keys as data_keys
 from commitline.infrastructure.store import api_keys, audit_runs, event_versions, generations, hash_backfill
@@ -84,8 +85,10 @@ MIGRATIONS: tuple[Migration, ...] = (
 LATEST = MIGRATIONS[-1].version
 
 
-class SchemaTooNew(RuntimeError):
-    """The store was migrated by a newer commitline than this one."""
+class SchemaTooNew(ConfigurationError):
+    """The store was migrated by a newer commitline than this one: a configuration error (exit 3), never written."""
+
+    variable = "COMMITLINE_SCHEMA"
 
 
 def schema_version(conn: Connection, schema: str) -> int:
@@ -102,8 +105,8 @@ def schema_version(conn: Connection, schema: str) -> int:
 def pending(conn: Connection, schema: str) -> list[Migration]:
     current = schema_version(conn, schema)
     if current > LATEST:
-        raise SchemaTooNew(f"schema {schema} is at version {current}, newer than this commitline knows ({LATEST}); "
-                           "run a commitline at least as new as the one that migrated it")
+        raise SchemaTooNew(reason=f"schema {schema} is at version {current}, newer than this commitline knows "
+                           f"({LATEST}); run a commitline at least as new as the one that migrated it")
     return [m for m in MIGRATIONS if m.version > current]
 
 

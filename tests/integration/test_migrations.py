@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -16,7 +17,7 @@ from eventsourcing.persistence import StoredEvent
 from eventsourcing.postgres import PostgresDatastore
 
 from commitline.application.chain import GENESIS, chain
-from commitline.application.errors import StoreUnavailable
+from commitline.application.errors import ConfigurationError, StoreUnavailable
 from commitline.application.results import DispatchResult
 from commitline.composition import Commitline, bootstrap
 from commitline.infrastructure import migrations
@@ -93,8 +94,15 @@ def test_a_store_migrated_by_a_newer_commitline_is_refused(app: Commitline, pg_d
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(f'INSERT INTO "{schema}".schema_migrations (version, description) VALUES (999, %s)',
                      ("from the future",))
-    with pytest.raises(StoreUnavailable, match="version 999, newer than this commitline knows"):
+    with pytest.raises(ConfigurationError, match="version 999, newer than this commitline knows") as refused:
         bootstrap(settings_for(pg_dsn, schema))
+    assert not isinstance(refused.value, StoreUnavailable)  # the database answered: retrying changes nothing
+    env = {**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn, "COMMITLINE_SCHEMA": schema}
+    for args in (["migrate", "--check"], ["migrate"], ["status", "--check"]):
+        done = subprocess.run([sys.executable, "-m", "commitline.cli", *args], env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 3 and "Traceback" not in done.stderr, (args, done.stderr)
+        assert orjson.loads(done.stderr)["code"] == "configuration_error", (args, done.stderr)
 
 
 STARTER = """

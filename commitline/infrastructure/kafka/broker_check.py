@@ -63,8 +63,8 @@ async def last_records(settings: Settings, topics: Sequence[str]) -> list[LastRe
     """The last record of every non-empty partition of ``topics`` (a KafkaError when the broker fails, as for a
     send: the publisher backs off and tries again)."""
     consumer = AIOKafkaConsumer(**client_options(settings), enable_auto_commit=False, request_timeout_ms=10_000)
-    await consumer.start()
-    try:
+    try:  # stopped even when its start fails: else an unclosed client per retry of an outage
+        await consumer.start()
         known = await consumer.topics()
         partitions = [TopicPartition(t, p) for t in topics if t in known
                       for p in sorted(consumer.partitions_for_topic(t) or ())]

@@ -123,8 +123,8 @@ def new_producer(settings: Settings, client_id: str) -> AIOKafkaProducer:
 
 async def ensure_topics(settings: Settings, topics: Sequence[str]) -> None:
     admin = AIOKafkaAdminClient(**client_options(settings), request_timeout_ms=10_000)
-    await admin.start()
-    try:
+    try:  # stopped even when its start fails
+        await admin.start()
         response = await admin.create_topics(
             [NewTopic(t, settings.kafka_partitions, settings.kafka_replication_factor) for t in topics]
         )
@@ -138,8 +138,8 @@ async def ensure_topics(settings: Settings, topics: Sequence[str]) -> None:
 async def holds_records(settings: Settings, topics: Sequence[str]) -> bool:
     """Whether any partition of ``topics`` holds a record (an end offset above 0)."""
     consumer = AIOKafkaConsumer(**client_options(settings), enable_auto_commit=False, request_timeout_ms=10_000)
-    await consumer.start()
-    try:
+    try:  # stopped even when its start fails
+        await consumer.start()
         known = await consumer.topics()
         partitions = [TopicPartition(t, p) for t in topics if t in known
                       for p in consumer.partitions_for_topic(t) or ()]

@@ -39,8 +39,8 @@ def read_topics(bootstrap_servers: str, topic_prefix: str, expect_at_least: int,
     async def read() -> list[ConsumedRecord]:
         consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False,
                                     auto_offset_reset="earliest")
-        await consumer.start()
-        try:
+        try:  # stopped even when its start fails
+            await consumer.start()
             existing = await consumer.topics()  # metadata for all topics; creates none
             partitions = [
                 TopicPartition(topic, p)

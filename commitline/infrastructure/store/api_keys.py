@@ -49,6 +49,14 @@ class ApiKey:
 
 
 _KEY = re.compile(r"clk_([0-9a-f]{12})_[A-Za-z0-9_-]{43}")
+_ID_OF_KEY = re.compile(r"clk_([0-9a-f]{12})(?:_.*)?", re.DOTALL)
+
+
+def key_id_in(text: str) -> str:
+    """The key id ``text`` names: itself, or the id inside a whole key (``clk_<id>_<secret>``) someone pasted where
+    an id was asked for, so the secret is neither needed nor shown again."""
+    match = _ID_OF_KEY.fullmatch(text.strip())
+    return match.group(1) if match else text
 
 
 def digest(key: str) -> bytes:
@@ -129,12 +137,15 @@ class ApiKeys(SmallTable):
                          "ORDER BY created_at, key_id", params)
         return [ApiKey(*row) for row in rows]
 
+    key_id_in = staticmethod(key_id_in)
+
     def revoke(self, tenant: str, key_id: str | None = None) -> list[ApiKey]:
-        """Revoke ``tenant``'s active keys (only ``key_id``, if given); returns those revoked now."""
+        """Revoke ``tenant``'s active keys (only ``key_id``, if given: an id, or a whole key, ``key_id_in``);
+        returns those revoked now."""
         query = "UPDATE {t} SET revoked_at = now() WHERE tenant = %s AND revoked_at IS NULL"
         params: tuple[Any, ...] = (check_tenant(tenant),)
         if key_id is not None:
-            query, params = query + " AND key_id = %s", (*params, key_id)
+            query, params = query + " AND key_id = %s", (*params, key_id_in(key_id))
         rows = self._run(query + " RETURNING " + _LISTED, params)
         if rows and self.cache is not None:  # other processes hear of it by notification; this one knows already
             self.cache.forget()

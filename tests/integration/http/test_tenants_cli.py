@@ -97,14 +97,18 @@ def test_revoke_one_key_then_all(pg_dsn: str, schema: str) -> None:
     assert revoked() == {ids[0]: True, ids[1]: False, ids[2]: False, ids[3]: False}
 
     again = tenants(pg_dsn, schema, "revoke", "acme", "--key", ids[0])
-    assert again.returncode == 1 and f"no key {ids[0]}" in again.stderr
+    assert again.returncode == 1 and f"no active key {ids[0]} to revoke (revoked already" in again.stderr
+    pasted = tenants(pg_dsn, schema, "revoke", "acme", "--key", second)  # the whole key, as in a leak: its id counts
+    assert pasted.returncode == 0 and pasted.stdout == f"revoked {ids[1]} of tenant acme\n", pasted.stderr
+    assert second.split("_")[-1] not in pasted.stdout + pasted.stderr
+    assert revoked()[ids[1]] is True
     not_theirs = tenants(pg_dsn, schema, "revoke", "acme", "--key", ids[3])  # beta's key, named as acme's
     assert not_theirs.returncode == 1
     assert revoked()[ids[3]] is False
 
     everything = tenants(pg_dsn, schema, "revoke", "acme", "--json")
     assert everything.returncode == 0, everything.stderr
-    assert sorted(row["key_id"] for row in orjson.loads(everything.stdout)) == sorted(ids[1:3])
+    assert sorted(row["key_id"] for row in orjson.loads(everything.stdout)) == [ids[2]]
     assert revoked() == {ids[0]: True, ids[1]: True, ids[2]: True, ids[3]: False}
     nothing_left = tenants(pg_dsn, schema, "revoke", "acme")
     assert nothing_left.returncode == 1 and "no active key" in nothing_left.stderr
