@@ -15,11 +15,13 @@ import argparse
 import os
 import shutil
 import signal
+import socket
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from commitline.cli.common import APP_SPEC, EXIT_OK, domain
+from commitline.cli.common import APP_SPEC, EXIT_OK, EXIT_UNAVAILABLE, domain
 
 MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"  # = infrastructure.metrics.MULTIPROC_DIR, which must not be imported yet
 
@@ -67,6 +69,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     workers = args.workers or settings.http_workers
     options = {"host": host, "port": port, "access_log": not args.no_access_log, "log_level": "info",
                "timeout_graceful_shutdown": 30, "log_config": log_config()}
+    if (taken := _taken(host, port)) is not None:
+        print(f"commitline serve: cannot listen on {host}:{port}: {taken} (another serve, or another program, "
+              "holds it: stop it, or choose another --port)", file=sys.stderr)
+        return EXIT_UNAVAILABLE
     chosen = domain()
     with metrics_files(workers), app_for_workers(workers):
         import uvicorn
@@ -89,6 +95,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
             else:
                 uvicorn.run("commitline.http.app:app_from_environment", factory=True, workers=workers, **options)
     return EXIT_OK
+
+
+def _taken(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on (in use, say), before anything starts; None when it can. (uvicorn's
+    own refusal, after the whole start, names neither the address nor what to do.)"""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        return f"the host does not resolve ({e.strerror})"
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is free
+        try:
+            probe.bind(address)
+        except OSError as e:
+            return e.strerror or str(e)
+    return None
 
 
 def _port(text: str) -> int:

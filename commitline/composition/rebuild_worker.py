@@ -12,10 +12,8 @@ so does its parent's death.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import json
-import os
 import signal
 import sys
 from collections.abc import Callable
@@ -23,9 +21,8 @@ from typing import IO, Any
 
 from commitline.composition.wiring import bootstrap
 from commitline.infrastructure.config import Settings
+from commitline.infrastructure.orphans import end_with_parent
 from commitline.projections.rebuild import RebuildError
-
-_PR_SET_PDEATHSIG = 1
 
 
 def main(stdin: IO[str], say: Callable[[dict[str, Any]], None]) -> int:
@@ -49,14 +46,8 @@ def main(stdin: IO[str], say: Callable[[dict[str, Any]], None]) -> int:
 
 def _interrupted_when_orphaned(parent: int) -> None:
     """Be interrupted, as by Ctrl-C, when the process that started this one dies (killed with -9, say): a worker
-    never rebuilds on unattended (Linux's ``PR_SET_PDEATHSIG``; checked once after it is set, in case the parent
-    died before)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGINT)
-    except (OSError, AttributeError):  # not Linux: a worker left behind finishes its rebuild, which stands
-        return
-    if os.getppid() != parent:
+    never rebuilds on unattended."""
+    if not end_with_parent(signal.SIGINT, parent):
         raise KeyboardInterrupt
 
 

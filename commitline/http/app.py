@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import gc
 import logging
+import multiprocessing
 import re
+import signal
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -34,6 +36,7 @@ from commitline.http.problems import (
     RouteNotFound,
     problem_response,
 )
+from commitline.infrastructure.orphans import end_with_parent
 
 log = logging.getLogger(__name__)
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
@@ -165,7 +168,11 @@ def freeze_startup_heap() -> None:
 
 def app_from_environment() -> FastAPI:
     """One worker's app: its domain loaded now (its routes depend on it), bootstrapped from the environment when
-    the worker starts, closed when it stops."""
+    the worker starts, closed when it stops. The worker stops (SIGTERM, gracefully) when the supervisor that
+    started it dies: killed with -9, it must not leave workers serving on its port."""
+    parent = multiprocessing.parent_process()  # serve's supervisor, which started this worker
+    if parent is not None and parent.pid is not None and not end_with_parent(signal.SIGTERM, parent.pid):
+        raise SystemExit("serve's supervisor is gone: this worker does not start")  # it died as this one started
     holder: dict[str, Commitline] = {}
     domain = load_domain(load_settings().app)
 

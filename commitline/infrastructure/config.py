@@ -10,6 +10,7 @@ variable and what is wrong; secrets are never echoed in errors, logs or ``repr``
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, get_args
@@ -343,8 +344,15 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     except ValidationError as e:
         first = e.errors()[0]
         variable = str(first["loc"][0]) if first["loc"] else ""  # values are keyed by variable name
-        shown = "" if variable in _SECRETS else f" (got {values.get(variable)!r})"
-        raise ConfigurationError(variable, f"{first['msg']}{shown}") from None
+        shown = ""
+        if variable in values and variable not in _SECRETS:
+            shown = f" (got {_USERINFO.sub('://<credentials>@', repr(values[variable]))})"
+        message = first["msg"].removeprefix("Value error, ")  # pydantic's words for a validator's own ValueError
+        raise ConfigurationError(variable, f"{message}{shown}") from None
+
+
+#: The user and password of a URL (``scheme://user:password@host``): never shown back, whatever the variable.
+_USERINFO = re.compile(r"://[^/@\s]*@")
 
 
 def variables_markdown() -> str:

@@ -78,6 +78,10 @@ def test_configuration_defaults_and_errors() -> None:
     with pytest.raises(ConfigurationError, match="begins with pg_, which PostgreSQL keeps") as reserved:
         load_settings({"COMMITLINE_SCHEMA": "pg_catalog"})
     assert reserved.value.variable == "COMMITLINE_SCHEMA"
+    assert not str(reserved.value).startswith("COMMITLINE_SCHEMA: Value error")  # pydantic's prefix is dropped
+    with pytest.raises(ConfigurationError) as gateway:
+        load_settings({"COMMITLINE_GATEWAY_URL": "ftp://user:GwSecretPw@gw.example/x"})
+    assert "GwSecretPw" not in str(gateway.value) and "ftp://<credentials>@gw.example/x" in str(gateway.value)
 
 
 def test_secret_never_in_repr() -> None:

@@ -9,7 +9,9 @@ requests, since the module's tests share one server.
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import socket
 import subprocess
 import sys
 import uuid
@@ -24,7 +26,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
 from commitline.infrastructure.metrics import catalogue
-from tests.integration.http.conftest import Server, free_port, start_server
+from tests.integration.http.conftest import Server, cli_env, free_port, start_server
 from tests.support import count_rows, wait_for
 
 PROBLEM_JSON = "application/problem+json"
@@ -315,6 +317,43 @@ def test_metrics_add_up_across_two_workers(pg_dsn: str, schema: str, tmp_path: P
     finally:
         assert server.stop() == 0, server.output()
     assert not directory.exists(), "serve removes its metrics directory on exit"
+
+
+def test_workers_stop_when_serve_is_killed_and_the_port_is_free_again(pg_dsn: str, schema: str,
+                                                                       tmp_path: Path) -> None:
+    """kill -9 of serve's supervisor leaves no worker serving on its port: each is told to stop by the kernel."""
+    server = start_server(pg_dsn, schema, tmp_path / "serve.log", "--workers", "2")
+    supervisor = psutil.Process(server.process.pid)
+
+    def started() -> list[psutil.Process] | None:
+        kids = [c for c in supervisor.children() if "resource_tracker" not in " ".join(c.cmdline())]
+        return kids if len(kids) >= 2 else None
+
+    workers = wait_for(started, "serve's two workers to start", timeout=120)
+    server.process.kill()  # SIGKILL: the supervisor cleans up nothing
+    server.process.wait(timeout=30)
+    try:
+        wait_for(lambda: not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers),
+                 "the orphaned workers to stop", timeout=60)
+    finally:  # failing, leave no worker behind for the tests after this one
+        for worker in workers:
+            with contextlib.suppress(psutil.Error):
+                worker.kill()
+    with socket.socket() as probe:  # nothing listens on serve's port any more: a new serve can take it
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("127.0.0.1", int(server.base_url.rsplit(":", 1)[1])))
+
+
+def test_serve_on_a_port_in_use_says_which_and_starts_nothing(pg_dsn: str, schema: str) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "commitline.cli", "serve", "--port", str(port), "--workers", "2"],
+                              env=cli_env(pg_dsn, schema), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr
+    assert f"commitline serve: cannot listen on 127.0.0.1:{port}: Address already in use" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_project_metrics_port_reports_positions_reaching_the_log_head(served: Server, acme: httpx.Client,
