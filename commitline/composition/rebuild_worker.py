@@ -19,9 +19,9 @@ import sys
 from collections.abc import Callable
 from typing import IO, Any
 
+from commitline.composition.orphans import end_with_parent
 from commitline.composition.wiring import bootstrap
 from commitline.infrastructure.config import Settings
-from commitline.infrastructure.orphans import end_with_parent
 from commitline.projections.rebuild import RebuildError
 
 

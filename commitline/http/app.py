@@ -27,6 +27,7 @@ from commitline.application.boundary import at_most
 from commitline.application.errors import CommitlineError
 from commitline.composition import Commitline, Domain, bootstrap, load_domain, load_settings
 from commitline.composition.observability import tracing_from_environment
+from commitline.composition.orphans import end_with_parent
 from commitline.http import commands, docs, erasures, openapi, operations, queries, reads, status_page, tracing
 from commitline.http.operations import SENT_METHOD, note_readiness
 from commitline.http.problems import (
@@ -36,7 +37,6 @@ from commitline.http.problems import (
     RouteNotFound,
     problem_response,
 )
-from commitline.infrastructure.orphans import end_with_parent
 
 log = logging.getLogger(__name__)
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
