@@ -35,9 +35,10 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
     from rich.table import Table
 
-    from commitline.cli.common import bootstrap
+    from commitline.cli.common import bootstrap, note_new_store
 
     with bootstrap() as app:
+        note_new_store(app)
         auditor = app.auditor()
         try:
             if args.audit_command == "verify":

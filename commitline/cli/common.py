@@ -46,6 +46,14 @@ def bootstrap(**options: Any) -> Commitline:
     return boot(domain=domain(), **options)
 
 
+def note_new_store(app: Commitline) -> None:
+    """For a command that only reads: say on stderr when the store it reads was made just now, empty (the schema
+    held none), so a health check or an audit of a mistyped schema does not pass unnoticed."""
+    if app.created_store:
+        print(f"commitline: schema {app.settings.schema_name} held no commitline store: an empty one was made now "
+              "(is COMMITLINE_SCHEMA, or the database, the one you meant?)", file=sys.stderr)
+
+
 def print_json(value: Any, stream: TextIO = sys.stdout) -> None:
     stream.write(orjson.dumps(value, default=str).decode() + "\n")
     stream.flush()

@@ -99,10 +99,11 @@ def publisher_tables(report: StatusReport) -> list[Table]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from commitline.cli.common import bootstrap
+    from commitline.cli.common import bootstrap, note_new_store
     from commitline.composition import UnknownFollower
 
     with bootstrap() as app:
+        note_new_store(app)
         report = app.status()
     only = None
     if args.check:  # "--check NAME,NAME": judge only these, which must be running

@@ -68,6 +68,8 @@ class Commitline(Followers, Projections, Sagas, Operations, PersonalDataOperatio
     domain: Domain = field(default=None, repr=False)  # type: ignore[assignment]  # set by bootstrap
     tracing: Tracing | None = field(default=None, repr=False)  # OTEL_*: None unless traces are asked for
     liveness: LoopLiveness = field(default_factory=LoopLiveness, repr=False)  # probed by /healthz of --metrics-port
+    #: this process made the store: the schema held none (a read-only command says so: a mistyped schema?)
+    created_store: bool = False
     _closed: bool = field(default=False, repr=False)
     _api_keys: ApiKeys | None = field(default=None, repr=False)
 

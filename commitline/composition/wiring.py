@@ -100,8 +100,9 @@ def bootstrap(settings: Settings | None = None, *, domain: Domain | str | None =
         # One direct connection first: an unreachable server fails in milliseconds here,
         # where the pool would keep retrying until its timeout.
         with psycopg.connect(**connect_options(parts, connect_timeout=10), autocommit=True) as conn:
+            created = False
             if apply_migrations:  # one cheap read when the schema is current; never DDL on hot tables then
-                migrations.migrate(conn, settings.schema_name)
+                created = any(m.version == 1 for m in migrations.migrate(conn, settings.schema_name))
         datastore = StoreDatastore(
             parts["dbname"], parts["host"], parts["port"], parts["user"], parts["password"],
             pool_size=settings.pool_size,
@@ -148,4 +149,4 @@ def bootstrap(settings: Settings | None = None, *, domain: Domain | str | None =
     processor = CommandProcessor(store, domain.catalog, retry, settings.command_limits(), CommandMetrics(), cpu.enter,
                                  tracing)
     return Commitline(settings, datastore, recorder, store, processor, parts, shared.instance if shared else None,
-                      shared_postgres=shared, dispatch_cpu=cpu, domain=domain, tracing=tracing)
+                      shared_postgres=shared, dispatch_cpu=cpu, domain=domain, tracing=tracing, created_store=created)

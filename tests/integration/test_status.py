@@ -16,6 +16,7 @@ from uuid import uuid4
 
 import httpx
 import orjson
+import psycopg
 import pytest
 
 from commitline.composition import Commitline
@@ -285,3 +286,20 @@ def test_a_follower_process_is_healthy_while_it_runs_whatever_its_business_probl
                 if process.poll() is None:
                     process.kill()
                     process.wait()
+
+
+def test_a_read_only_command_on_a_schema_without_a_store_says_it_made_one(pg_dsn: str) -> None:
+    """A mistyped COMMITLINE_SCHEMA must not pass a health check or an audit unnoticed."""
+    typo = f"t_{uuid4().hex[:12]}"
+    first = status(pg_dsn, typo, "--check")
+    assert f"schema {typo} held no commitline store: an empty one was made now" in first.stderr, first.stderr
+    audit = subprocess.run([*CLI, "audit", "verify", "--all"], env=environment(pg_dsn, typo), capture_output=True,
+                           text=True, timeout=120)
+    assert audit.returncode == 0 and "held no commitline store" not in audit.stderr, audit.stderr  # one exists now
+    fresh = f"t_{uuid4().hex[:12]}"
+    audited = subprocess.run([*CLI, "audit", "verify", "--all"], env=environment(pg_dsn, fresh), capture_output=True,
+                             text=True, timeout=120)
+    assert f"schema {fresh} held no commitline store" in audited.stderr, audited.stderr
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        for name in (typo, fresh):
+            conn.execute(f'DROP SCHEMA "{name}" CASCADE')
