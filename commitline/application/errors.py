@@ -50,8 +50,16 @@ class UnknownCommandType(CommitlineError):
     code = "unknown_command_type"
     fields = ("command_type", "known")
     text_fields = ("command_type",)
-    message = "unknown command type {command_type!r}; known types: {known_types}"
-    known_types = joined("known", separator=", ")
+    known_types = property(lambda error: ", ".join(error.known) or "none (the domain takes no command from outside)")
+
+    @property
+    def message(self) -> str:  # type: ignore[override]
+        if self.command_type is None:
+            return 'the command names no type (its "type" field); known types: {known_types}'
+        return "unknown command type {command_type!r}; known types: {known_types}"
+
+    def details(self) -> dict[str, Any]:  # no type given is null, not the text "None"
+        return {**super().details(), **({"command_type": None} if self.command_type is None else {})}
 
 
 class MissingIdempotencyKey(CommitlineError):

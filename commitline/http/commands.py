@@ -58,8 +58,17 @@ THREADS = 40
 
 
 def is_json(content_type: str | None) -> bool:
-    media = (content_type or "").split(";", 1)[0].strip().lower()
-    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+    """JSON, as ``application/json`` or ``application/<anything>+json``, in UTF-8: a ``charset`` parameter naming
+    anything else is refused here (415) rather than read as UTF-8 and refused as malformed."""
+    media, _, parameters = (content_type or "").partition(";")
+    media = media.strip().lower()
+    if not (media == "application/json" or (media.startswith("application/") and media.endswith("+json"))):
+        return False
+    for parameter in parameters.split(";"):
+        name, _, value = parameter.partition("=")
+        if name.strip().lower() == "charset" and value.strip().strip('"').lower() not in ("utf-8", "utf8"):
+            return False
+    return True
 
 
 def _as_sent(value: str) -> str:

@@ -125,7 +125,7 @@ class UnsupportedMediaType(HttpProblem):
 
     code = "unsupported_media_type"
     fields = ("content_type",)
-    message = "the body must be JSON (Content-Type: application/json), not {shown}"
+    message = "the body must be JSON in UTF-8 (Content-Type: application/json), not {shown}"
     shown = property(lambda error: repr(error.content_type) if error.content_type else "a body without a Content-Type")
 
 

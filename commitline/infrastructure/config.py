@@ -242,6 +242,9 @@ class Settings(BaseSettings):
                 if name in parts and parts[name] not in allowed:
                     raise ValueError(f"has {name}={parts[name]}, which libpq does not know: use one of "
                                      f"{', '.join(allowed)}")
+            for port in str(parts.get("port") or "").split(","):  # one per host of a multi-host URL
+                if port and not (port.isdigit() and 0 < int(port) < 65536):
+                    raise ValueError(f"has port {port}, which is no TCP port (1-65535)")
             if "connect_timeout" in parts and not str(parts["connect_timeout"]).isdigit():
                 raise ValueError(f"has connect_timeout={parts['connect_timeout']}: a whole number of seconds")
         return url

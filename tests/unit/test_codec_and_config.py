@@ -79,6 +79,9 @@ def test_configuration_defaults_and_errors() -> None:
         load_settings({"COMMITLINE_SCHEMA": "pg_catalog"})
     assert reserved.value.variable == "COMMITLINE_SCHEMA"
     assert not str(reserved.value).startswith("COMMITLINE_SCHEMA: Value error")  # pydantic's prefix is dropped
+    with pytest.raises(ConfigurationError, match="has port 99999, which is no TCP port") as port:
+        load_settings({"COMMITLINE_DATABASE_URL": "postgresql://u:hunter2@h:99999/db"})
+    assert "hunter2" not in str(port.value)
     with pytest.raises(ConfigurationError) as gateway:
         load_settings({"COMMITLINE_GATEWAY_URL": "ftp://user:GwSecretPw@gw.example/x"})
     assert "GwSecretPw" not in str(gateway.value) and "ftp://<credentials>@gw.example/x" in str(gateway.value)

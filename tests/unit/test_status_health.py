@@ -99,3 +99,14 @@ def test_stuck_sagas_count_when_everything_or_their_process_manager_is_judged() 
 def test_a_stuck_instance_is_worded_after_its_saga_unless_its_process_manager_says_otherwise() -> None:
     instance = StuckInstance("refunds", UUID(int=7), "acme", "PARKED", "bank down")
     assert judge([], [instance], LIMITS) == [Problem(f"refunds {UUID(int=7)}", "PARKED: bank down")]
+
+
+def test_an_error_is_described_by_its_class_once() -> None:
+    from aiokafka.errors import KafkaConnectionError
+
+    from commitline.infrastructure.followers.outage import described
+
+    assert described(KafkaConnectionError("Unable to bootstrap from 127.0.0.1:9")) == (
+        "KafkaConnectionError: Unable to bootstrap from 127.0.0.1:9")  # its message names the class already
+    assert described(OSError("connection refused")) == "OSError: connection refused"
+    assert described(TimeoutError()) == "TimeoutError"

@@ -48,7 +48,7 @@ from commitline.application.errors import StoreUnavailable
 from commitline.infrastructure.followers.fenced import GenerationChanged, LeaseLost, instance_id
 from commitline.infrastructure.followers.group import GroupLease
 from commitline.infrastructure.followers.lease import Lease
-from commitline.infrastructure.followers.outage import Outage
+from commitline.infrastructure.followers.outage import Outage, described
 from commitline.infrastructure.followers.reading import Page, PageReader
 from commitline.infrastructure.followers.shared import SharedWakeup
 from commitline.infrastructure.followers.slots import OwnedSlots
@@ -297,7 +297,7 @@ class Follower(OwnedSlots):
         except self.retry_on as error:
             first = min(events[0].id for events in page.events.values())
             delay = self.outage.failed(error, f" at position {first}")
-            message = f"{type(error).__name__}: {error}"
+            message = described(error)
             await asyncio.to_thread(self.lease.mark, "retrying", {
                 s: {"message": message, "position": events[0].id} for s, events in page.events.items()})
             for s in page.events:

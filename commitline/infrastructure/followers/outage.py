@@ -15,6 +15,12 @@ from tenacity import RetryCallState, wait_random_exponential
 FIRST_BACKOFF_SECONDS = 0.2
 
 
+def described(error: BaseException) -> str:
+    """``Class: message``, once: Kafka's errors put their class name in their message already."""
+    text, name = str(error), type(error).__name__
+    return text if text.startswith(name) else f"{name}: {text}" if text else name
+
+
 class Outage:
     def __init__(self, log: logging.Logger, subject: str, max_backoff: float):
         self.log = log
@@ -28,8 +34,8 @@ class Outage:
         """Count a failed attempt; returns the seconds to wait before the next one."""
         if self.failures == 0:
             self._since = time.monotonic()
-            self.log.error("%s unavailable (%s: %s)%s; retrying with back-off up to %.1f s", self.subject,
-                           type(error).__name__, error, where, self.max_backoff)
+            self.log.error("%s unavailable (%s)%s; retrying with back-off up to %.1f s", self.subject,
+                           described(error), where, self.max_backoff)
         self.failures += 1
         state = RetryCallState(None, None, (), {})
         state.attempt_number = self.failures

@@ -194,7 +194,7 @@ def test_malformed_json_is_refused_400(acme: httpx.Client, rows: Any, body: byte
 
 
 @pytest.mark.parametrize("content_type", ["text/plain", None, "application/x-www-form-urlencoded",
-                                          "multipart/form-data; boundary=x"])
+                                          "multipart/form-data; boundary=x", "application/json; charset=iso-8859-1"])
 def test_a_body_that_is_not_json_is_refused_415(served: Server, rows: Any, content_type: str | None) -> None:
     headers = {"Authorization": f"Bearer {served.key('acme')}", "Idempotency-Key": key()}
     if content_type is not None:
@@ -206,7 +206,8 @@ def test_a_body_that_is_not_json_is_refused_415(served: Server, rows: Any, conte
 
 
 def test_json_with_a_charset_or_a_json_suffix_is_accepted(acme: httpx.Client) -> None:
-    for content_type in ("application/json; charset=utf-8", "application/vnd.commitline+json"):
+    for content_type in ("application/json; charset=utf-8", "application/vnd.commitline+json",
+                         'application/json;charset="UTF-8"'):
         assert post(acme, PAYMENT, key(), Content_Type=content_type).status_code == 201
 
 
