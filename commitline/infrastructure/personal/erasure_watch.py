@@ -56,6 +56,7 @@ class ErasureWatch:
         self.listening = threading.Event()  # set while LISTEN is in place
         self.backend_pid: int | None = None  # the listening connection's server process
         self.connections = 0  # how many times it began to listen
+        self._was_down = False  # interrupted since it last listened (said once, and once more when it listens)
 
     def start(self) -> None:
         """Begin listening (once; nothing after ``close``); returns once it listens, or after its first attempt
@@ -91,8 +92,10 @@ class ErasureWatch:
                     break
                 if self.connections > listened:
                     failures = 0
-                log.warning("erasure notifications (LISTEN %s) interrupted (%s): every data key and decoded "
-                            "aggregate held is dropped; listening again", self.channel, type(e).__name__)
+                self._was_down = True
+                if failures == 0:  # once per outage: the attempts after it fail alike, until one listens
+                    log.warning("erasure notifications (LISTEN %s) interrupted (%s): every data key and decoded "
+                                "aggregate held is dropped; listening again", self.channel, type(e).__name__)
                 pause = RETRY_S[min(failures, len(RETRY_S) - 1)]
                 failures += 1
             else:
@@ -116,6 +119,9 @@ class ErasureWatch:
             self.backend_pid = conn.info.backend_pid
             if self._tried.is_set():  # keys may have been read before LISTEN took effect
                 self._dropped()
+            if self._was_down:
+                log.warning("erasure notifications (LISTEN %s): listening again", self.channel)
+                self._was_down = False
             self.connections += 1
             self.listening.set()
             self._tried.set()

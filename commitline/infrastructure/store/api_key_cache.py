@@ -61,6 +61,7 @@ class ChangeFeed:
         self._closed = False
         self.backend_pid: int | None = None  # the listening session's server process
         self.connections = 0  # how many times it began to listen
+        self._failing = False  # attempts to listen fail (said once, and once more when one succeeds)
 
     def poll(self, lock: threading.Lock) -> str:
         """``CHANGED`` if a notification arrived since the last poll (or the feed began to listen: what changed
@@ -102,8 +103,10 @@ class ChangeFeed:
             conn = psycopg.connect(**options, autocommit=True)
             conn.execute(SQL("LISTEN {}").format(Identifier(self.channel)))
         except psycopg.Error as e:
-            log.warning("cannot listen for API key changes (LISTEN %s): %s; keys are read on every request",
-                        self.channel, type(e).__name__)
+            if not self._failing:  # once per outage, not once per attempt
+                log.warning("cannot listen for API key changes (LISTEN %s): %s; keys are read on every request "
+                            "until it listens again", self.channel, type(e).__name__)
+            self._failing = True
             if conn is not None:
                 conn.close()
             conn = None
@@ -117,6 +120,9 @@ class ChangeFeed:
             return DEAF
         self._conn, self.backend_pid = conn, conn.info.backend_pid
         self.connections += 1
+        if self._failing:
+            log.warning("API key change notifications (LISTEN %s): listening again", self.channel)
+            self._failing = False
         return CHANGED
 
     def _drop(self) -> None:
