@@ -81,12 +81,14 @@ class StatusReport:
     def reasons(self, follower: FollowerStatus) -> list[str]:
         return follower_reasons(follower, self.thresholds)
 
-    @staticmethod
-    def owner_of(follower: FollowerStatus) -> str:
-        """The process owning a follower (``host:pid (kind, started ...)``) while one holds it, else the owner its
-        row last named; never the PostgreSQL backend's pid, which is not a process of ours to act on."""
+    def owner_of(self, follower: FollowerStatus) -> str:
+        """The process owning a follower (``host:pid (kind, started ...)``) while one holds it (for the publisher,
+        its running instances), else the owner its row last named; never the PostgreSQL backend's pid, which is
+        not a process of ours to act on."""
         if follower.alive and follower.process:
             return describe(follower.process)
+        if follower.name == PUBLISHER and self.publisher is not None and self.publisher.members:
+            return ", ".join(self.instance_of(m) for m in self.publisher.members)  # its buckets' owners
         return f"{follower.owner} (last)" if follower.owner else ""
 
     @staticmethod

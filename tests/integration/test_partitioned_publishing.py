@@ -308,6 +308,8 @@ def test_status_names_the_owning_process_and_tells_a_dead_instance_once(pg_dsn: 
             table = subprocess.run([sys.executable, "-m", "commitline.cli", "status"], env=env, capture_output=True,
                                    text=True, timeout=60).stdout
             assert f":{proc.pid} (publish, started" in table
+            (row,) = [line for line in table.splitlines() if f" {PUBLISHER} " in line]
+            assert f":{proc.pid} (publish" in row and "(last)" not in row, row  # its live instance, not a past owner
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)
