@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, NamedTuple, Protocol
 from uuid import UUID
@@ -106,6 +106,7 @@ class StreamVerdict:
     problem: str | None = None  # "content", "link" or "truncated"
     version: int | None = None  # the first event that does not verify
     detail: str = ""
+    tenant: str | None = None  # the stream's owner, as its first event names it (None when it cannot be read)
 
     @property
     def ok(self) -> bool:
@@ -250,7 +251,13 @@ class Auditor:
         streams, events, broken = check_chains(pages, witnesses, progress, total)
         if aggregate_id is not None and streams == 0:
             raise AggregateNotFound("aggregate", aggregate_id)
-        return VerificationReport(streams, events, time.perf_counter() - started, tuple(broken))
+        owned = [replace(v, tenant=self._tenant_of_stream(v.aggregate_id)) for v in broken]
+        return VerificationReport(streams, events, time.perf_counter() - started, tuple(owned))
+
+    def _tenant_of_stream(self, aggregate_id: UUID) -> str | None:
+        """The owner of a broken stream, for the operator's next command (``audit verify --aggregate ID -t T``)."""
+        first = next((r for page in self.source.chain_pages(aggregate_id) for r in page), None)
+        return self._tenant_of(ChainRecord(*first)) if first is not None else None
 
     def _tenant_of(self, first: ChainRecord) -> str | None:
         # The first stored event names the owner; one too damaged to read proves no ownership.

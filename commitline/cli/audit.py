@@ -84,13 +84,14 @@ def _verify(app, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-de
     rate = report.events / report.seconds if report.seconds else 0
     summary = {"ok": report.ok, "streams": report.streams, "events": report.events,
                "seconds": round(report.seconds, 3), "broken": [
-                   {"aggregate_id": str(v.aggregate_id), "problem": v.problem, "version": v.version,
-                    "detail": v.detail} for v in report.broken]}
+                   {"aggregate_id": str(v.aggregate_id), "tenant": v.tenant, "problem": v.problem,
+                    "version": v.version, "detail": v.detail} for v in report.broken]}
     if args.json:
         print_json(summary, sys.stdout)
     else:
         for v in report.broken:
-            print(f"BROKEN {v.aggregate_id}: {v.problem} at version {v.version}: {v.detail}")
+            owner = f" (tenant {v.tenant})" if v.tenant is not None else ""
+            print(f"BROKEN {v.aggregate_id}{owner}: {v.problem} at version {v.version}: {v.detail}")
         verdict = "OK" if report.ok else f"{len(report.broken)} stream(s) BROKEN"
         print(f"{verdict}: {report.streams} streams, {report.events} events verified in {_took(report.seconds)} "
               f"({rate:,.0f} events/s)")

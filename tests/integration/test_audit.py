@@ -201,6 +201,9 @@ def test_cli_audit_commands_and_their_errors(app: Commitline, pg_dsn: str, schem
     broken = cli(["audit", "verify", "--all", "--json"], pg_dsn, schema)
     assert broken.returncode == 1
     assert orjson.loads(broken.stdout)["broken"][0]["aggregate_id"] == pid
+    assert orjson.loads(broken.stdout)["broken"][0]["tenant"] == "default"  # the next command needs it: -t default
+    table = cli(["audit", "verify", "--all"], pg_dsn, schema)
+    assert f"BROKEN {pid} (tenant default): link at version 3" in table.stdout, table.stdout
 
 
 def test_the_read_ahead_stops_with_its_reader_and_hands_over_its_errors(app: Commitline, schema: str) -> None:
