@@ -129,6 +129,12 @@ def parse_command(command: Command | Mapping[str, Any] | str | bytes, catalog: K
     if isinstance(command, Command):
         cls: type[Command] | None = type(command)
         if not catalog.holds(type(command)):
+            ours = catalog.public.get(command.type)
+            if ours is not None:  # the same type name, another class: "unknown type X; known: X" would puzzle
+                raise InvalidCommand(command.type, [problem([], (
+                    f"this domain's {command.type} is {ours.__module__}.{ours.__qualname__}, not "
+                    f"{type(command).__module__}.{type(command).__qualname__} (a class of another domain or module "
+                    "with the same type)"), "command_type")])
             raise UnknownCommandType(command.type, catalog.public_types())
         try:  # its JSON values (dates, nested models, ids and amounts as text), defaults left out as JSON does
             data: dict[Any, Any] = {**command.model_dump(mode="json", exclude_unset=True, warnings=False),

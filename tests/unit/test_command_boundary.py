@@ -352,3 +352,12 @@ def test_any_input_gives_a_command_or_a_typed_error(value: Any) -> None:
 @given(st.binary(max_size=64) | st.text(st.one_of(st.characters(), st.sampled_from(ODD)), max_size=64))
 def test_any_text_gives_a_command_or_a_typed_error(raw: bytes | str) -> None:
     assert_command_or_typed_error(raw)
+
+
+def test_a_model_of_another_class_with_a_known_type_is_named_as_such() -> None:
+    class CreatePayment(Command):  # noqa: F811 - the point: the examples' type, another class
+        amount: str
+
+    with pytest.raises(E.InvalidCommand, match=r"this domain's create_payment is commitline\.examples\.payments\."
+                                               r"CreatePayment, not tests\.unit\.test_command_boundary\."):
+        parse_command(CreatePayment(amount="1"))
