@@ -129,12 +129,11 @@ _projection_name = declared("projection", lambda domain: domain.projections)
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     project = sub.add_parser("project", help="keep read models up to date until SIGINT/SIGTERM",
-                             description="Run the projector of each named projection (default: all but those a "
-                             "process manager reads, which `sagas run` keeps beside it). Each applies "
+                             description="Run the projector of each named projection (default: all). Each applies "
                              "batches of events and its position in one transaction; one instance per projection "
                              "works at a time (advisory lock), others wait.")
     project.add_argument("names", nargs="*", metavar="NAME", type=_projection_name,
-                         help="projections to run (default: all but the process managers' read models)")
+                         help="projections to run (default: all)")
     add_metrics_options(project)
     project.set_defaults(run=cmd_project, long_running=True)
 

@@ -30,11 +30,7 @@ class Projections:
         return Projector(self.projection(name), self.codec, self.recorder, self.conninfo, **options)
 
     def projectors(self, names: Iterable[str] = (), **options: Any) -> list[Projector]:
-        """The projectors of ``names``; by default of every read model but those a process manager reads, which
-        ``sagas run`` keeps beside it (two processes would take turns at one lease)."""
-        kept = {model for manager in self.domain.managers.values() for model in manager.read_models}
-        chosen = list(names) or [name for name in sorted(self.domain.projections) if name not in kept]
-        return [self.projector(name, **options) for name in chosen]
+        return [self.projector(name, **options) for name in (list(names) or sorted(self.domain.projections))]
 
     def projection(self, name: str) -> Projection:
         known = self.domain.projections

@@ -340,10 +340,3 @@ def test_rebuild_and_list_commands(app: Commitline, pg_dsn: str, schema: str) ->
     unknown = subprocess.run([*cli, "projections", "rebuild", "nope"], env=env, capture_output=True, text=True,
                              timeout=60)
     assert unknown.returncode != 0 and "unknown projection" in unknown.stderr
-
-
-def test_project_runs_every_read_model_but_those_a_process_manager_keeps(app: Commitline) -> None:
-    """``order_fulfilments`` is the fulfilment saga's: ``sagas run`` keeps it, and ``project`` leaves it alone
-    unless named (two processes would take turns at its lease)."""
-    assert sorted(p.name for p in app.projectors()) == ["inventory_levels", "payment_states", "task_statuses"]
-    assert [p.name for p in app.projectors(["order_fulfilments"])] == ["order_fulfilments"]
