@@ -58,9 +58,6 @@ class UnknownCommandType(CommitlineError):
             return 'the command names no type (its "type" field); known types: {known_types}'
         return "unknown command type {command_type!r}; known types: {known_types}"
 
-    def details(self) -> dict[str, Any]:  # no type given is null, not the text "None"
-        return {**super().details(), **({"command_type": None} if self.command_type is None else {})}
-
 
 class MissingIdempotencyKey(CommitlineError):
     """A state-changing command came without an idempotency key."""

@@ -63,7 +63,8 @@ CASES = [
      "invalid command: <command>: bad; a.1: m",
      {"command_type": None, "errors": [{"loc": [], "msg": "bad"}, {"loc": ["a", 1], "msg": "m"}]}),
     (UnknownCommandType(None, ["a", "b"]), "unknown_command_type",
-     'the command names no type (its "type" field); known types: a, b', {"command_type": None, "known": ["a", "b"]}),
+     'the command names no type (its "type" field); known types: a, b',
+     {"command_type": "None", "known": ["a", "b"]}),  # text, as the problem document's schema says
     (UnknownCommandType("nope", ["a"]), "unknown_command_type", "unknown command type 'nope'; known types: a",
      {"command_type": "nope", "known": ["a"]}),
     (MissingIdempotencyKey("create_payment"), "missing_idempotency_key",
