@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
-from eventsourcing.persistence import ProcessRecorder, StoredEvent, Tracking
+from eventsourcing.persistence import ProcessRecorder, ProgrammingError, StoredEvent, Tracking
 from eventsourcing.postgres import PostgresAggregateRecorder, PostgresDatastore, PostgresTrackingRecorder
 from psycopg import errors as pg_errors
 from psycopg.rows import dict_row, tuple_row
@@ -82,7 +82,23 @@ class CommitlineApplicationRecorder(EventRecorder):
             time.sleep(GAP_POLL_S)
 
     def create_table(self) -> None:
+        self._refuse_stock_table()
         _create_tables(self)
+
+    def _refuse_stock_table(self) -> None:
+        """An events table eventsourcing's own module made (no hash chain) is not this module's to use: say so
+        now, before anything is created beside it, not as a missing column at the first load or save."""
+        schema = self.datastore.schema or "public"
+        name = self.tables.events
+        with self.datastore.get_connection() as conn:
+            columns = {r[0] for r in conn.cursor(row_factory=tuple_row).execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_schema = %s AND table_name = %s",
+                (schema, name)).fetchall()}
+        if columns and "event_hash" not in columns:
+            raise ProgrammingError(
+                f"table {schema}.{name} was made by eventsourcing's own persistence module: commitline.eventsourcing "
+                "does not convert it in place (its events table is hash-chained and append-only); give the "
+                "application a new name or POSTGRES_SCHEMA, or keep PERSISTENCE_MODULE=eventsourcing.postgres")
 
     # -- writes -------------------------------------------------------------------
 

@@ -260,3 +260,19 @@ def test_an_idempotency_key_is_recorded_with_the_events(orders: Orders) -> None:
     assert isinstance(refused.value, IntegrityError) and "k-1" in str(refused.value)
     assert recorder_of(orders).idempotency_key_recorded("k-1")
     assert recorder_of(orders).max_notification_id() == 1
+
+
+def test_an_application_whose_tables_the_stock_module_made_is_refused_at_construction(env: dict[str, str],
+                                                                                       pg_dsn: str,
+                                                                                       schema: str) -> None:
+    stock = Orders(env={**env, "PERSISTENCE_MODULE": "eventsourcing.postgres"})
+    counter = Counter()
+    stock.save(counter)
+    stock.close()
+    with pytest.raises(Exception, match=r"orders_events was made by eventsourcing's own persistence module: "
+                                        r"commitline\.eventsourcing does not convert it in place") as refused:
+        Orders(env=env)
+    assert type(refused.value).__name__ == "ProgrammingError"
+    with psycopg.connect(pg_dsn) as conn:
+        made = conn.execute("SELECT to_regclass(%s)", (f"{schema}.orders_events_idempotency",)).fetchone()
+    assert made == (None,)  # nothing was created beside the stock table
