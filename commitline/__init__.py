@@ -30,6 +30,7 @@ _EXPORTS: dict[str, str] = {
     "Personal": "commitline.domain.personal",
     "Erased": "commitline.domain.personal",
     "ERASED": "commitline.domain.personal",
+    "withheld": "commitline.domain.personal",
     # commands, their handling, process managers
     "Command": "commitline.application.commands",
     "VersionedCommand": "commitline.application.commands",
@@ -119,7 +120,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time the names a
     from commitline.domain.aggregate import Aggregate, Event
     from commitline.domain.errors import CommitlineError, DomainError, IllegalTransition, InvalidValue
     from commitline.domain.fsm import TransitionTable, table, transitions
-    from commitline.domain.personal import ERASED, Erased, Personal
+    from commitline.domain.personal import ERASED, Erased, Personal, withheld
     from commitline.framework.domain import Domain, PortContext
     from commitline.infrastructure.store.codec import RecordedEvent
     from commitline.projections.base import Changes, Projection, Table, on

@@ -22,8 +22,8 @@ from uuid import UUID
 
 from pydantic import Field
 
-from commitline import (Aggregate, AggregateNotFound, Changes, Command, Domain, Event, Id, InvalidValue, Loader,
-                        Projection, RecordedEvent, Stream, Table, Text, on, table)
+from commitline import (Aggregate, AggregateNotFound, Changes, Command, Domain, DomainError, Event, Id, InvalidValue,
+                        Loader, Projection, RecordedEvent, Stream, Table, Text, on, table)
 from commitline.examples.orders import Order
 from commitline.examples.reads import (ExampleReads, FulfilmentOut, FulfilmentsOut, fulfilment_id,  # noqa: F401
                                       payment_id_for)  # the saga's and its users' name for it
@@ -56,6 +56,18 @@ SAGA_TRANSITIONS = table("OrderFulfilment", {
     S.COMPENSATED: set(),
 })
 AFTER_STEP = {"reserve": S.RESERVED, "charge": S.AUTHORIZED, "confirm": S.COMPLETED}
+
+
+@domain.error
+class FulfilmentNotWaiting(DomainError):
+    """An operator's retry of a fulfilment that waits for none: only a STUCK or PARKED one is retried (a retry of
+    one still running would cancel its order under it, leaving its payment authorized)."""
+
+    code = "fulfilment_not_waiting"
+    status = 409
+    fields = ("order_id", "state")
+    message = ("the fulfilment of order {order_id} is {state}, not STUCK or PARKED: there is nothing to retry "
+               "(`commitline sagas list --stuck` lists those that wait)")
 
 
 class FulfilmentStarted(Event):
@@ -167,6 +179,8 @@ class OrderFulfilment(Aggregate):
         self._move(S.PARKED, FulfilmentParked, order_id=order_id, reason=reason, attempts=attempts)
 
     def retry(self) -> None:
+        if self.state in (S.STARTED, S.RESERVED, S.AUTHORIZED):  # running: the table lets it compensate, not retry
+            raise FulfilmentNotWaiting(self.order_id, self.state.value)
         resumed = self.parked_from if self.state is S.PARKED and self.parked_from else S.COMPENSATING
         self._move(resumed, FulfilmentRetried, order_id=self.order_id, resumed=resumed)
 

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
-from commitline import AggregateNotFound, DomainError, IllegalTransition, InstanceRow, ProcessManager, StuckInstance
+from commitline import (AggregateNotFound, DomainError, Erased, IllegalTransition, InstanceRow, ProcessManager,
+                        StuckInstance, withheld)
 from commitline.examples.fulfilment import (CancelOrderAfterFailure, FulfilmentRetried, MarkFulfilmentStuck,
                                             OrderFulfilment, ParkFulfilment, RecordCompensation,
                                             RecordFulfilmentCancelled, RecordFulfilmentFailure, RecordFulfilmentStep,
@@ -35,6 +36,12 @@ DONE = (SagaState.COMPLETED, SagaState.COMPENSATED, SagaState.STUCK, SagaState.P
 
 
 @domain.process_manager
+def told(error: BaseException, order: Order) -> str:
+    """An error's message as a reason the saga stores in plain text (its events, the read model, Kafka): with the
+    order's account withheld, as a gateway's refusal may quote it ("card declined for account FR76...")."""
+    return withheld(str(error), {"account": order.account})
+
+
 class FulfilmentSaga(ProcessManager):
     name = "order-fulfilment"
     triggers = (OrderPlaced, FulfilmentRetried)
@@ -80,11 +87,16 @@ class FulfilmentSaga(ProcessManager):
         try:
             do(ReserveStock(item_id=order.item_id, reservation_id=str(order.id), quantity=order.quantity), "reserve")
         except (DomainError, AggregateNotFound) as e:  # a conflict or outage is not a refusal: advance again later
-            return do(RecordFulfilmentFailure(order_id=order.id, step="reserve", reason=str(e)), "reserve-failed")
+            return do(RecordFulfilmentFailure(order_id=order.id, step="reserve", reason=told(e, order)),
+                      "reserve-failed")
         self.on_boundary("reserve:reserved")
         do(RecordFulfilmentStep(order_id=order.id, step="reserve", detail=f"{order.quantity} reserved"), "reserved")
 
     def _charge(self, order: Order, do: Do) -> None:
+        if isinstance(order.account, Erased):  # its holder was erased before the charge: nobody left to charge
+            return do(RecordFulfilmentFailure(order_id=order.id, step="charge",
+                                              reason="the account was erased before the order was charged"),
+                      "charge-failed")
         payment_id = payment_id_for(order.id)
         do(CreatePayment(payment_id=payment_id, amount=order.amount, currency=order.currency,
                          account=order.account), "payment")
@@ -94,12 +106,13 @@ class FulfilmentSaga(ProcessManager):
             reference = self.retrying(lambda: self.gateway.authorize(
                 self.gateway_key(order.id), order.amount, order.currency, order.account), GatewayUnavailable)
         except GatewayDeclined as e:
-            do(FailPayment(payment_id=payment_id, reason=f"declined: {e}"), "payment-fail")
-            return do(RecordFulfilmentFailure(order_id=order.id, step="charge", reason=f"declined: {e}"),
+            do(FailPayment(payment_id=payment_id, reason=f"declined: {told(e, order)}"), "payment-fail")
+            return do(RecordFulfilmentFailure(order_id=order.id, step="charge", reason=f"declined: {told(e, order)}"),
                       "charge-failed")
         except GatewayUnavailable as e:  # the outcome may be unknown: the compensation voids under the same key
             return do(RecordFulfilmentFailure(order_id=order.id, step="charge",
-                                              reason=f"gateway unavailable after {self.attempts} attempts: {e}"),
+                                              reason=f"gateway unavailable after {self.attempts} attempts: "
+                                                     f"{told(e, order)}"),
                       "charge-failed")
         self.on_boundary("charge:authorized")
         do(RecordFulfilmentStep(order_id=order.id, step="charge", detail=reference), "charged")
@@ -108,12 +121,14 @@ class FulfilmentSaga(ProcessManager):
         try:
             do(ConfirmOrder(order_id=order.id), "confirm")
         except IllegalTransition as e:
-            return do(RecordFulfilmentFailure(order_id=order.id, step="confirm", reason=str(e)), "confirm-failed")
+            return do(RecordFulfilmentFailure(order_id=order.id, step="confirm", reason=told(e, order)),
+                      "confirm-failed")
         self.on_boundary("confirm:confirmed")
         try:
             reference = self.retrying(lambda: self.gateway.capture(self.gateway_key(order.id)), GatewayUnavailable)
         except (GatewayDeclined, GatewayUnavailable) as e:
-            return do(RecordFulfilmentFailure(order_id=order.id, step="confirm", reason=f"capture failed: {e}"),
+            return do(RecordFulfilmentFailure(order_id=order.id, step="confirm",
+                                              reason=f"capture failed: {told(e, order)}"),
                       "confirm-failed")
         self.on_boundary("confirm:captured")
         do(CompletePayment(payment_id=payment_id_for(order.id)), "payment-complete")
@@ -128,7 +143,7 @@ class FulfilmentSaga(ProcessManager):
             try:
                 detail = self.retrying(lambda: undo(order, tenant))
             except Exception as e:
-                reason = f"{type(e).__name__}: {e}"
+                reason = f"{type(e).__name__}: {told(e, order)}"
                 log.critical("fulfilment of order %s is STUCK undoing %s after %d attempts: %s; manual "
                              "intervention needed", order.id, step, self.attempts, reason)
                 return do(MarkFulfilmentStuck(order_id=order.id, step=step, reason=reason, attempts=self.attempts),

@@ -9,6 +9,7 @@ import sys
 import textwrap
 import time
 from collections import Counter
+from decimal import Decimal
 from uuid import UUID, uuid4
 
 import psycopg
@@ -25,6 +26,8 @@ from commitline.examples.fulfilment import (
     payment_id_for,
 )
 from commitline.examples.orders import Order
+from commitline.examples.payment_gateway import GatewayDeclined
+from commitline.examples.simulated_gateway import SimulatedGateway
 from commitline.examples.payments import PaymentTransaction
 from commitline.composition import Commitline
 from tests.integration.test_concurrency import run_at_once
@@ -255,3 +258,35 @@ def test_erasing_a_payments_holder_erases_the_account_on_its_order_too(app: Comm
     assert app.auditor().history(order_id).entries[0].payload["account"] == {"erased": True}
     assert app.load(Order, kept).account == "DE89370400440532013000"
     assert app.verify_chains().ok
+
+
+class QuotingGateway(SimulatedGateway):
+    """A gateway whose refusal quotes the account it refused, as real ones sometimes do."""
+
+    def authorize(self, key: str, amount: Decimal, currency: str, account: str) -> str:
+        raise GatewayDeclined(f"card declined for account {account}")
+
+
+def test_a_refusal_that_quotes_the_account_is_stored_without_it(app: Commitline, pg_dsn: str, schema: str) -> None:
+    shop = Shop(app)
+    shop.gateway = QuotingGateway(app.conninfo, app.settings.schema_name)
+    account = "FR7630006000011234567890189"
+    order_id = shop.place(account=account)
+    shop.run_until_done()
+    assert shop.outcome(order_id)[:3] == ("COMPENSATED", "CANCELLED", "FAILED")
+    with psycopg.connect(pg_dsn) as conn:
+        stored = b"".join(bytes(r[0]) for r in conn.execute(f'SELECT state FROM "{schema}".events'))
+    assert account.encode() not in stored and b"card declined for account <personal account>" in stored
+    assert app.load(OrderFulfilment, fulfilment_id(order_id)).failure == (
+        "charge: declined: card declined for account <personal account>")
+
+
+def test_an_order_whose_account_was_erased_before_the_charge_is_compensated(app: Commitline) -> None:
+    shop = Shop(app)
+    order_id = shop.place(account="GB29NWBK60161331926819")
+    app.erase("default", str(payment_id_for(order_id)))  # before the saga charged it: nobody left to charge
+    shop.run_until_done()
+    assert shop.outcome(order_id)[:2] == ("COMPENSATED", "CANCELLED")
+    assert shop.reserved_for(order_id) == "RELEASED"
+    assert app.load(OrderFulfilment, fulfilment_id(order_id)).failure == (
+        "charge: the account was erased before the order was charged")

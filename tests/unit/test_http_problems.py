@@ -34,7 +34,7 @@ def test_a_domain_error_answers_with_the_status_it_declares() -> None:
     assert status_of(UnknownReservation("item", "r")) == 404
     assert set(EXAMPLES.error_statuses) == {"insufficient_stock", "unknown_reservation", "duplicate_reservation",
                                              "task_closed", "users_already_issued", "user_not_issued",
-                                             "order_already_confirmed"}
+                                             "order_already_confirmed", "fulfilment_not_waiting"}
 
 
 def test_the_errors_reference_is_generated_from_the_table() -> None:

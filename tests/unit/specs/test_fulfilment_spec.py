@@ -17,6 +17,7 @@ from commitline.examples.fulfilment import (
     STEPS,
     FulfilmentCancelled,
     FulfilmentCompensated,
+    FulfilmentNotWaiting,
     FulfilmentParked,
     FulfilmentRetried,
     FulfilmentStarted,
@@ -150,6 +151,9 @@ def test_only_a_stuck_saga_is_retried_and_only_compensation_gets_stuck() -> None
         IllegalTransition, aggregate="OrderFulfilment", current="COMPENSATING", requested="COMPENSATING",
         allowed=("COMPENSATED", "PARKED", "STUCK"),
     )
+    for running in ((STARTED,), (STARTED, RESERVED), (STARTED, RESERVED, AUTHORIZED)):  # a retry would cancel it
+        state = saga(*running).aggregate().state.value
+        saga(*running).when(lambda s: s.retry()).then_raises(FulfilmentNotWaiting, order_id=ORDER, state=state)
     saga(STARTED, RESERVED).when(lambda s: s.stuck_at("charge", "x", 1)).then_raises(
         IllegalTransition, current="RESERVED", requested="STUCK", allowed=("AUTHORIZED", "COMPENSATING", "PARKED")
     )
