@@ -125,7 +125,7 @@ class ProcessManager:
 
     def describe(self, row: Any) -> str:
         """One line of ``sagas list`` for a row ``instances`` returned."""
-        return f"{row.id}  {row.state:<12} {row.detail}"
+        return f"{row.id}  tenant {row.tenant}  {row.state:<12} {row.detail}"
 
     def history_of(self, instance_id: UUID) -> UUID:
         """The aggregate whose history ``sagas show`` prints for an instance (by default the instance id)."""

@@ -199,7 +199,7 @@ class FulfilmentSaga(ProcessManager):
 
     def describe(self, row: FulfilmentRow | InstanceRow) -> str:
         assert isinstance(row, FulfilmentRow)
-        return f"{row.order_id}  {row.state:<12} {row.stuck or row.failure}"
+        return f"{row.order_id}  tenant {row.tenant}  {row.state:<12} {row.stuck or row.failure}"
 
     def history_of(self, order_id: UUID) -> UUID:
         return fulfilment_id(order_id)

@@ -184,6 +184,7 @@ def test_a_compensation_that_keeps_failing_is_surfaced_as_stuck(app: Commitline,
     listed = subprocess.run([sys.executable, "-m", "commitline.cli", "sagas", "list", "--stuck"],
                             env=env, capture_output=True, text=True, timeout=60)
     assert listed.returncode == 0 and str(order) in listed.stdout and "STUCK" in listed.stdout
+    assert f"{order}  tenant default  STUCK" in listed.stdout  # the tenant sagas show and retry need (-t)
     status = subprocess.run([sys.executable, "-m", "commitline.cli", "status", "--json"],
                             env=env, capture_output=True, text=True, timeout=60)
     assert str(order) in status.stdout
