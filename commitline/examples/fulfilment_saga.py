@@ -35,13 +35,13 @@ Do = Callable[[Any, str], None]
 DONE = (SagaState.COMPLETED, SagaState.COMPENSATED, SagaState.STUCK, SagaState.PARKED)
 
 
-@domain.process_manager
 def told(error: BaseException, order: Order) -> str:
     """An error's message as a reason the saga stores in plain text (its events, the read model, Kafka): with the
     order's account withheld, as a gateway's refusal may quote it ("card declined for account FR76...")."""
     return withheld(str(error), {"account": order.account})
 
 
+@domain.process_manager
 class FulfilmentSaga(ProcessManager):
     name = "order-fulfilment"
     triggers = (OrderPlaced, FulfilmentRetried)
