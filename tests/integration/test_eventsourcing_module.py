@@ -265,6 +265,8 @@ def test_an_idempotency_key_is_recorded_with_the_events(orders: Orders) -> None:
 def test_an_application_whose_tables_the_stock_module_made_is_refused_at_construction(env: dict[str, str],
                                                                                        pg_dsn: str,
                                                                                        schema: str) -> None:
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # the stock module makes tables, not schemas
+        conn.execute(SQL("CREATE SCHEMA IF NOT EXISTS {}").format(Identifier(schema)))
     stock = Orders(env={**env, "PERSISTENCE_MODULE": "eventsourcing.postgres"})
     counter = Counter()
     stock.save(counter)
