@@ -177,9 +177,9 @@ class Aggregate:
         """Check the move to ``target`` (``_transition``), then emit the event that makes it; an event whose
         ``_evolve`` puts the machine anywhere else is a defect of the domain (RuntimeError: nothing is written)."""
         self._transition(target)
-        self._emit(event_type, **payload)
+        self._record(self._new(event_type, payload))  # checked already: _emit's check would repeat it
         reached = getattr(self, self.machine()[1])  # type: ignore[index]  # _transition asserted a machine
-        if reached != target:
+        if reached is not target and reached != target:
             shown = reached.value if isinstance(reached, Enum) else reached
             raise RuntimeError(f"{type(self).__name__}._move to {target.value}: its {event_type.__name__} left the "
                                f"machine at {shown} (its _evolve must set the state _move names)")
@@ -202,20 +202,40 @@ class Aggregate:
         """Apply a new event and keep it to be stored. Whatever state change it makes is checked against
         ``TRANSITIONS`` (IllegalTransition, and the command writes nothing), however the handler made it:
         ``_move``, or ``_emit`` of an event whose ``_evolve`` moves the machine."""
-        event = event_type(
-            event_id=new_id(), aggregate_id=self.id, version=self.version + 1, occurred_at=utcnow(), **payload
-        )
-        before = self._machine_states()
-        if before is _NO_MACHINE:
-            self.apply(event)
-        else:
+        event = self._new(event_type, payload)
+        machine = self.machine()
+        if machine is None:
+            return self._record(event)
+        before = getattr(self, machine[1])
+        if before is None or isinstance(before, Enum):  # one machine: the common case, kept cheap
             fields = dict(self.__dict__)
             self.apply(event)
-            try:
-                self._check_moves(before)
-            except IllegalTransition:  # refused: the aggregate as it was, as for a refusal before any event
-                self._restore(fields, before)
-                raise
+            after = getattr(self, machine[1])
+            if before is not None and after is not before:
+                try:
+                    self._check_move(before, after)
+                except IllegalTransition:  # refused: the aggregate as it was, as for a refusal before any event
+                    self._restore(fields, None)
+                    raise
+            self._pending().append(event)
+            return None
+        entries = self._machine_states()
+        fields = dict(self.__dict__)
+        self.apply(event)
+        try:
+            self._check_moves(entries)
+        except IllegalTransition:
+            self._restore(fields, entries)
+            raise
+        self._pending().append(event)
+        return None
+
+    def _new(self, event_type: type[Event], payload: dict[str, Any]) -> Event:
+        return event_type(event_id=new_id(), aggregate_id=self.id, version=self.version + 1, occurred_at=utcnow(),
+                          **payload)
+
+    def _record(self, event: Event) -> None:
+        self.apply(event)
         self._pending().append(event)
 
     def _machine_states(self) -> Any:
@@ -232,18 +252,22 @@ class Aggregate:
         """Raise IllegalTransition for a state change since ``before`` that ``TRANSITIONS`` does not allow. A
         machine's (or entry's) first state is free, as it is for ``_move``'s creation events; one that stays
         where it was has made no move."""
-        table, after = self.TRANSITIONS, getattr(self, self.machine()[1])  # type: ignore[index]
-        assert table is not None
-        name = type(self).__name__
+        after = getattr(self, self.machine()[1])  # type: ignore[index]
         if isinstance(after, Mapping):
             for key, entry in after.items():
                 old = before[key][1] if isinstance(before, Mapping) and key in before else None
                 if old is not None and entry.state != old:
-                    table.check(old, entry.state, name)
+                    self._check_move(old, entry.state)
         elif before is not None and after != before:
-            if after is None:  # back to no state at all: no row of a table leads there
-                raise IllegalTransition(table.aggregate or name, before.value, "NEW",
-                                        (s.value for s in table.allowed.get(before, ())))
+            self._check_move(before, after)
+
+    def _check_move(self, before: Enum, after: Enum | None) -> None:
+        table, name = self.TRANSITIONS, type(self).__name__
+        assert table is not None
+        if after is None:  # back to no state at all: no row of a table leads there
+            raise IllegalTransition(table.aggregate or name, before.value, "NEW",
+                                    (s.value for s in table.allowed.get(before, ())))
+        if after != before:
             table.check(before, after, name)
 
     def _restore(self, fields: dict[str, Any], before: Any) -> None:
