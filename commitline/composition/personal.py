@@ -10,10 +10,11 @@ batch of erasures, and the report names the read models and the command that rec
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import overload
+
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from commitline.application.boundary import check_tenant
 from commitline.application.errors import ConfigurationError
@@ -101,16 +102,9 @@ class PersonalDataOperations:
         rebuild's rows, written before the erasure, may hold them). A rebuild already running (another erasure's,
         say) may have read the values before this erasure: this one waits for it to finish, then runs its own, for
         up to ``ERASURE_REBUILD_WAIT_S``; then it raises ``RebuildRunning`` (the erasure itself is committed)."""
-        deadline = time.monotonic() + ERASURE_REBUILD_WAIT_S
-        pause = 0.05
-        while True:
-            try:
-                return self.rebuild_many(holding, progress=progress, fresh=True)  # type: ignore[attr-defined,no-any-return]
-            except RebuildRunning:
-                if time.monotonic() + pause > deadline:
-                    raise
-            time.sleep(pause)
-            pause = min(pause * 2, 1.0)
+        waiting = Retrying(retry=retry_if_exception_type(RebuildRunning), stop=stop_after_delay(ERASURE_REBUILD_WAIT_S),
+                           wait=wait_exponential(multiplier=0.05, max=1.0), reraise=True)
+        return waiting(self.rebuild_many, holding, progress=progress, fresh=True)  # type: ignore[attr-defined,no-any-return]
 
     def erasures(self, tenant: str | None = None) -> list[Erasure]:
         return self.data_keys().erased(check_tenant(tenant) if tenant is not None else None)
