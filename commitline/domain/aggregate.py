@@ -92,9 +92,6 @@ def _payload_fields(cls: type[Event]) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls) if f.name not in cls.ENVELOPE)
 
 
-_NO_MACHINE = object()  # ``_machine_states`` of an aggregate without a transition table
-
-
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
@@ -219,7 +216,9 @@ class Aggregate:
                     raise
             self._pending().append(event)
             return None
-        entries = self._machine_states()
+        if not isinstance(before, Mapping):  # neither kind of machine: the domain check refuses such a table
+            return self._record(event)
+        entries = {key: (entry, entry.state) for key, entry in before.items()}
         fields = dict(self.__dict__)
         self.apply(event)
         try:
@@ -238,28 +237,17 @@ class Aggregate:
         self.apply(event)
         self._pending().append(event)
 
-    def _machine_states(self) -> Any:
-        """The machine's state now, or for a per-entry machine (a dict) each entry with its state."""
-        machine = self.machine()
-        if machine is None:
-            return _NO_MACHINE
-        current = getattr(self, machine[1])
-        if isinstance(current, Mapping):
-            return {key: (entry, entry.state) for key, entry in current.items()}
-        return current
-
-    def _check_moves(self, before: Any) -> None:
-        """Raise IllegalTransition for a state change since ``before`` that ``TRANSITIONS`` does not allow. A
-        machine's (or entry's) first state is free, as it is for ``_move``'s creation events; one that stays
-        where it was has made no move."""
+    def _check_moves(self, before: Mapping[Any, tuple[Any, Enum]]) -> None:
+        """Raise IllegalTransition for an entry's state change since ``before`` (a per-entry machine's entries
+        and their states) that ``TRANSITIONS`` does not allow. An entry's first state is free, as it is for
+        ``_move``'s creation events; one that stays where it was has made no move. (One machine's change is
+        checked inline by ``_emit``.)"""
         after = getattr(self, self.machine()[1])  # type: ignore[index]
         if isinstance(after, Mapping):
             for key, entry in after.items():
-                old = before[key][1] if isinstance(before, Mapping) and key in before else None
+                old = before[key][1] if key in before else None
                 if old is not None and entry.state != old:
                     self._check_move(old, entry.state)
-        elif before is not None and after != before:
-            self._check_move(before, after)
 
     def _check_move(self, before: Enum, after: Enum | None) -> None:
         table, name = self.TRANSITIONS, type(self).__name__
