@@ -17,13 +17,17 @@ _KEY_LIKE = re.compile(r"clk_[A-Za-z0-9_%-]+")
 REDACTED = "clk_<redacted>"
 
 
+def without_keys(text: str) -> str:
+    """``text`` with anything shaped like an API key shown as ``clk_<redacted>``."""
+    return _KEY_LIKE.sub(REDACTED, text) if "clk_" in text else text
+
+
 class RedactApiKeys(logging.Filter):
     """Replaces every key-shaped text in an access line's arguments (the request line among them)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.args, tuple):
-            record.args = tuple(_KEY_LIKE.sub(REDACTED, a) if isinstance(a, str) and "clk_" in a else a
-                                for a in record.args)
+            record.args = tuple(without_keys(a) if isinstance(a, str) else a for a in record.args)
         return True
 
 

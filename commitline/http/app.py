@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
@@ -29,6 +29,8 @@ from commitline.composition import Commitline, Domain, bootstrap, load_domain, l
 from commitline.composition.observability import tracing_from_environment
 from commitline.composition.orphans import end_with_parent
 from commitline.http import commands, docs, erasures, openapi, operations, queries, reads, status_page, tracing
+from commitline.http.access_log import without_keys
+from commitline.http.parameters import documented_query_only
 from commitline.http.operations import SENT_METHOD, note_readiness
 from commitline.http.problems import (
     InternalError,
@@ -42,7 +44,8 @@ log = logging.getLogger(__name__)
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 def _instance(request: Request) -> str:
-    return request.url.path
+    """The request's path as a problem names it: a key pasted into it is not sent back (nor logged)."""
+    return without_keys(request.url.path)
 
 
 def install_problem_handlers(app: FastAPI) -> None:
@@ -59,12 +62,12 @@ def install_problem_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, error: Exception) -> Response:
         assert isinstance(error, StarletteHTTPException)
         if error.status_code == 405:
-            return problem_response(MethodNotAllowed(request.method, request.url.path), _instance(request),
+            return problem_response(MethodNotAllowed(request.method, _instance(request)), _instance(request),
                                     allowed(_methods_at(request, error.headers)))
-        return problem_response(RouteNotFound(request.url.path), _instance(request))
+        return problem_response(RouteNotFound(_instance(request)), _instance(request))
 
     async def unexpected(request: Request, error: Exception) -> Response:
-        log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=error)
+        log.error("unexpected error on %s %s", request.method, _instance(request), exc_info=error)
         return problem_response(InternalError(), _instance(request))
 
     app.add_exception_handler(CommitlineError, typed)
@@ -137,6 +140,7 @@ def create_app(commitline: Commitline | None, *, domain: Domain | None = None, l
         # commitline traces (tracing.py) and counts (operations.py) requests itself: FastAPI's own telemetry
         # would only look up the global OpenTelemetry providers on every request
         telemetry={"tracing": False, "metrics": False, "logs": False},
+        dependencies=[Depends(documented_query_only)],
     )
     app.state.commitline = commitline
     app.state.domain = domain

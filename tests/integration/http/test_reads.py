@@ -257,6 +257,26 @@ def test_bad_parameters(server: Server, pg_dsn: str, schema: str) -> None:
     assert count_rows(pg_dsn, schema) == before
 
 
+def test_a_parameter_the_route_does_not_take_is_refused_not_ignored(server: Server) -> None:
+    """A typo in a query parameter would otherwise answer as if it had not been sent: the current state for
+    ``?at_verison=1``, every row for a misspelt filter of a domain query."""
+    acme = server.client(A)
+    pid = payment(acme, "5.00", "submit_payment")
+    answer = acme.get(f"/v1/aggregates/{pid}/state?at_verison=1")
+    document = problem(answer, 400, "invalid_query")
+    assert document["errors"] == [{"loc": ["query", "at_verison"], "type": "extra_forbidden",
+                                   "msg": "not a parameter of this route (it takes as_of, at_version)"}], document
+    assert acme.get(f"/v1/aggregates/{pid}/state?at_version=1").json()["version"] == 1  # the one it takes
+    document = problem(acme.get(f"/v1/aggregates/{pid}?x=1&y=2&x=3"), 400, "invalid_query")
+    assert [e["loc"] for e in document["errors"]] == [["query", "x"], ["query", "y"]], document  # each once
+    assert "it takes no query parameters" in document["detail"]
+    problem(acme.get("/v1/read-models/fulfilments?stuk=true"), 400, "invalid_query")  # a domain query's too
+    assert acme.get("/v1/read-models/fulfilments?stuck=true").status_code == 200
+    problem(server.client().get(f"/v1/aggregates/{pid}?x=1"), 401, "unauthorized")  # no key: 401 first
+    problem(server.client().get("/v1/status?x=1"), 400, "invalid_query")  # a route without a key is checked too
+    assert server.client().get("/healthz?probe=1").status_code == 200  # probes outside /v1 are left alone
+
+
 def test_the_routes_are_documented(server: Server) -> None:
     spec = httpx.get(f"{server.base_url}/openapi.json").json()
     for path in ("/v1/aggregates/{aggregate_id}", "/v1/aggregates/{aggregate_id}/history",
