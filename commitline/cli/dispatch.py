@@ -35,6 +35,7 @@ from commitline.application.errors import (
     InvalidIdempotencyKey,
     StoreUnavailable,
 )
+from commitline.application.ports import IdempotencyRecordBroken
 from commitline.cli.common import (
     EXIT_OK,
     EXIT_REFUSED,
@@ -57,6 +58,15 @@ CHUNK = 256  # stdin lines handed to ``dispatch_many`` at once (concurrent ones 
 INTERNAL_ERROR = {"error": "InternalError", "code": "internal_error", "details": {},
                   "message": "internal error (the traceback above); nothing was written: a retry with the same "
                              "idempotency key answers either way"}
+
+
+def broken_record(error: IdempotencyRecordBroken) -> dict[str, Any]:
+    """What ``dispatch`` prints on stderr for a key whose record cannot be replayed: a fault of the store (exit 3),
+    which no retry mends, named without a traceback."""
+    return {"error": "IdempotencyRecordBroken", "code": "idempotency_record_broken",
+            "details": {"tenant": error.tenant, "idempotency_key": error.key, "reason": error.reason},
+            "message": f"{error}; nothing was written, and a retry with this key answers the same: "
+                       "`commitline audit verify --all` names the damaged stream"}
 
 
 def canonical_json(value: Any) -> bytes:
@@ -175,6 +185,9 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
                 result = app.dispatch(args.command, idempotency_key=args.idempotency_key, tenant=args.tenant)
             except CommitlineError as e:
                 return error_exit(e, EXIT_REFUSED)
+            except IdempotencyRecordBroken as e:
+                print_json(broken_record(e), sys.stderr)
+                return EXIT_UNAVAILABLE
             except Exception:  # a defect of the domain's code (a handler's TypeError): refused as HTTP's 500 is
                 logging.getLogger("commitline.dispatch").exception("the command failed unexpectedly")
                 print_json(INTERNAL_ERROR, sys.stderr)
@@ -184,9 +197,14 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
         failures = 0
         requests = _stdin_requests(namespace, args.tenant, sys.stdin.buffer, app.processor.limits)
         for chunk in _chunks(requests, CHUNK):
-            outcomes = iter(app.processor.dispatch_many(
-                [(command, key, tenant) for _, command, key, tenant in chunk
-                 if not isinstance(command, CommitlineError)]))
+            try:
+                outcomes = iter(app.processor.dispatch_many(
+                    [(command, key, tenant) for _, command, key, tenant in chunk
+                     if not isinstance(command, CommitlineError)]))
+            except IdempotencyRecordBroken as e:  # the chunk's other lines: run them again, same keys
+                line = next((n for n, _, key, tenant in chunk if (key, tenant) == (e.key, e.tenant)), None)
+                print_json({"line": line, "idempotency_key": e.key, **broken_record(e)}, sys.stderr)
+                return EXIT_UNAVAILABLE
             for number, command, key, tenant in chunk:
                 stored = idempotency_key_or_none(key)
                 where = {"line": number, "idempotency_key": stored} if stored is not None else {"line": number}

@@ -120,6 +120,44 @@ def test_a_record_whose_events_are_not_there_is_refused_loudly(app: Commitline, 
         app.store.find_outcome("default", "broken").answer()  # type: ignore[union-attr]
 
 
+def test_the_cli_names_a_broken_record_as_a_fault_of_the_store(app: Commitline, pg_dsn: str, schema: str) -> None:
+    """``dispatch`` of a key whose record cannot be replayed: its typed error on stderr without a traceback, exit 3
+    (the store, not the request), for one command and for a line of stdin (named by its number)."""
+    import os
+    import subprocess
+    import sys
+
+    import orjson
+
+    command = {"type": "receive_stock", "item_id": str(uuid4()), "quantity": 1}
+    aggregate = app.dispatch({"type": "receive_stock", "item_id": str(uuid4()), "quantity": 1},
+                             idempotency_key="mine").aggregate_id
+    with psycopg.connect(pg_dsn) as conn:  # says the command took a one-event stream to version 3
+        conn.execute(f'INSERT INTO "{schema}".idempotency_keys (tenant, key, fingerprint, command_type, aggregate_id, '
+                     "stream_version, event_count) VALUES ('default', 'broken', %s, 'receive_stock', %s, 3, 2)",
+                     (fingerprint(parse_command(command)), aggregate))
+    env = {**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn, "COMMITLINE_SCHEMA": schema}
+    before = count_rows(pg_dsn, schema)
+    for args, stdin in ((["-k", "broken", orjson.dumps(command).decode()], None),
+                        ([], orjson.dumps({"command": {"type": "receive_stock", "item_id": str(uuid4()), "quantity": 1},
+                                           "idempotency_key": "fine"}) + b"\n" +
+                         orjson.dumps({"command": command, "idempotency_key": "broken"}) + b"\n")):
+        out = subprocess.run([sys.executable, "-m", "commitline.cli", "dispatch", *args], input=stdin,
+                             capture_output=True, env=env, timeout=120)
+        stderr = out.stderr.decode()
+        assert out.returncode == 3 and "Traceback" not in stderr, (out.returncode, stderr)
+        error = orjson.loads(stderr.strip().splitlines()[-1])
+        assert (error["code"], error["details"]["idempotency_key"]) == ("idempotency_record_broken", "broken"), error
+        assert "audit verify" in error["message"] and "either way" not in error["message"], error
+        after = count_rows(pg_dsn, schema)
+        if stdin is None:
+            assert after == before  # nothing written
+        else:
+            assert error["line"] == 2, error
+            # at most the good line before it (its key answers the same when the input is run again)
+            assert all(after[t] - before[t] <= 1 for t in ("events", "idempotency_keys")), (before, after)
+
+
 def test_the_retention_jobs_filter_has_its_index(app: Commitline, pg_dsn: str, schema: str) -> None:
     """``idempotency expire`` finds expired records through the BRIN index on ``recorded_at`` (here with sequential
     scans priced out, as on a table of millions of rows where the index is the cheap way), not the primary key."""
