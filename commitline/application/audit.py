@@ -56,6 +56,9 @@ class AuditSource(Protocol):
     def witnessed_versions(self, aggregate_id: UUID | None) -> Mapping[UUID, int]:
         """Per stream, the highest version any command's idempotency record says it reached."""
 
+    def witnessing_tenant(self, aggregate_id: UUID) -> str | None:
+        """The tenant of the idempotency records that name the stream (None: no record does)."""
+
     def event_count(self) -> int: ...
 
 
@@ -123,6 +126,12 @@ class VerificationReport:
     @property
     def ok(self) -> bool:
         return not self.broken
+
+    def document(self) -> dict[str, Any]:
+        """The report as ``commitline audit verify --json`` prints it and ``GET /v1/audit/verify/{id}`` answers."""
+        return {"ok": self.ok, "streams": self.streams, "events": self.events, "seconds": round(self.seconds, 3),
+                "broken": [{"aggregate_id": str(v.aggregate_id), "tenant": v.tenant, "problem": v.problem,
+                            "version": v.version, "detail": v.detail} for v in self.broken]}
 
 
 Progress = Callable[[int, int], None]  # (events verified, total)
@@ -197,10 +206,12 @@ class Auditor:
 
     def state_at_version(self, aggregate_id: UUID, version: int | None, *, tenant: str = "default") -> StateAt:
         """The state replayed up to ``version`` (None: the last one)."""
+        if version is not None and version < 1:
+            raise AuditQueryError(f"there is no version {version}: versions start at 1", version=version)
         cls, stored = self._events(aggregate_id, tenant)
         if version is None:
             version = len(stored)
-        if version < 1 or version > len(stored):
+        if version > len(stored):
             raise VersionBeyondHead(f"{aggregate_id} has versions 1 to {len(stored)}; there is no version {version}",
                                     aggregate_id=aggregate_id, version=version, head=len(stored))
         return self._state(cls, aggregate_id, stored[:version])
@@ -221,10 +232,13 @@ class Auditor:
         return StateAt(aggregate_id, cls.__name__, aggregate.version, stored[-1].event.occurred_at, state_of(aggregate))
 
     def diff(self, aggregate_id: UUID, from_version: int, to_version: int, *, tenant: str = "default") -> StateDiff:
+        if from_version < 0:
+            raise AuditQueryError(f"--from {from_version}: versions start at 1 (--from 0 is before the first event)",
+                                  version=from_version)
         if from_version > to_version:
             raise AuditQueryError(f"--from {from_version} is after --to {to_version}")
         cls, stored = self._events(aggregate_id, tenant)
-        if to_version > len(stored) or from_version < 0:
+        if to_version > len(stored):
             raise VersionBeyondHead(f"{aggregate_id} has versions 1 to {len(stored)}",
                                     aggregate_id=aggregate_id, version=to_version, head=len(stored))
         before = cls.replay(aggregate_id, [s.event for s in stored[:from_version]])
@@ -244,11 +258,16 @@ class Auditor:
         if aggregate_id is not None:
             check_tenant(tenant)
             records = [r for page in pages for r in page]
-            if not records or self._tenant_of(ChainRecord(*records[0])) != tenant:
+            owner = self._tenant_of(ChainRecord(*records[0])) if records else self.source.witnessing_tenant(aggregate_id)
+            if owner != tenant:
                 raise AggregateNotFound("aggregate", aggregate_id)
             pages = [records]
         witnesses = self.source.witnessed_versions(aggregate_id)
-        streams, events, broken = check_chains(pages, witnesses, progress, total)
+        streams, events, broken, witnessed_seen = check_chains(pages, witnesses, progress, total)
+        if witnessed_seen < sum(1 for version in witnesses.values() if version > 0):  # some have no event left
+            vanished = vanished_streams(self.source.chain_pages(aggregate_id), witnesses)
+            streams += len(vanished)
+            broken += vanished
         if aggregate_id is not None and streams == 0:
             raise AggregateNotFound("aggregate", aggregate_id)
         owned = [replace(v, tenant=self._tenant_of_stream(v.aggregate_id)) for v in broken]
@@ -257,7 +276,9 @@ class Auditor:
     def _tenant_of_stream(self, aggregate_id: UUID) -> str | None:
         """The owner of a broken stream, for the operator's next command (``audit verify --aggregate ID -t T``)."""
         first = next((r for page in self.source.chain_pages(aggregate_id) for r in page), None)
-        return self._tenant_of(ChainRecord(*first)) if first is not None else None
+        if first is None:  # no event left: the idempotency records still name the owner
+            return self.source.witnessing_tenant(aggregate_id)
+        return self._tenant_of(ChainRecord(*first))
 
     def _tenant_of(self, first: ChainRecord) -> str | None:
         # The first stored event names the owner; one too damaged to read proves no ownership.
@@ -272,9 +293,11 @@ _VERSION_TEXT = [str(v).encode() for v in range(_VERSIONS_CACHED)]  # a version 
 
 
 def check_chains(pages: Iterable[Sequence[ChainRecord]], witnesses: Mapping[UUID, int],
-                 progress: Progress | None = None, total: int = 0) -> tuple[int, int, list[StreamVerdict]]:
+                 progress: Progress | None = None, total: int = 0) -> tuple[int, int, list[StreamVerdict], int]:
     """Re-derive every stream's chain from ``pages`` of records (ordered by aggregate id, version): (streams,
-    events, the verdicts of the streams that do not verify). ``progress`` is told after each page.
+    events, the verdicts of the streams that do not verify, how many of the streams ``witnesses`` names were
+    read: fewer than it names means some have no event left, ``vanished_streams``). ``progress`` is told after
+    each page.
 
     Per record: ``hash = SHA-256(prev_hash || content)`` must equal its stored hash ("content" otherwise),
     its version must follow the one before it and its ``prev_hash`` must be that event's hash ("link"); a
@@ -292,13 +315,16 @@ def check_chains(pages: Iterable[Sequence[ChainRecord]], witnesses: Mapping[UUID
     expected_prev, expected_version = GENESIS, 1
     versions = _VERSION_TEXT
     verdict: StreamVerdict | None = None
+    witnessed_seen = 0
 
     def finish() -> None:
+        nonlocal witnessed_seen
         assert current is not None
+        witnessed = witnesses.get(current, 0)
+        witnessed_seen += witnessed > 0
         if verdict is not None:
             broken.append(StreamVerdict(current, count, verdict.problem, verdict.version, verdict.detail))
             return
-        witnessed = witnesses.get(current, 0)
         if witnessed > last_version:
             broken.append(StreamVerdict(
                 current, count, "truncated", last_version + 1,
@@ -342,4 +368,24 @@ def check_chains(pages: Iterable[Sequence[ChainRecord]], witnesses: Mapping[UUID
         finish()
         streams += 1
         events += count
-    return streams, events, broken
+    return streams, events, broken, witnessed_seen
+
+
+def vanished_streams(pages: Iterable[Sequence[ChainRecord]], witnesses: Mapping[UUID, int]) -> list[StreamVerdict]:
+    """The streams an idempotency record says a command took past version 0 of which ``pages`` (ordered by
+    aggregate id) hold no event: every event of theirs was removed ("truncated" at version 1). A merge of the
+    witnessed ids, sorted, with the ids read, so that no set of every stream is held."""
+    pending = sorted((a for a, version in witnesses.items() if version > 0), key=lambda a: a.int)
+    at, gone = 0, []
+    for page in pages:
+        for record in page:
+            read = record[0].int
+            while at < len(pending) and pending[at].int < read:
+                gone.append(pending[at])
+                at += 1
+            if at < len(pending) and pending[at].int == read:
+                at += 1
+    gone += pending[at:]
+    return [StreamVerdict(a, 0, "truncated", 1,
+                          f"no event of the stream is left, but an idempotency record says a command took it to "
+                          f"version {witnesses[a]}: its events were removed") for a in gone]

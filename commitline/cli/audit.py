@@ -82,12 +82,8 @@ def _verify(app, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-de
         report = app.verify_chains(args.aggregate, tenant=args.tenant,
                                    progress=progress if args.aggregate is None else None)
     rate = report.events / report.seconds if report.seconds else 0
-    summary = {"ok": report.ok, "streams": report.streams, "events": report.events,
-               "seconds": round(report.seconds, 3), "broken": [
-                   {"aggregate_id": str(v.aggregate_id), "tenant": v.tenant, "problem": v.problem,
-                    "version": v.version, "detail": v.detail} for v in report.broken]}
     if args.json:
-        print_json(summary, sys.stdout)
+        print_json(report.document(), sys.stdout)
     else:
         for v in report.broken:
             owner = f" (tenant {v.tenant})" if v.tenant is not None else ""

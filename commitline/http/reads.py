@@ -158,7 +158,4 @@ def get_diff(request: Request, aggregate_id: AggregateId,
 )
 def get_verification(request: Request, aggregate_id: AggregateId, caller: str = Depends(tenant)) -> Response:
     report = _app(request).auditor().verify(aggregate_id, tenant=caller)
-    return _json({"ok": report.ok, "streams": report.streams, "events": report.events,
-                  "seconds": round(report.seconds, 3), "broken": [
-                      {"aggregate_id": v.aggregate_id, "problem": v.problem, "version": v.version,
-                       "detail": v.detail} for v in report.broken]})
+    return _json(report.document())

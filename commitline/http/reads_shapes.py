@@ -72,6 +72,7 @@ class DiffOut(Shape):
 
 class BrokenStreamOut(Shape):
     aggregate_id: UUID
+    tenant: str | None = Field(description="the stream's owner (null when nothing stored names it)")
     problem: str = Field(description="content, link or truncated")
     version: int | None = Field(description="the first event that does not verify")
     detail: str

@@ -141,6 +141,7 @@ TAMPERING = {
         "WHERE originator_id = %(id)s AND originator_version IN (1002, 1003)"]),
     "last event removed": ("truncated", 5, [
         "DELETE FROM {s}.events WHERE originator_id = %(id)s AND originator_version = 5"]),
+    "every event removed": ("truncated", 1, ["DELETE FROM {s}.events WHERE originator_id = %(id)s"]),
 }
 
 
@@ -162,6 +163,7 @@ def test_every_tampering_is_detected_and_named(app: Commitline, pg_dsn: str, sch
     assert not report.ok
     (verdict,) = report.broken
     assert (verdict.aggregate_id, verdict.problem, verdict.version) == (target, problem, version), verdict.detail
+    assert verdict.tenant == "default", verdict  # the operator's next command needs it, even with no event left
     single = auditor(app).verify(target)
     assert single.broken == report.broken and single.streams == 1
 
@@ -191,10 +193,15 @@ def test_cli_audit_commands_and_their_errors(app: Commitline, pg_dsn: str, schem
                  ["audit", "state", "nonsense", "--at-version", "1"],
                  ["audit", "state", pid, "--as-of", "yesterday"],
                  ["audit", "state", pid, "--as-of", "2026-01-01T00:00:00"],
+                 ["audit", "state", pid, "--at-version", "0"],
+                 ["audit", "state", pid, "--at-version", "-1"],
+                 ["audit", "diff", pid, "--from", "-1", "--to", "2"],
                  ["audit", "verify"]):
         out = cli(args, pg_dsn, schema)
         assert (out.returncode, out.stdout) == (2, ""), (args, out.returncode, out.stdout)
         assert out.stderr.strip()
+        if "-1" in args or "0" in args:  # below the first version: not "beyond the head"
+            assert "versions start at 1" in out.stderr and "beyond" not in out.stderr, (args, out.stderr)
     with psycopg.connect(pg_dsn) as conn:
         conn.execute("SET session_replication_role = replica")
         conn.execute(f"DELETE FROM {schema}.events WHERE originator_id = %s AND originator_version = 2", (pid,))

@@ -95,6 +95,13 @@ class PostgresAuditSource:
             ).format(self.idempotency, where), (aggregate_id,) if aggregate_id is not None else ()).fetchall()
         return {a: int(v) for a, v in rows}
 
+    def witnessing_tenant(self, aggregate_id: UUID) -> str | None:
+        with self.datastore.get_connection() as conn:
+            row = conn.cursor(row_factory=tuple_row).execute(
+                SQL("SELECT tenant FROM {} WHERE aggregate_id = %s LIMIT 1").format(self.idempotency),
+                (aggregate_id,)).fetchone()
+        return str(row[0]) if row is not None else None
+
     def event_count(self) -> int:
         with self.datastore.get_connection() as conn:
             return int(conn.cursor(row_factory=tuple_row).execute(

@@ -122,6 +122,9 @@ def test_an_aggregate_its_history_states_diff_and_verification(server: Server, p
     broken = ok(acme, f"/v1/audit/verify/{pid}", shapes.VerifyOut)
     assert (broken["ok"], broken["events"]) == (False, 2)
     assert [(b["aggregate_id"], b["problem"], b["version"]) for b in broken["broken"]] == [(pid, "link", 3)]
+    assert (broken | {"seconds": 0}) == (cli_json(server, "audit", "verify", "--aggregate", pid, "--json",
+                                                  "--tenant", A) | {"seconds": 0})  # the CLI's document, tenant too
+    assert broken["broken"][0]["tenant"] == A
 
 
 def test_read_models_before_and_after_the_projections_ran(server: Server, pg_dsn: str, schema: str) -> None:
