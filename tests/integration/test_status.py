@@ -209,6 +209,43 @@ def test_a_live_follower_lagging_beyond_a_threshold_fails_the_check(app: Commitl
     assert "task_statuses" not in stopped.stderr, "a stopped projection is a deployment's choice, lag or not"
 
 
+def test_head_positions_and_lags_agree_while_commands_arrive(app: Commitline) -> None:
+    """The head, each follower's position and its lag come from one snapshot of the store: read one by one while
+    commands arrive, a projection's position was past the head read just before it, and one at the head showed a
+    lag. Sampled while a writer keeps appending and a projector keeps up with it."""
+    import threading
+
+    writing = threading.Event()
+    writing.set()
+
+    def write() -> None:
+        while writing.is_set():
+            add_tasks(app, 1)
+
+    writer = threading.Thread(target=write, name="status-test-writer", daemon=True)
+    seen: list[tuple[int, int, int]] = []  # (head, position, lag) of the moving projection
+    with FollowerThread(lambda: app.projector("task_statuses", poll_interval=0.005)) as projector:
+        writer.start()
+        try:
+            def enough_samples() -> bool:
+                report = app.status()
+                for row in report.followers:
+                    assert row.head == report.head, row
+                    assert row.position <= report.head, (row.name, row.position, report.head)
+                    assert row.lag_events <= report.head - row.position, (row.name, row.lag_events, report.head)
+                    if row.position == report.head:
+                        assert row.lag_events == 0, (row.name, row.position, row.lag_events)
+                    if row.name == "task_statuses" and row.position > 0:
+                        seen.append((report.head, row.position, row.lag_events))
+                return len(seen) >= 100 and projector.follower.metrics.position > 0
+
+            wait_for(enough_samples, "100 status samples while the projection moves", 120)
+        finally:
+            writing.clear()
+            writer.join(60)
+    assert len({head for head, _, _ in seen}) > 1, "the head never moved while the samples were taken"
+
+
 def test_a_publisher_that_does_not_run_while_events_wait_is_a_problem(app: Commitline, pg_dsn: str,
                                                                       schema: str) -> None:
     add_tasks(app, 3)

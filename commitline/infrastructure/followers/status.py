@@ -107,8 +107,11 @@ def follower_statuses(recorder: EventRecorder, known: Iterable[str] = (),
     ran), then of every other follower that has a row (a rebuild, say) and that ``include`` accepts, by name."""
     schema = recorder.datastore.schema
     events = Identifier(schema, EVENTS_TABLE)
-    with recorder.datastore.get_connection() as conn:
+    with recorder.datastore.get_connection() as conn, conn.transaction():
         cur = conn.cursor(row_factory=tuple_row)
+        # one snapshot for the head, the positions and the lags: read one by one while commands arrive, a position
+        # could be past the head read before it, and a follower at the head show a lag
+        cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         head = cur.execute(SQL("SELECT coalesce(max(notification_id), 0) FROM {}").format(events)).fetchone()[0]
         rows = Positions(schema).status_rows(conn)
         names = list(dict.fromkeys([*known, *(name for name in sorted(rows) if include(name))]))
