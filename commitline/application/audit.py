@@ -239,7 +239,7 @@ class Auditor:
             raise AuditQueryError(f"--from {from_version} is after --to {to_version}")
         cls, stored = self._events(aggregate_id, tenant)
         if to_version > len(stored):
-            raise VersionBeyondHead(f"{aggregate_id} has versions 1 to {len(stored)}",
+            raise VersionBeyondHead(f"{aggregate_id} has versions 1 to {len(stored)}; there is no version {to_version}",
                                     aggregate_id=aggregate_id, version=to_version, head=len(stored))
         before = cls.replay(aggregate_id, [s.event for s in stored[:from_version]])
         old = state_of(before)

@@ -32,6 +32,11 @@ def at_location(whole: str = "") -> Callable[[dict[str, Any]], str]:
     return lambda problem: f"{'.'.join(map(str, problem['loc'])) or whole}: {problem['msg']}"
 
 
+def _article(name: object) -> str:
+    """The indefinite article before a type's name in a message: "an Order", "a Payment"."""
+    return "an" if str(name)[:1].upper() in "AEIOU" and str(name)[:1] else "a"
+
+
 class InvalidCommand(CommitlineError):
     """The command failed validation; ``errors`` lists each problem: ``loc`` (the path to the field:
     keys and list indexes, ``[]`` for the command as a whole), ``msg`` and ``type``."""
@@ -134,7 +139,9 @@ class AggregateAlreadyExists(CommitlineError):
     code = "aggregate_already_exists"
     fields = ("aggregate_type", "aggregate_id")
     text_fields = ("aggregate_id",)
-    message = "a {aggregate_type} with id {aggregate_id} already exists"
+    message = "{article} {aggregate_type} with id {aggregate_id} already exists"
+
+    article = property(lambda error: _article(error.aggregate_type))
 
 
 class WrongAggregateType(CommitlineError):
@@ -143,7 +150,10 @@ class WrongAggregateType(CommitlineError):
     code = "wrong_aggregate_type"
     fields = ("aggregate_id", "expected", "actual")
     text_fields = ("aggregate_id",)
-    message = "{aggregate_id} is a {actual}, not a {expected}"
+    message = "{aggregate_id} is {actual_article} {actual}, not {expected_article} {expected}"
+
+    actual_article = property(lambda error: _article(error.actual))
+    expected_article = property(lambda error: _article(error.expected))
 
 
 class EventTooLarge(CommitlineError):

@@ -52,10 +52,10 @@ class CommitlineError(Exception):
         super().__init__(self.message.format_map(_Attributes(self)))
 
     def details(self) -> dict[str, Any]:
-        """The fields, those in ``text_fields`` as ``str``, and so is a whole number beyond 64 bits (JSON encoders
-        refuse it: an error about a huge number must still be answered)."""
-        return {f: str(v) if f in self.text_fields or (type(v) is int and not -2**63 <= v < 2**63) else v
-                for f, v in ((f, getattr(self, f)) for f in self.fields)}
+        """The fields, those in ``text_fields`` as ``str`` (None stays null), and so is a whole number beyond 64 bits
+        (JSON encoders refuse it: an error about a huge number must still be answered)."""
+        return {f: str(v) if (f in self.text_fields and v is not None) or (type(v) is int and not -2**63 <= v < 2**63)
+                else v for f, v in ((f, getattr(self, f)) for f in self.fields)}
 
     def to_dict(self) -> dict[str, Any]:
         return {"error": type(self).__name__, "code": self.code, "message": str(self), "details": self.details()}

@@ -64,7 +64,7 @@ CASES = [
      {"command_type": None, "errors": [{"loc": [], "msg": "bad"}, {"loc": ["a", 1], "msg": "m"}]}),
     (UnknownCommandType(None, ["a", "b"]), "unknown_command_type",
      'the command names no type (its "type" field); known types: a, b',
-     {"command_type": "None", "known": ["a", "b"]}),  # text, as the problem document's schema says
+     {"command_type": None, "known": ["a", "b"]}),  # null, as for a body that is not an object: not "None"
     (UnknownCommandType("nope", ["a"]), "unknown_command_type", "unknown command type 'nope'; known types: a",
      {"command_type": "nope", "known": ["a"]}),
     (MissingIdempotencyKey("create_payment"), "missing_idempotency_key",
@@ -84,10 +84,10 @@ CASES = [
      {"aggregate_id": str(ID), "expected_version": None, "actual_version": 4, "attempts": 5}),
     (AggregateNotFound("Order", ID), "aggregate_not_found", f"no Order with id {ID}",
      {"aggregate_type": "Order", "aggregate_id": str(ID)}),
-    (AggregateAlreadyExists("Order", ID), "aggregate_already_exists", f"a Order with id {ID} already exists",
+    (AggregateAlreadyExists("Order", ID), "aggregate_already_exists", f"an Order with id {ID} already exists",
      {"aggregate_type": "Order", "aggregate_id": str(ID)}),
     (WrongAggregateType(ID, "Order", "PaymentTransaction"), "wrong_aggregate_type",
-     f"{ID} is a PaymentTransaction, not a Order", {"aggregate_id": str(ID), "expected": "Order",
+     f"{ID} is a PaymentTransaction, not an Order", {"aggregate_id": str(ID), "expected": "Order",
                                                     "actual": "PaymentTransaction"}),
     (ConfigurationError("COMMITLINE_X", "bad {value}"), "configuration_error", "COMMITLINE_X: bad {value}",
      {"variable": "COMMITLINE_X", "reason": "bad {value}"}),
