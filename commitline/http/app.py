@@ -62,9 +62,9 @@ def install_problem_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, error: Exception) -> Response:
         assert isinstance(error, StarletteHTTPException)
         if error.status_code == 405:
-            return problem_response(MethodNotAllowed(request.method, _instance(request)), _instance(request),
+            return problem_response(MethodNotAllowed(request.method, request.url.path), _instance(request),
                                     allowed(_methods_at(request, error.headers)))
-        return problem_response(RouteNotFound(_instance(request)), _instance(request))
+        return problem_response(RouteNotFound(request.url.path), _instance(request))
 
     async def unexpected(request: Request, error: Exception) -> Response:
         log.error("unexpected error on %s %s", request.method, _instance(request), exc_info=error)

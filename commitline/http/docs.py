@@ -10,7 +10,6 @@ from fastapi import APIRouter, Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from starlette.responses import HTMLResponse, Response
 
-from commitline.http.access_log import without_keys
 from commitline.http.problems import RouteNotFound
 
 router = APIRouter(include_in_schema=False)
@@ -37,6 +36,6 @@ def redoc(request: Request) -> HTMLResponse:
 @router.get(STATIC + "/{name}")
 def asset(name: str, request: Request) -> Response:
     if name not in _MEDIA:
-        raise RouteNotFound(without_keys(request.url.path))
+        raise RouteNotFound(request.url.path)
     return Response((_ASSETS / name).read_bytes(), media_type=_MEDIA[name],
                     headers={"Cache-Control": "public, max-age=86400"})

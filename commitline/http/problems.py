@@ -18,6 +18,7 @@ import orjson
 from starlette.responses import Response
 
 from commitline.application.errors import CommitlineError, ConfigurationError, InvalidCommand, at_location, joined
+from commitline.http.access_log import without_keys
 
 PROBLEM_JSON = "application/problem+json"
 TYPE_PREFIX = "urn:commitline:problem:"
@@ -156,11 +157,14 @@ class InvalidQuery(HttpProblem):
 
 
 class RouteNotFound(HttpProblem):
-    """No route at that path."""
+    """No route at that path (shown without a key pasted into it)."""
 
     code = "not_found"
     fields = ("path",)
     message = "no resource at {path}"
+
+    def __init__(self, path: str):
+        super().__init__(without_keys(path))
 
 
 class MethodNotAllowed(HttpProblem):
@@ -169,6 +173,9 @@ class MethodNotAllowed(HttpProblem):
     code = "method_not_allowed"
     fields = ("method", "path")
     message = "{method} is not allowed on {path}"
+
+    def __init__(self, method: str, path: str):
+        super().__init__(method, without_keys(path))
 
 
 class InternalError(HttpProblem):

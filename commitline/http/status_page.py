@@ -22,7 +22,6 @@ from starlette.responses import Response
 
 from commitline.application.process import StuckInstance
 from commitline.composition import PUBLISHER, Commitline
-from commitline.http.access_log import without_keys
 from commitline.http.problems import RouteNotFound
 
 if TYPE_CHECKING:
@@ -145,6 +144,6 @@ def page() -> Response:
 @router.get("/static/{name}", include_in_schema=False)
 def asset(name: str, request: Request) -> Response:
     if name not in _ASSETS:
-        raise RouteNotFound(without_keys(request.url.path))
+        raise RouteNotFound(request.url.path)
     body, media_type = _ASSETS[name]
     return Response(body, media_type=media_type, headers={**_SECURITY, "Cache-Control": "no-cache"})
