@@ -258,7 +258,9 @@ class Auditor:
         if aggregate_id is not None:
             check_tenant(tenant)
             records = [r for page in pages for r in page]
-            owner = self._tenant_of(ChainRecord(*records[0])) if records else self.source.witnessing_tenant(aggregate_id)
+            # no event left: the idempotency records still name the owner
+            owner = (self._tenant_of(ChainRecord(*records[0])) if records
+                     else self.source.witnessing_tenant(aggregate_id))
             if owner != tenant:
                 raise AggregateNotFound("aggregate", aggregate_id)
             pages = [records]

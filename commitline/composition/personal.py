@@ -102,9 +102,11 @@ class PersonalDataOperations:
         rebuild's rows, written before the erasure, may hold them). A rebuild already running (another erasure's,
         say) may have read the values before this erasure: this one waits for it to finish, then runs its own, for
         up to ``ERASURE_REBUILD_WAIT_S``; then it raises ``RebuildRunning`` (the erasure itself is committed)."""
-        waiting = Retrying(retry=retry_if_exception_type(RebuildRunning), stop=stop_after_delay(ERASURE_REBUILD_WAIT_S),
+        waiting = Retrying(retry=retry_if_exception_type(RebuildRunning),
+                           stop=stop_after_delay(ERASURE_REBUILD_WAIT_S),
                            wait=wait_exponential(multiplier=0.05, max=1.0), reraise=True)
-        return waiting(self.rebuild_many, holding, progress=progress, fresh=True)  # type: ignore[attr-defined,no-any-return]
+        rebuild = self.rebuild_many  # type: ignore[attr-defined]
+        return waiting(rebuild, holding, progress=progress, fresh=True)  # type: ignore[no-any-return]
 
     def erasures(self, tenant: str | None = None) -> list[Erasure]:
         return self.data_keys().erased(check_tenant(tenant) if tenant is not None else None)

@@ -35,7 +35,8 @@ async def documented_query_only(request: Request) -> None:
     unknown = [name for name in dict.fromkeys(request.query_params.keys()) if name not in known]
     if unknown:
         if secured:
-            await run_in_threadpool(caller, request)  # Unauthorized without a valid key: the caller learns nothing of the route first
+            # Unauthorized without a valid key: such a caller learns nothing of the route first
+            await run_in_threadpool(caller, request)
         takes = ", ".join(sorted(known)) if known else "no query parameters"
         raise InvalidQuery(at_most([{"loc": ["query", without_keys(printable(name, 64))],
                                      "msg": f"not a parameter of this route (it takes {takes})",
