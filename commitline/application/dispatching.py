@@ -101,9 +101,23 @@ class Observer(Protocol):
 
 
 def fingerprint(command: Command) -> bytes:
-    """SHA-256 of the command's canonical JSON: same request, same fingerprint."""
-    canonical = orjson.dumps(command.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
-    return hashlib.sha256(canonical).digest()
+    """SHA-256 of the request as its sender meant it, in canonical JSON: its type and every field whose value is
+    not the field's default. Same request, same fingerprint, across releases of the domain too: a field the
+    command gains later with a default (or a default that changes) leaves the fingerprint of every request sent
+    before alone, so a retry after the deploy still replays its first answer."""
+    sent = command.model_dump(mode="json", exclude_defaults=True)
+    sent["type"] = command.type  # a default too (the class's own), and what tells two commands' fields apart
+    return hashlib.sha256(orjson.dumps(sent, option=orjson.OPT_SORT_KEYS)).digest()
+
+
+def full_fingerprint(command: Command) -> bytes:
+    """The fingerprint of records written before ``fingerprint`` left defaults out: every field, defaults
+    included. Only ever compared with a stored one that ``fingerprint`` does not match."""
+    return hashlib.sha256(orjson.dumps(command.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)).digest()
+
+
+def _same(stored: bytes, digest: bytes) -> bool:
+    return len(stored) >= FINGERPRINT_BYTES and stored == digest[:len(stored)]
 
 
 def derived_id(tenant: str, key: object) -> UUID:
@@ -111,11 +125,11 @@ def derived_id(tenant: str, key: object) -> UUID:
     return uuid5(_DERIVED_ID_NAMESPACE, f"{tenant}\x00{key}")
 
 
-def replay(record: IdempotencyRecord, digest: bytes) -> DispatchResult:
-    """Rule 7: what a key already produced, as the answer to the request whose fingerprint is ``digest``."""
+def replay(record: IdempotencyRecord, digest: bytes, command: Command) -> DispatchResult:
+    """Rule 7: what a key already produced, as the answer to ``command`` (whose fingerprint is ``digest``)."""
     stored = record.fingerprint
-    if len(stored) < FINGERPRINT_BYTES or stored != digest[:len(stored)]:
-        raise IdempotencyKeyReused(record.tenant, record.key, record.command_type)
+    if not _same(stored, digest) and not _same(stored, full_fingerprint(command)):
+        raise IdempotencyKeyReused(record.tenant, record.key, record.command_type, command.type)
     if record.answer is not None:
         return record.answer()
     assert record.outcome is not None, "the store gives a record its answer or its outcome"
@@ -162,7 +176,7 @@ class Dispatch:
         on an unverified copy has no answer, ``StreamMoved`` when a verified one is to re-run after a pause."""
         loaded = self.look_up_and_load(trust_cache)
         if loaded.earlier is not None:
-            return replay(loaded.earlier, self.digest)
+            return replay(loaded.earlier, self.digest, self.cmd)
         try:
             changed = self.decide(loaded)
         except StoreUnavailable:
@@ -263,7 +277,7 @@ class Dispatch:
     def twin_outcome(self) -> DispatchResult | None:
         """Rule 6: the outcome a twin with this key committed (replayed by rule 7), None if there is none."""
         record = self.store.find_outcome(self.tenant, self.key)
-        return None if record is None else replay(record, self.digest)
+        return None if record is None else replay(record, self.digest, self.cmd)
 
 
 def unavailable(handler: Handler, cmd: Command, aggregate_id: UUID) -> CommitlineError:

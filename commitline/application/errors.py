@@ -93,13 +93,22 @@ class InvalidTenant(CommitlineError):
 
 
 class IdempotencyKeyReused(CommitlineError):
-    """The key was already used for a different request; the earlier outcome stands."""
+    """The key was already used for a different request; the earlier outcome stands. ``original_command_type``
+    is the type of the request that used it, ``command_type`` that of this one."""
 
     code = "idempotency_key_reused"
-    fields = ("tenant", "key", "original_command_type")
-    message = (
-        "idempotency key {key!r} (tenant {tenant!r}) was already used for a different {original_command_type} request"
-    )
+    fields = ("tenant", "key", "original_command_type", "command_type")
+    command_type = None
+
+    @property
+    def message(self) -> str:  # type: ignore[override]
+        if self.command_type in (None, self.original_command_type):
+            return ("idempotency key {key!r} (tenant {tenant!r}) was already used for a different "
+                    "{original_command_type} request")
+        return ("idempotency key {key!r} (tenant {tenant!r}) was already used for {original_command_type_article} "
+                "{original_command_type} request, not this {command_type}")
+
+    original_command_type_article = property(lambda error: _article(error.original_command_type))
 
 
 class ConcurrencyConflict(CommitlineError):

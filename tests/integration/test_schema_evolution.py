@@ -111,6 +111,37 @@ def test_an_event_field_added_without_a_default_or_an_upcaster_is_named_when_a_s
             assert "upcast_v1_v2" in message
     assert count_rows(pg_dsn, schema)["events"] == 1
 
+def test_a_retry_sent_before_its_command_gained_an_optional_field_replays_after_the_deploy(
+        pg_dsn: str, schema: str) -> None:
+    """A request is the same request to the release after a field with a default was added to its command: its
+    retry replays the first answer (the field left out, or sent at its default), and only a request that sets the
+    field otherwise is another request. A record from before fingerprints left defaults out still replays."""
+    from commitline.application.dispatching import full_fingerprint
+    from commitline.application.errors import IdempotencyKeyReused
+    from tests.domains.evolution import v1_command_option
+
+    notebook = uuid4()
+    sent = {"type": "write_note", "notebook_id": str(notebook), "text": "Groceries"}
+    with bootstrap(settings_for(pg_dsn, schema), domain=v1.domain) as old:
+        first = old.dispatch(sent, idempotency_key="n-1")
+        old.dispatch({**sent, "text": "Bank"}, idempotency_key="n-2")
+    with psycopg.connect(pg_dsn) as conn:  # n-2 as a release before this change recorded it: every field
+        conn.execute(f"UPDATE {schema}.idempotency_keys SET fingerprint = %s WHERE key = 'n-2'",
+                     (full_fingerprint(v1.WriteNote(notebook_id=notebook, text="Bank"))[:16],))
+    rows = count_rows(pg_dsn, schema)
+    with bootstrap(settings_for(pg_dsn, schema), domain=v1_command_option.domain) as new:
+        for retry in (sent, {**sent, "pinned": False}):
+            again = new.dispatch(retry, idempotency_key="n-1")
+            assert again.replayed and (again.aggregate_id, again.version) == (first.aggregate_id, first.version)
+        assert new.dispatch({**sent, "text": "Bank"}, idempotency_key="n-2").replayed
+        with pytest.raises(IdempotencyKeyReused) as refused:
+            new.dispatch({**sent, "pinned": True}, idempotency_key="n-1")
+        assert str(refused.value).endswith("was already used for a different write_note request")
+        with pytest.raises(IdempotencyKeyReused):
+            new.dispatch({**sent, "text": "Other"}, idempotency_key="n-1")
+    assert count_rows(pg_dsn, schema) == rows
+
+
 def test_a_release_that_cannot_read_the_stored_versions_is_refused_at_start(pg_dsn: str, schema: str) -> None:
     with bootstrap(settings_for(pg_dsn, schema), domain=v1.domain) as old:
         old.dispatch({"type": "write_note", "notebook_id": str(uuid4()), "text": "t"}, idempotency_key="n-1")

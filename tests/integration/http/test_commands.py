@@ -154,7 +154,8 @@ def test_the_same_key_with_another_command_is_refused_422(acme: httpx.Client, ro
     first = post(acme, PAYMENT, k)
     assert first.status_code == 201
     document = refused(rows, lambda: post(acme, {**PAYMENT, "amount": "13.00"}, k), 422, "idempotency_key_reused")
-    assert document["details"] == {"tenant": "acme", "key": k, "original_command_type": "create_payment"}
+    assert document["details"] == {"tenant": "acme", "key": k, "original_command_type": "create_payment",
+                                   "command_type": "create_payment"}
     # the first outcome still stands
     assert post(acme, PAYMENT, k).content == first.content
 
