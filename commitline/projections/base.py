@@ -11,12 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, Context, Decimal
 from typing import Any, ClassVar
 
 from commitline.domain import Event
 from commitline.infrastructure.store.codec import RecordedEvent
 
 Key = tuple[Any, ...]
+#: Sums decimals exactly, as the database's numeric does between batches: the default context rounds to 28
+#: digits, so a batch's sum of amounts with many digits would depend on how the events fell into batches.
+_EXACT = Context(prec=MAX_PREC, Emax=MAX_EMAX, Emin=MIN_EMIN)
 
 
 @dataclass(frozen=True)
@@ -58,7 +62,9 @@ class Changes:
         for column, delta in deltas.items():
             if column not in counters:
                 raise AssertionError(f"{table}.{column} is not a counter")
-            row[column] = row.get(column, 0) + delta
+            total = row.get(column, 0)
+            row[column] = _EXACT.add(total, delta) if isinstance(delta, Decimal) or isinstance(total, Decimal) \
+                else total + delta
 
     def put(self, table: str, key: Key, **values: Any) -> None:
         if not self._values[table].issuperset(values):
