@@ -187,7 +187,9 @@ class Aggregate:
                 f"{type(self).__name__} {self.id}: event version {event.version} does not follow {self.version}"
             )
         if type(event) not in self.EVENTS:
-            raise TypeError(f"{type(self).__name__} cannot apply {type(event).__name__}")
+            name = type(self).__name__
+            raise TypeError(f"{name} cannot apply {type(event).__name__}: it is not one of {name}.EVENTS (every event "
+                            f"the aggregate emits is listed there)")
         self._evolve(event)
         self.version = event.version
 

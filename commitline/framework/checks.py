@@ -23,11 +23,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import linecache
 import re
 import string
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from typing import Any, Literal, Protocol, get_args, get_origin, get_type_hints
+from uuid import UUID
 
 from commitline.application.commands import Command
 from commitline.application.process import ProcessManager
@@ -87,10 +89,28 @@ CORE_FOLLOWERS = frozenset({"kafka-publisher", "publisher", "sagas"})
 def _source_line(obj: Any) -> str | None:
     try:
         path = inspect.getsourcefile(obj)
-        line = inspect.getsourcelines(obj)[1]
+        line = (_class_line(obj, path) if isinstance(obj, type) and path else None) or inspect.getsourcelines(obj)[1]
     except (OSError, TypeError):
         return None
     return f"{shown_path(path)}:{line}" if path else None
+
+
+def _class_line(cls: type, path: str) -> int | None:
+    """The line of ``class Name`` for this class itself: ``inspect`` finds the first class of its name in the
+    file, the wrong one for a second class of that name (the very case "two aggregates are named ..." reports).
+    Python 3.13 records it; before, it is the nearest ``class Name`` above the first of the class's own methods."""
+    recorded = getattr(cls, "__firstlineno__", None)
+    if isinstance(recorded, int):
+        return recorded
+    starts = [f.__code__.co_firstlineno for f in (getattr(v, "__func__", v) for v in vars(cls).values())
+              if hasattr(f, "__code__") and f.__code__.co_filename == path]
+    if not starts:
+        return None
+    header = re.compile(rf"\s*class\s+{re.escape(cls.__name__)}\b")
+    for line in range(min(starts) - 1, 0, -1):
+        if header.match(linecache.getline(path, line)):
+            return line
+    return None
 
 
 class _Where:
@@ -170,12 +190,44 @@ def _aggregates(domain: Domain, say: Any) -> dict[type[Aggregate], str]:
             say(where, f"aggregate {cls.__name__} declares no EVENTS")
         if cls._evolve is Aggregate._evolve:
             say(where, f"aggregate {cls.__name__} does not implement _evolve(event)")
+        _own_names(cls, where, say)
         _machine(cls, where, say)
     for name, places in by_name.items():
         for place in places[1:]:
             say(place, f"two aggregates are named {name} (also {places[0]}): the name is the stored aggregate "
                 "type and the Kafka topic")
     return held
+
+
+#: What an aggregate class declares for commitline to read (the rest of the base's names are commitline's own)
+AGGREGATE_HOOKS = frozenset({"EVENTS", "TRANSITIONS", "MACHINE", "_evolve", "blank"})
+#: The base's names an aggregate must not redefine: its methods, its fields ``id`` and ``version``, and the
+#: attribute holding its pending events
+AGGREGATE_OWN = frozenset({*(n for n in vars(Aggregate) if not n.startswith("__")), "id", "version",
+                           "_pending_events"}) - AGGREGATE_HOOKS
+
+
+def _own_names(cls: type[Aggregate], where: str, say: Any) -> None:
+    """An aggregate's field or method with the name of one of commitline's own (``apply``, ``replay``, ``version``
+    ...) would replace it: every command on the aggregate would then fail, far from the cause. And a field
+    without a default: the aggregate before its first event (``blank``) is made of the fields' defaults."""
+    declared = set()
+    for klass in cls.__mro__[:cls.__mro__.index(Aggregate)]:
+        declared |= {n for n in vars(klass) if not n.startswith("__")} | set(vars(klass).get("__annotations__", {}))
+    clashes = declared & AGGREGATE_OWN
+    if cls.__dataclass_fields__["id"].type in (UUID, "UUID"):  # the id declared again, as it is: harmless
+        clashes.discard("id")
+    if clashes:
+        names = ", ".join(sorted(clashes))
+        say(where, f"aggregate {cls.__name__} defines {names}, which {'are' if len(clashes) > 1 else 'is'} "
+            f"commitline's own (Aggregate's, used to apply events and keep the stream's version): name "
+            f"{'them' if len(clashes) > 1 else 'it'} otherwise")
+    if cls.blank.__func__ is Aggregate.blank.__func__:  # type: ignore[attr-defined]
+        for f in dataclasses.fields(cls):
+            if f.name != "id" and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                say(where, f"aggregate {cls.__name__}'s field {f.name} has no default: the aggregate before its "
+                    "first event is made of its fields' defaults (give it one, e.g. None, or field(default_factory="
+                    "...) for a list or dict)")
 
 
 def _machine(cls: type[Aggregate], where: str, say: Any) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Literal
+from uuid import UUID
 
 import pytest
 
@@ -261,3 +262,89 @@ def test_a_problem_whose_text_holds_braces_is_shown_as_it_is() -> None:
 def test_a_domain_named_like_postgresqls_own_schemas_is_refused() -> None:
     with pytest.raises(InvalidDomain, match="the domain's schema 'pg_temp' begins with pg_"):
         Domain("pg_temp").check()
+
+
+def test_an_aggregate_that_redefines_commitlines_own_names_or_has_a_field_without_default_is_refused() -> None:
+    """``apply`` and ``replay`` are natural names in a lending domain, and ``version`` in many: each would replace
+    what commitline applies events with, or keeps the stream's version in, and every command would fail far from
+    the cause. A field without a default leaves nothing to build the aggregate from before its first event."""
+    domain = Domain("lending")
+
+    class Applied(Event):
+        pass
+
+    @domain.aggregate
+    class Loan(Aggregate):
+        version: str = "v1"  # type: ignore[assignment]
+        borrower: str
+
+        EVENTS = (Applied,)
+
+        def apply(self, principal: str) -> None:  # type: ignore[override]
+            pass
+
+        @classmethod
+        def replay(cls, loan_id: str) -> None:  # type: ignore[override]
+            pass
+
+        def _evolve(self, event: Event) -> None:
+            pass
+
+    with pytest.raises(InvalidDomain) as refused:
+        domain.check()
+    found = refused.value.problems
+    assert any("aggregate Loan defines apply, replay, version, which are commitline's own" in p for p in found), found
+    assert any("aggregate Loan's field borrower has no default" in p for p in found), found
+
+    sound = Domain("ledger")
+
+    @sound.aggregate
+    class Account(Aggregate):  # the id declared again as it is, and a blank() of its own: both fine
+        id: UUID
+        owner: str
+
+        EVENTS = (Applied,)
+
+        @classmethod
+        def blank(cls, aggregate_id: UUID) -> Account:
+            return cls(id=aggregate_id, owner="nobody")
+
+        def _evolve(self, event: Event) -> None:
+            pass
+
+    assert sound.check() is sound
+
+
+def test_two_aggregates_of_one_name_in_one_file_are_each_named_at_their_own_line() -> None:
+    domain = Domain("tickets")
+
+    class Held(Event):
+        pass
+
+    class Booked(Event):
+        pass
+
+    @domain.aggregate
+    class Ticket(Aggregate):
+        EVENTS = (Held,)
+
+        def _evolve(self, event: Event) -> None:
+            pass
+
+    first = Ticket
+
+    @domain.aggregate  # type: ignore[no-redef]
+    class Ticket(Aggregate):  # noqa: F811
+        EVENTS = (Booked,)
+
+        def _evolve(self, event: Event) -> None:
+            pass
+
+    with pytest.raises(InvalidDomain) as refused:
+        domain.check()
+    (problem,) = [p for p in refused.value.problems if "two aggregates are named Ticket" in p]
+    lines = [n for n, line in enumerate(Path(__file__).read_text().splitlines(), start=1)
+             if line.strip().startswith("class Ticket(Aggregate):")]
+    assert first is not Ticket and len(lines) == 2
+    assert f"test_domain_checks.py:{lines[1]}: two aggregates are named Ticket (also " in problem, problem
+    assert f"test_domain_checks.py:{lines[0]}): the name is the stored aggregate type" in problem, problem
