@@ -68,7 +68,7 @@ def install_problem_handlers(app: FastAPI) -> None:
 
     async def unexpected(request: Request, error: Exception) -> Response:
         log.error("unexpected error on %s %s", request.method, _instance(request), exc_info=error)
-        return problem_response(InternalError(), _instance(request))
+        return problem_response(InternalError(request.method, request.url.path), _instance(request))
 
     app.add_exception_handler(CommitlineError, typed)
     app.add_exception_handler(RequestValidationError, invalid_parameters)

@@ -179,14 +179,18 @@ class MethodNotAllowed(HttpProblem):
 
 
 class InternalError(HttpProblem):
-    """An unexpected fault; nothing was written, and a retry with the same key answers either way."""
+    """An unexpected fault. A command's wrote nothing, and a retry with the same key answers either way; a read
+    changes nothing, so it may simply be sent again."""
 
     code = "internal_error"
     fields = ()
     message = "internal error; nothing was written (retry with the same Idempotency-Key to be sure)"
+    READ = "internal error; a read changes nothing, so it may be sent again (the server's log has the cause)"
+    OTHER = "internal error; the server's log has the cause"
 
-    def __init__(self) -> None:
-        CommitlineError.__init__(self, self.message)
+    def __init__(self, method: str = "POST", path: str = "/v1/commands") -> None:
+        CommitlineError.__init__(self, self.READ if method in ("GET", "HEAD") else self.message
+                                 if path.rstrip("/") == "/v1/commands" else self.OTHER)
 
 
 def as_http_error(error: CommitlineError) -> CommitlineError:

@@ -51,3 +51,16 @@ def test_a_problem_document_carries_the_code_and_details() -> None:
     assert document["type"] == "urn:commitline:problem:concurrency_conflict"
     assert document["details"]["actual_version"] == 2 and document["actual_version"] == 2
     assert document["instance"] == "/v1/commands"
+
+
+def test_an_internal_error_tells_what_a_retry_of_that_request_means() -> None:
+    """A command's 500 says nothing was written and to retry with its key; a read's, that it changed nothing and
+    may be sent again (it has no Idempotency-Key); any other request's, only where the cause is."""
+    from commitline.http.problems import InternalError
+
+    assert "retry with the same Idempotency-Key" in str(InternalError("POST", "/v1/commands"))
+    read = str(InternalError("GET", "/v1/aggregates/5d1c3a0e-8f0b-4c55-9d1e-1f7f6a0c2b11"))
+    assert "a read changes nothing" in read and "Idempotency-Key" not in read
+    other = str(InternalError("POST", "/v1/subjects/erasures"))
+    assert "Idempotency-Key" not in other and "nothing was written" not in other
+    assert {InternalError("GET", "/v1/status").code, status_of(InternalError())} == {"internal_error", 500}

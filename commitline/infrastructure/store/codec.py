@@ -75,8 +75,16 @@ class RecordedEvent:
         }
 
 
-class UnknownEventType(LookupError):
-    pass
+class UnknownEventType(ConfigurationError):
+    """A stored event of a type the domain does not declare: written by a newer release whose domain declares it
+    (a process still running the older one meets it), or by another domain. A configuration error like an event
+    stored at a newer class_version: the running code does not fit the store, and reading on would guess."""
+
+    variable = "COMMITLINE_APP"
+
+    def __init__(self, topic: str):
+        super().__init__(reason=f"no event class is registered for stored type {topic!r}: the release that wrote "
+                         "it declares it; run that release (or a newer one) with this store")
 
 
 _new = object.__new__
@@ -202,7 +210,7 @@ class EventCodec:
         """(event class, its validator) of a stored type name."""
         cls = self.registry.event_class(topic)
         if cls is None:
-            raise UnknownEventType(f"no event class is registered for stored type {topic!r}")
+            raise UnknownEventType(topic)
         decoder = (cls, _adapter(cls).validator.validate_python)
         self._decoders[topic] = decoder
         return decoder

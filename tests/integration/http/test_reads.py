@@ -280,6 +280,32 @@ def test_a_parameter_the_route_does_not_take_is_refused_not_ignored(server: Serv
     assert server.client().get("/healthz?probe=1").status_code == 200  # probes outside /v1 are left alone
 
 
+def test_an_event_a_newer_release_wrote_is_a_configuration_error_not_an_internal_one(
+        server: Server, pg_dsn: str, schema: str) -> None:
+    """A server still running the release before meets an event of a type only the newer release declares (a
+    rolling upgrade): its reads and commands on that stream answer 503 ``configuration_error`` naming the type,
+    with no traceback and nothing written, as for an event stored at a newer class_version."""
+    import dataclasses
+
+    from commitline.examples.payments import PaymentSubmitted
+    from commitline.infrastructure.store.codec import encode_event
+
+    acme = server.client(A)
+    pid = payment(acme, "5.00")
+    newer = PaymentSubmitted(event_id=uuid4(), aggregate_id=UUID(pid), version=2,
+                             occurred_at=datetime.now(timezone.utc), attempt=1)
+    with bootstrap(settings_for(pg_dsn, schema)) as app:  # the newer release's event, as it stored it
+        app.recorder.append([dataclasses.replace(encode_event(newer, A), topic="PaymentRestructured")])
+    before = count_rows(pg_dsn, schema)
+    for answer in (acme.get(f"/v1/aggregates/{pid}"), acme.get(f"/v1/aggregates/{pid}/history"),
+                   acme.post("/v1/commands", json={"type": "submit_payment", "payment_id": pid},
+                             headers={"Idempotency-Key": str(uuid4())})):
+        document = problem(answer, 503, "configuration_error")
+        assert "no event class is registered for stored type 'PaymentRestructured'" in document["detail"], document
+        assert "run that release" in document["detail"]
+    assert count_rows(pg_dsn, schema) == before
+
+
 def test_the_routes_are_documented(server: Server) -> None:
     spec = httpx.get(f"{server.base_url}/openapi.json").json()
     for path in ("/v1/aggregates/{aggregate_id}", "/v1/aggregates/{aggregate_id}/history",
