@@ -104,7 +104,8 @@ class Followers:
 
     def run_until_signalled(self, *followers: Follower, drain: bool = False) -> None:
         """Run the followers until SIGINT or SIGTERM (or, with ``drain``, until each has caught up or stopped
-        at a poison event: its ``waiting_for_operator`` says which). Running them is the process's job now, so
+        at a poison event: its ``waiting_for_operator`` says which), or until one of them raises: the others then
+        stop as on SIGTERM, and the first error is raised once they have. Running them is the process's job now, so
         the garbage collector is set for batches of short-lived objects meanwhile (``bulk_collection``)."""
 
         async def run() -> None:
@@ -123,10 +124,21 @@ class Followers:
 
                 for follower in followers:  # one stopped at a poison event cannot catch up: it is done too
                     follower.on_caught_up = follower.on_poisoned = lambda f=follower: caught_up(f)
+
+            async def guarded(follower: Follower) -> None:
+                try:
+                    await follower.run(stop)
+                except BaseException:
+                    stop.set()  # the others stop as on SIGTERM, handing their work back, before the error ends it
+                    raise
+
             try:
-                await asyncio.gather(*(f.run(stop) for f in followers))
+                ended = await asyncio.gather(*(guarded(f) for f in followers), return_exceptions=True)
             finally:
                 self.liveness.detach()
+            for outcome in ended:
+                if isinstance(outcome, BaseException):
+                    raise outcome
 
         with bulk_collection():
             asyncio.run(run())

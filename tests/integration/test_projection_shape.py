@@ -91,6 +91,11 @@ def test_a_projection_whose_tables_changed_shape_refuses_to_start_until_rebuilt(
     assert "needs rebuild" in table.stdout and NAME in table.stdout, table.stdout + table.stderr
     project = commitline(["project", NAME], pg_dsn, schema)  # the CLI refuses in words, not a traceback
     assert project.returncode == 1 and COMMAND in project.stderr and "Traceback" not in project.stderr
+    # beside another projection: that one stops as on SIGTERM, handing its lease back (never left 'dead')
+    project = commitline(["project", NAME, "inventory_levels"], pg_dsn, schema)
+    assert project.returncode == 1 and COMMAND in project.stderr and "Traceback" not in project.stderr
+    (other,) = [s for s in app.status().followers if s.name == "inventory_levels"]
+    assert other.status == "stopped", other
 
     rebuilt = commitline(["projections", "rebuild", NAME], pg_dsn, schema)
     assert rebuilt.returncode == 0, rebuilt.stdout + rebuilt.stderr

@@ -55,6 +55,15 @@ def test_a_poison_event_and_a_retry_show_their_error() -> None:
     assert follower_reasons(retrying, LIMITS) == ["retrying at position 9: KafkaConnectionError: down"]
 
 
+def test_a_projection_whose_tables_need_a_rebuild_says_so_not_poison() -> None:
+    """Its tables differ from what it declares: the remedy is the rebuild its message names, not a retry or skip."""
+    message = ("projection loan_book needs a rebuild: its tables differ from what it declares (rm_loans.purpose is "
+               "missing); run `commitline projections rebuild loan_book`")
+    refused = follower(status="failed", error={"message": message, "position": 14, "needs_rebuild": [
+        "rm_loans.purpose is missing"], "command": "commitline projections rebuild loan_book"})
+    assert follower_reasons(refused, LIMITS) == [f"stopped before its tables: {message}"]
+
+
 @pytest.mark.parametrize(("lag", "lag_s", "unhealthy"), [
     (100, 30.0, False), (101, 0.0, True), (0, 30.5, True), (0, 0.0, False)])
 def test_a_live_follower_is_unhealthy_beyond_either_lag_threshold(lag: int, lag_s: float, unhealthy: bool) -> None:

@@ -53,6 +53,8 @@ def follower_reasons(s: FollowerStatus, limits: Thresholds, *, required: bool = 
     elif s.status == "failed" and error.get("kind") == "store_went_back":
         reasons.append(f"stopped at position {error.get('position', '?')}: the store went back: "
                        f"{error.get('reason', '')}; waiting for an operator: {error.get('what_to_do', '')}")
+    elif s.status == "failed" and error.get("needs_rebuild"):
+        reasons.append(f"stopped before its tables: {error.get('message', '')}")
     elif s.status == "failed":
         event = f" ({error['event_type']})" if error.get("event_type") else ""
         reasons.append(f"stopped at poison event {error.get('position', '?')}{event}: {error.get('message', '')}; "
