@@ -89,9 +89,11 @@ class PersonalDataOperations:
         tenant = check_tenant(tenant)
         if not subject or not subject.strip():
             raise InvalidValue("subject", subject, "must name a data subject")
+        holding = dict(self.domain.personal_projections)  # type: ignore[attr-defined]
+        if rebuild and holding:  # the rebuild opens the other subjects' values: a missing or wrong master key
+            self.store.codec.personal.master()  # type: ignore[attr-defined]  # refuses it before anything is erased
         done = self.data_keys().erase(tenant, subject, by)
         self.store.forget(e.key_id for e in done)  # type: ignore[attr-defined]
-        holding = dict(self.domain.personal_projections)  # type: ignore[attr-defined]
         rebuilt: list[RebuildResult] = []
         if rebuild and holding:
             rebuilt = self._rebuild_after_erasure(holding, progress)

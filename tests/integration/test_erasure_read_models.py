@@ -84,6 +84,31 @@ def test_without_the_rebuild_the_erasure_names_what_may_still_hold_the_values(cu
     assert contacts(pg_dsn, schema)[("acme", "c-1")] == ERASED_TEXT
 
 
+@pytest.mark.parametrize("master_key", ["missing", "wrong"])
+def test_an_erasure_that_could_not_rebuild_for_want_of_the_master_key_erases_nothing(
+        customers_app: Commitline, pg_dsn: str, schema: str, master_key: str) -> None:
+    """The rebuild opens the other subjects' values: without the master key that wrapped them it cannot run, so
+    the erasure is refused before the subject's key is deleted, and its error's "nothing was written" holds."""
+    from commitline import ConfigurationError
+    from commitline.infrastructure.personal.master import generate
+
+    register(customers_app)
+    customers_app.rebuild("customer_contacts")
+    settings = settings_for(pg_dsn, schema, master_key=None if master_key == "missing" else generate())
+    with bootstrap(settings, domain=customers.domain) as misconfigured:
+        with pytest.raises(ConfigurationError) as refused:
+            misconfigured.erase("acme", "c-1")
+    assert "nothing was written" in str(refused.value)
+    assert customers_app.erasures() == []
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute(f'SELECT count(*) FROM "{schema}".data_keys').fetchone() == (3,)
+        assert conn.execute(f'SELECT count(*) FROM "{schema}".follower_positions WHERE name LIKE %s',
+                            ("%@rebuild",)).fetchone() == (0,)
+    assert contacts(pg_dsn, schema)[("acme", "c-1")] == "ann@acme.test"  # and the erasure, done right, erases
+    assert len(customers_app.erase("acme", "c-1")) == 1
+    assert contacts(pg_dsn, schema)[("acme", "c-1")] == ERASED_TEXT
+
+
 def test_an_interrupted_rebuild_from_before_the_erasure_is_not_resumed(customers_app: Commitline, pg_dsn: str,
                                                                         schema: str) -> None:
     app = customers_app
