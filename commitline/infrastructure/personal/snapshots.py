@@ -34,11 +34,18 @@ def subject_of(aggregate: Aggregate, subjects: tuple[str, ...]) -> str | None:
     return None if value is None or value == "" or isinstance(value, Erased) else str(value)
 
 
+def sealable(aggregate: Aggregate, subjects: tuple[str, ...]) -> bool:
+    """Whether ``aggregate`` is to be snapshotted: it names one subject and holds no erased value (checked before
+    its state is encoded: an erased value is no value of its field's type)."""
+    return subject_of(aggregate, subjects) is not None and not any(
+        isinstance(getattr(aggregate, f.name), Erased) for f in dataclasses.fields(aggregate))
+
+
 def seal(personal: PersonalData, tenant: str, aggregate: Aggregate, subjects: tuple[str, ...],
          state: bytes) -> bytes | None:
     """The stored form of a snapshot's ``state``; None when it is not to be snapshotted."""
     subject = subject_of(aggregate, subjects)
-    if subject is None or any(isinstance(getattr(aggregate, f.name), Erased) for f in dataclasses.fields(aggregate)):
+    if subject is None or not sealable(aggregate, subjects):
         return None
     return orjson.dumps({"pd": personal.seal(tenant, subject, _context(aggregate.id, aggregate.version), FIELD,
                                              None, state)})

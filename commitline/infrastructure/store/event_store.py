@@ -366,11 +366,12 @@ class PostgresEventStore:
         if type(aggregate) in self._unsnapshottable:
             return
         try:
-            state: bytes | None = encode_snapshot(aggregate)
             subjects = self._personal_aggregates.get(type(aggregate))
+            if subjects is not None and (tenant is None or self.codec.personal is None
+                                         or not snapshots.sealable(aggregate, subjects)):
+                return
+            state: bytes | None = encode_snapshot(aggregate)
             if subjects is not None:
-                if tenant is None or self.codec.personal is None:
-                    return
                 state = snapshots.seal(self.codec.personal, tenant, aggregate, subjects, state)  # type: ignore[arg-type]
             if state is None:
                 return
