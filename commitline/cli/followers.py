@@ -87,7 +87,8 @@ def publisher_tables(report: StatusReport) -> list[Table]:
         lag = sum(group.buckets[b].lag_events for b in m.buckets)
         instances.add_row(report.instance_of(m), group.describe(m), str(lag))
     if group.unowned:
-        instances.add_row("[red]nobody[/red]", "", f"[red]{group.describe_buckets(group.unowned)}[/red]", "")
+        lag = sum(group.buckets[b].lag_events for b in group.unowned)
+        instances.add_row("[red]nobody[/red]", f"[red]{group.describe_buckets(group.unowned)}[/red]", str(lag))
     buckets = Table(title="publisher buckets")
     for column in ("bucket", "status", "owner process", "position", "lag (events)", "lag (s)", "problem"):
         buckets.add_column(column)

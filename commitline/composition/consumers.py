@@ -63,12 +63,13 @@ class PersonalRecords:
         or WrongMasterKey when the master key is missing or is not the one that wrapped the data keys."""
         envelope = _parsed(value)
         fields = envelope.get("personal")
+        missing = [name for name in _NEEDED if name not in envelope]
+        if missing or not isinstance(fields or [], list) or not isinstance(envelope["payload"], dict):
+            raise InvalidValue("record", f"{len(orjson.dumps(envelope))} bytes", "is not a commitline envelope "
+                               f"(missing: {', '.join(missing) or 'none'}; its payload an object, its personal "
+                               "fields a list)")
         if not fields:
             return envelope
-        missing = [name for name in _NEEDED if name not in envelope]
-        if missing or not isinstance(fields, list) or not isinstance(envelope["payload"], dict):
-            raise InvalidValue("record", f"{len(orjson.dumps(envelope))} bytes", "is not a commitline envelope "
-                               f"with personal fields (missing: {', '.join(missing) or 'none'})")
         payload = dict(envelope["payload"])
         for name in fields:
             if name in payload:

@@ -89,7 +89,7 @@ def test_a_missing_or_wrong_master_key_and_a_value_that_is_no_envelope_are_typed
             wrong.open(created)
         assert wrong_key not in str(refused.value) and MASTER_KEY not in str(refused.value)
     with PersonalRecords(pg_dsn, schema=schema) as reader:
-        for value in (b"not json", b"[1, 2]", 42):
+        for value in (b"not json", b"[1, 2]", 42, b"{}", b'{"a": 1}', {"event_id": "e", "tenant": "t"}):
             with pytest.raises(InvalidValue):
                 reader.open(value)  # type: ignore[arg-type]
         with pytest.raises(InvalidValue):
