@@ -81,6 +81,8 @@ MIGRATIONS: tuple[Migration, ...] = (
               store_referenced_record_statements),
     Migration(15, "tenants' API keys: every change to the table is notified, so the processes caching keys drop them",
               api_keys.change_notice_statements),
+    Migration(16, "personal data: the master keys in use (ids only), so a wrong one is refused even when every "
+              "subject was erased", data_keys.master_key_statements),
 )
 LATEST = MIGRATIONS[-1].version
 

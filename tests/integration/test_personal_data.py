@@ -204,6 +204,34 @@ def test_a_wrong_master_key_is_refused_and_writes_nothing(app: Commitline, pg_ds
     assert wrong not in caplog.text and MASTER_KEY not in caplog.text
 
 
+def test_a_wrong_master_key_is_refused_after_every_subject_was_erased(app: Commitline, pg_dsn: str,
+                                                                      schema: str) -> None:
+    """With no data key left, none can tell a wrong master key by; the record of the master keys in use still
+    does, so a process configured with another key neither writes under it nor takes the store over. After a
+    rotation the new key is the store's, even before it wrapped anything, and the old one no longer is."""
+    pid = create(app)
+    app.erase("default", str(pid))
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute(f'SELECT count(*) FROM "{schema}".data_keys').fetchone() == (0,)
+    wrong = generate()
+    with bootstrap(settings_for(pg_dsn, schema, master_key=wrong)) as other:
+        before = count_rows(pg_dsn, schema)
+        with pytest.raises(WrongMasterKey) as refused:
+            create(other, "stray")
+        assert "every one since erased" in str(refused.value) and wrong not in str(refused.value)
+        assert count_rows(pg_dsn, schema) == before
+    after = create(app, "after")  # the store's own key goes on working
+    app.erase("default", str(after))
+    new = generate()
+    rotated = cli(pg_dsn, schema, "keys", "rotate", stdin=new + "\n")  # nothing left to rewrap
+    assert rotated.returncode == 0, rotated.stderr
+    with bootstrap(settings_for(pg_dsn, schema, master_key=new)) as rotated_app:
+        create(rotated_app, "under the new key")
+    with bootstrap(settings_for(pg_dsn, schema)) as old:
+        with pytest.raises(WrongMasterKey):
+            create(old, "under the old key")
+
+
 def test_rotation_rewraps_every_data_key_under_the_new_master_key(app: Commitline, pg_dsn: str, schema: str) -> None:
     pids = [create(app, f"p{n}", account=f"ACC-{n}-{uuid4().hex}") for n in range(3)]
     new = generate()

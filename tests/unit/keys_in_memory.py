@@ -17,12 +17,19 @@ class MemoryKeys:
 
     def __init__(self) -> None:
         self.rows: dict[tuple[str, str], KeyRow] = {}
+        self.masters: list[str] = []  # the record of master keys in use
 
     def find_or_add(self, new: KeyRow) -> KeyRow:
         return self.rows.setdefault((new.tenant, new.subject), new)
 
-    def wrapped_under(self, master_key_ids: Sequence[str]) -> tuple[bool, bool]:
-        return any(r.master_key_id in master_key_ids for r in self.rows.values()), bool(self.rows)
+    def claim_master(self, master_key_ids: Sequence[str]) -> str | None:
+        if self.rows and not any(r.master_key_id in master_key_ids for r in self.rows.values()):
+            return "no data key is wrapped under it"
+        if not self.rows and self.masters and not set(master_key_ids) & set(self.masters):
+            return "another master key is in use"
+        if master_key_ids[0] not in self.masters:
+            self.masters.append(master_key_ids[0])
+        return None
 
     def get(self, key_id: UUID) -> KeyRow | None:
         return next((r for r in self.rows.values() if r.key_id == key_id), None)

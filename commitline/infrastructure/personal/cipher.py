@@ -98,15 +98,17 @@ class PersonalData:
         self.watch: Any = None
 
     def master(self) -> MasterKeys:
-        """The master key (and the previous one, if configured), once checked against the key table: refused
-        (WrongMasterKey) when the table holds keys and none is wrapped under either, so a process with a wrong key
-        never adds keys of its own. Mid-rotation both the old and the new key pass."""
+        """The master key (and the previous one, if configured), once checked against the key table and the
+        record of master keys in use (``DataKeys.claim_master``): refused (WrongMasterKey) when the table holds
+        keys and none is wrapped under either, or holds none and the store recorded another master key in use,
+        so a process with a wrong key never adds keys of its own. Mid-rotation both the old and the new key
+        pass."""
         if self._master is None:
             master = MasterKeys(self._master_source(), self._previous)
-            mine, any_key = self.keys.wrapped_under(master.key_ids)
-            if any_key and not mine:
+            refused = self.keys.claim_master(master.key_ids)
+            if refused is not None:
                 which = " or ".join(master.key_ids)
-                raise WrongMasterKey(reason=f"no data key is wrapped under the configured master key {which}: "
+                raise WrongMasterKey(reason=f"the configured master key {which} is not the store's: {refused}; "
                                      "configure the key that wrapped them (mid-rotation, the old or the new one; in a "
                                      "rolling rotation, the old one as COMMITLINE_PREVIOUS_MASTER_KEY); nothing was "
                                      "written")

@@ -7,6 +7,10 @@ erased key's id on ``erasure_channel(schema)`` (delivered at its commit), so eve
 key at once (``erasure_watch.py``). A key's row holds only its wrapped form and the id of the master key that
 wrapped it; rotation rewraps the rows in batches (``rewrap``).
 
+``master_keys`` records the id (never the key) of each master key the store's processes wrap data keys under,
+and when a rotation retired it: once every subject is erased no data key is left to tell a wrong master key
+by, and the record still does (``claim_master``).
+
 A command that seals values under a new subject's key inserts that key in its own append's transaction
 (``store/statements.py``, ``store/schema.py``: ``new_key_statement``), plainly: if the subject got a key first,
 the unique (tenant, subject) refuses the append, which is sealed again under that key.
@@ -28,12 +32,20 @@ from commitline.infrastructure.store.small_table import SmallTable
 
 DATA_KEYS_TABLE = "data_keys"
 ERASURES_TABLE = "erasures"
+MASTER_KEYS_TABLE = "master_keys"
 _COLUMNS = "key_id, tenant, subject, wrapped, master_key_id"
 
 
 def erasure_channel(schema: str) -> str:
     """The NOTIFY channel of the schema's erasures; each notification's payload is one erased key id."""
     return f"{schema}_data_keys_erased"
+
+
+def master_key_statements(schema: str) -> list[Composed]:
+    """The DDL of ``master_keys`` (a schema migration)."""
+    return [SQL("CREATE TABLE IF NOT EXISTS {} (master_key_id text PRIMARY KEY, "
+                "first_used_at timestamptz NOT NULL DEFAULT now(), retired_at timestamptz)").format(
+        Identifier(schema, MASTER_KEYS_TABLE))]
 
 
 def create_statements(schema: str) -> list[Composed]:
@@ -100,6 +112,7 @@ class DataKeys(SmallTable):
     def __init__(self, connection: Callable[[], object], schema: str):
         super().__init__(connection, schema)  # type: ignore[arg-type]
         self.erasures = Identifier(schema, ERASURES_TABLE)
+        self.master_keys = Identifier(schema, MASTER_KEYS_TABLE)
         self.channel = erasure_channel(schema)
 
     def find_or_add(self, new: KeyRow) -> KeyRow:
@@ -120,11 +133,30 @@ class DataKeys(SmallTable):
         rows = self._run("SELECT " + _COLUMNS + " FROM {t} WHERE tenant = %s AND subject = %s", (tenant, subject))
         return _row(rows[0]) if rows else None
 
-    def wrapped_under(self, master_key_ids: Sequence[str]) -> tuple[bool, bool]:
-        """(Is any key wrapped under one of ``master_key_ids``, is there any key at all): index probes."""
-        ((mine, any_key),) = self._run("SELECT EXISTS (SELECT FROM {t} WHERE master_key_id = ANY(%s)), "
-                                       "EXISTS (SELECT FROM {t})", (list(master_key_ids),))
-        return bool(mine), bool(any_key)
+    def claim_master(self, master_key_ids: Sequence[str]) -> str | None:
+        """Check the configured master keys (``master_key_ids``: the current one first, then the previous one
+        mid-rotation) against the store; when they pass, record the current one as in use and return None, else
+        return why not. They pass when a data key is wrapped under one of them, or when there is no data key and
+        the store has recorded no master key in use but them (none at all on a new store, or one from before
+        this record). In one transaction holding the record's lock, so two processes with different keys on an
+        empty store cannot both pass."""
+        ids = list(master_key_ids)
+        with self._connection() as conn, conn.transaction():
+            cur = conn.cursor(row_factory=tuple_row)
+            cur.execute(SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(self.master_keys))
+            ((mine, any_key, known),) = cur.execute(SQL(
+                "SELECT EXISTS (SELECT FROM {t} WHERE master_key_id = ANY(%s)), EXISTS (SELECT FROM {t}), "
+                "ARRAY(SELECT master_key_id FROM {m} WHERE retired_at IS NULL ORDER BY first_used_at)").format(
+                t=self.table, m=self.master_keys), (ids,)).fetchall()
+            if any_key and not mine:
+                return "no data key is wrapped under it"
+            if not any_key and known and not set(ids) & set(known):
+                return (f"the store's data keys were wrapped under {' and '.join(known)} (every one since erased, "
+                        "so none is left to open)")
+            cur.execute(SQL("INSERT INTO {} (master_key_id) VALUES (%s) ON CONFLICT (master_key_id) DO UPDATE "
+                            "SET retired_at = NULL WHERE {}.retired_at IS NOT NULL").format(
+                self.master_keys, self.master_keys), (ids[0],))
+        return None
 
     def get(self, key_id: UUID) -> KeyRow | None:
         rows = self._run("SELECT " + _COLUMNS + " FROM {t} WHERE key_id = %s", (key_id,))
@@ -184,5 +216,13 @@ class DataKeys(SmallTable):
                                                            r.subject), str(r.key_id), r.tenant, r.subject),
                                    new.key_id, r.key_id) for r in rows])
                 rewrapped += len(rows)
-        (already,) = self._run("SELECT count(*) FROM {t} WHERE master_key_id = %s", (new.key_id,))[0]
+        with self._connection() as conn, conn.transaction():  # the record: the new key in use, the old retired
+            cur = conn.cursor(row_factory=tuple_row)
+            cur.execute(SQL("INSERT INTO {m} (master_key_id) VALUES (%s) ON CONFLICT (master_key_id) DO UPDATE "
+                            "SET retired_at = NULL").format(m=self.master_keys), (new.key_id,))
+            cur.execute(SQL("UPDATE {m} SET retired_at = now() WHERE master_key_id = %s AND retired_at IS NULL "
+                            "AND NOT EXISTS (SELECT FROM {t} WHERE master_key_id = %s)").format(
+                m=self.master_keys, t=self.table), (current.key_id, current.key_id))
+            (already,) = cur.execute(SQL("SELECT count(*) FROM {} WHERE master_key_id = %s").format(self.table),
+                                     (new.key_id,)).fetchone()
         return Rotation(rewrapped, int(already) - rewrapped, new.key_id)
