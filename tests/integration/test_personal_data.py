@@ -232,6 +232,21 @@ def test_a_wrong_master_key_is_refused_after_every_subject_was_erased(app: Commi
             create(old, "under the old key")
 
 
+def test_the_master_key_is_checked_but_not_recorded_on_a_read_only_server(app: Commitline, pg_dsn: str,
+                                                                          schema: str) -> None:
+    """A process reading from a hot standby (every transaction read-only) opens personal values as on the
+    primary: its key is checked against the record, and nothing is written."""
+    from commitline.infrastructure.personal.keys import DataKeys
+    from commitline.infrastructure.personal.master import MasterKey
+
+    create(app)  # the record holds the store's key
+    keys = DataKeys(lambda: psycopg.connect(pg_dsn, options="-c default_transaction_read_only=on"), schema)
+    assert keys.claim_master([MasterKey.parse(MASTER_KEY).key_id]) is None
+    assert keys.claim_master([MasterKey.parse(generate()).key_id]) == "no data key is wrapped under it"
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute(f'SELECT count(*) FROM "{schema}".master_keys').fetchone() == (1,)
+
+
 def test_rotation_rewraps_every_data_key_under_the_new_master_key(app: Commitline, pg_dsn: str, schema: str) -> None:
     pids = [create(app, f"p{n}", account=f"ACC-{n}-{uuid4().hex}") for n in range(3)]
     new = generate()

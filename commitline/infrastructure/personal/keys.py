@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
 
+import psycopg
 from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Composed, Identifier
 
@@ -141,9 +142,16 @@ class DataKeys(SmallTable):
         this record). In one transaction holding the record's lock, so two processes with different keys on an
         empty store cannot both pass."""
         ids = list(master_key_ids)
+        try:
+            return self._claim(ids, lock=True)
+        except psycopg.errors.ReadOnlySqlTransaction:  # a read-only server (a hot standby): check, record nothing
+            return self._claim(ids, lock=False)
+
+    def _claim(self, ids: list[str], lock: bool) -> str | None:
         with self._connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=tuple_row)
-            cur.execute(SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(self.master_keys))
+            if lock:
+                cur.execute(SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(self.master_keys))
             ((mine, any_key, known),) = cur.execute(SQL(
                 "SELECT EXISTS (SELECT FROM {t} WHERE master_key_id = ANY(%s)), EXISTS (SELECT FROM {t}), "
                 "ARRAY(SELECT master_key_id FROM {m} WHERE retired_at IS NULL ORDER BY first_used_at)").format(
@@ -153,9 +161,10 @@ class DataKeys(SmallTable):
             if not any_key and known and not set(ids) & set(known):
                 return (f"the store's data keys were wrapped under {' and '.join(known)} (every one since erased, "
                         "so none is left to open)")
-            cur.execute(SQL("INSERT INTO {} (master_key_id) VALUES (%s) ON CONFLICT (master_key_id) DO UPDATE "
-                            "SET retired_at = NULL WHERE {}.retired_at IS NOT NULL").format(
-                self.master_keys, self.master_keys), (ids[0],))
+            if lock:
+                cur.execute(SQL("INSERT INTO {} (master_key_id) VALUES (%s) ON CONFLICT (master_key_id) DO UPDATE "
+                                "SET retired_at = NULL WHERE {}.retired_at IS NOT NULL").format(
+                    self.master_keys, self.master_keys), (ids[0],))
         return None
 
     def get(self, key_id: UUID) -> KeyRow | None:
