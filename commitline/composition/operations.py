@@ -103,13 +103,24 @@ class Operations:
         ``kafka-publisher``, with all its buckets) after the store went back: ``choice`` ``from-head``, ``from``
         (with ``position``) or ``keep``, in the current generation (``interventions.reset``); what was done, as a
         sentence. UnknownFollower for a name the domain does not have; InterventionRefused for a bad choice or
-        position, nothing written."""
+        position, or a projection with counters moved back (they would count events twice), nothing written."""
         from commitline.composition.status import UnknownFollower
 
         follower = PUBLISHER if name == "publisher" else name
         known = [PUBLISHER, *sorted(self.domain.managers), *sorted(self.domain.projections)]
         if follower not in known:
             raise UnknownFollower([repr(name)], known)
+        projection = self.domain.projections.get(follower)
+        counters = [f"{t.name}.{c}" for t in projection.tables for c in t.counters] if projection else []
+        if counters and choice == "from" and position is not None:
+            with self.datastore.get_connection() as conn:
+                current, _, _ = Positions(self.datastore.schema).read(conn, follower)
+            if position < current:  # its counters already hold the events after ``position``: they would double
+                raise InterventionRefused(
+                    f"{follower} counts ({', '.join(counters)}): its rows already hold the events up to its position "
+                    f"{current}, so --from {position} would count those after {position} a second time; --keep "
+                    f"confirms its read model as it is, `commitline projections rebuild {follower}` recomputes it; "
+                    "nothing was written")
         return interventions.reset(self.datastore, follower, choice, position, reason)
 
     def intervene(self, name: str, action: str, position: int | None = None, reason: str = "") -> str:

@@ -138,19 +138,32 @@ def test_a_new_generation_stops_followers_until_an_operator_resets_each(pg_dsn: 
             n for n in follower_rows(pg_dsn, schema, PUBLISHER) if n != PUBLISHER)}
 
 
-def test_a_projection_reset_from_a_position_reapplies_from_there(pg_dsn: str, schema: str) -> None:
+def test_a_projection_reset_from_a_position_reapplies_from_there_unless_its_counters_would_count_twice(
+        pg_dsn: str, schema: str) -> None:
+    """``--from N`` below a projection's position applies the events after N again: right for a read model of
+    values (each row set again to the same), wrong for one that counts (``task_statuses``' users would count them
+    twice, and nothing would show it), which is refused with nothing written; ``--keep`` or a rebuild is its
+    choice."""
     with bootstrap(kafka_settings(pg_dsn, schema, "127.0.0.1:9")) as app:
         receive(app, 6, "a")
         head = app.recorder.max_notification_id()
-        with FollowerThread(lambda: app.projector("task_statuses", poll_interval=0.2)) as projector:
-            projector.wait_until_at(head)
+        with FollowerThread(lambda: app.projector("order_fulfilments", poll_interval=0.2)) as values, \
+                FollowerThread(lambda: app.projector("task_statuses", poll_interval=0.2)) as counting:
+            values.wait_until_at(head)
+            counting.wait_until_at(head)
             app.new_generation("failover to an asynchronous standby")
-            wait_for(lambda: stopped_went_back(pg_dsn, schema, "task_statuses"), "the projection to stop")
-            app.reset_follower("task_statuses", "from", 2, reason="replay from 2")
-            wait_for(lambda: follower_rows(pg_dsn, schema, "task_statuses")["task_statuses"][1] == "running",
-                     "the projection to go on")
-            projector.wait_until_at(head)
-        (name, action, position, detail), = [i for i in interventions(pg_dsn, schema) if i[0] == "task_statuses"]
+            for name in ("order_fulfilments", "task_statuses"):
+                wait_for(lambda n=name: stopped_went_back(pg_dsn, schema, n), f"{name} to stop")
+            with pytest.raises(InterventionRefused, match=r"task_statuses counts \(rm_task_statuses\.users\).* "
+                                                           r"--from 2 would count those after 2 a second time"):
+                app.reset_follower("task_statuses", "from", 2, reason="replay from 2")
+            assert [i for i in interventions(pg_dsn, schema) if i[0] == "task_statuses"] == []
+            app.reset_follower("task_statuses", "keep", reason="the read model is the store's")
+            app.reset_follower("order_fulfilments", "from", 2, reason="replay from 2")
+            for name in ("order_fulfilments", "task_statuses"):
+                wait_for(lambda n=name: follower_rows(pg_dsn, schema, n)[n][1] == "running", f"{name} to go on")
+            values.wait_until_at(head)
+        (name, action, position, detail), = [i for i in interventions(pg_dsn, schema) if i[0] == "order_fulfilments"]
         assert (action, position, detail["choice"], detail["was"], detail["reason"]) == ("reset", 2, "from", head,
                                                                                          "replay from 2")
 
