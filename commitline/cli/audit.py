@@ -35,10 +35,9 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
     from rich.table import Table
 
-    from commitline.cli.common import bootstrap, note_new_store
+    from commitline.cli.common import bootstrap
 
-    with bootstrap() as app:
-        note_new_store(app)
+    with bootstrap(create_store=False) as app:
         auditor = app.auditor()
         try:
             if args.audit_command == "verify":

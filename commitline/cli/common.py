@@ -47,8 +47,9 @@ def bootstrap(**options: Any) -> Commitline:
 
 
 def note_new_store(app: Commitline) -> None:
-    """For a command that only reads: say on stderr when the store it reads was made just now, empty (the schema
-    held none), so a health check or an audit of a mistyped schema does not pass unnoticed."""
+    """For a command that only shows a store (``status`` without ``--check``, ``projections list``): say on stderr
+    when the store it shows was made just now, empty (the schema held none). Commands whose answer could pass
+    for an assurance (a health check, an audit, an erasure) refuse such a schema instead (``create_store``)."""
     if app.created_store:
         print(f"commitline: schema {app.settings.schema_name} held no commitline store: an empty one was made now "
               "(is COMMITLINE_SCHEMA, or the database, the one you meant?)", file=sys.stderr)

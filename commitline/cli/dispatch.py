@@ -232,7 +232,7 @@ def cmd_expire(args: argparse.Namespace) -> int:
     if not 1 <= args.older_than_days <= MAX_RETENTION_DAYS:  # beyond: before any date PostgreSQL can hold
         print(f"idempotency expire: --older-than-days must be between 1 and {MAX_RETENTION_DAYS}", file=sys.stderr)
         return EXIT_USAGE
-    with bootstrap() as app:
+    with bootstrap(create_store=False) as app:
         count = app.expire_idempotency_records(timedelta(days=args.older_than_days), dry_run=args.dry_run)
     if args.json:
         print_json({"would_delete" if args.dry_run else "deleted": count, "older_than_days": args.older_than_days})

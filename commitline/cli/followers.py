@@ -103,7 +103,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from commitline.cli.common import bootstrap, note_new_store
     from commitline.composition import UnknownFollower
 
-    with bootstrap() as app:
+    with bootstrap(create_store=args.check is None) as app:  # a health check never passes on a mistyped schema
         note_new_store(app)
         report = app.status()
     only = None
@@ -155,7 +155,7 @@ def cmd_intervene(args: argparse.Namespace) -> int:
     from commitline.composition import PUBLISHER, InterventionRefused
 
     name = getattr(args, "name", PUBLISHER)
-    with bootstrap() as app:
+    with bootstrap(create_store=False) as app:
         try:
             message = app.intervene(name, args.action, getattr(args, "position", None), getattr(args, "reason", ""))
         except InterventionRefused as e:
@@ -175,7 +175,7 @@ def cmd_reset(args: argparse.Namespace) -> int:
     from commitline.composition import InterventionRefused, UnknownFollower
 
     choice = "from-head" if args.from_head else "keep" if args.keep else "from"
-    with bootstrap() as app:
+    with bootstrap(create_store=False) as app:
         try:
             message = app.reset_follower(args.name, choice, args.position, args.reason)
         except UnknownFollower as e:

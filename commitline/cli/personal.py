@@ -46,7 +46,7 @@ def cmd_erase(args: argparse.Namespace) -> int:
     from commitline.cli.progress import progress_reporter
     from commitline.composition import RebuildError
 
-    with bootstrap() as app:
+    with bootstrap(create_store=False) as app:
         holding = dict(app.domain.personal_projections)
         rebuild = not args.no_rebuild and bool(holding)
         recompute = app.rebuild_command(" ".join(holding), fresh=True)
@@ -89,7 +89,7 @@ def cmd_erase(args: argparse.Namespace) -> int:
 def cmd_keys(args: argparse.Namespace) -> int:
     from commitline.cli.common import bootstrap
 
-    with bootstrap() as app:
+    with bootstrap(create_store=False) as app:
         try:
             if args.keys_command == "erasures":
                 print_json([_erasure(e) for e in app.erasures(args.tenant)])

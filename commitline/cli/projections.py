@@ -27,9 +27,10 @@ def cmd_project(args: argparse.Namespace) -> int:
 
 
 def cmd_projections_list(args: argparse.Namespace) -> int:
-    from commitline.cli.common import bootstrap
+    from commitline.cli.common import bootstrap, note_new_store
 
     with bootstrap() as app:
+        note_new_store(app)
         report = app.status()
         projections = app.domain.projections
         shapes = app.projection_shapes()
@@ -87,7 +88,7 @@ def cmd_projections_rebuild(args: argparse.Namespace) -> int:
         print("projections rebuild: --jobs must be at least 1", file=sys.stderr)
         return EXIT_USAGE
     if args.abort:
-        with bootstrap() as app:
+        with bootstrap(create_store=False) as app:
             for name in names:
                 try:
                     found = app.abort_rebuild(name)
@@ -101,7 +102,7 @@ def cmd_projections_rebuild(args: argparse.Namespace) -> int:
                           "untouched" if found else f"no rebuild of {name} to abort")
         return EXIT_OK
     skip = dict.fromkeys(args.skip, args.reason)
-    with bootstrap() as app, progress_reporter(f"rebuild {what}") as progress:
+    with bootstrap(create_store=False) as app, progress_reporter(f"rebuild {what}") as progress:
         try:
             results = ([app.rebuild(names[0], progress=progress, skip=skip, fresh=args.fresh)] if len(names) == 1
                        else app.rebuild_many(names, progress=progress, fresh=args.fresh, jobs=jobs))

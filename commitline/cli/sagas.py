@@ -33,7 +33,7 @@ def cmd_sagas(args: argparse.Namespace) -> int:
 
     if args.sagas_command == "run":
         return _run_sagas(args)
-    with bootstrap() as app:
+    with bootstrap(create_store=False) as app:
         try:
             manager = app.saga(args.saga)
         except UnknownProcessManager as e:

@@ -4,10 +4,12 @@ PostgreSQL), a checked and migrated schema, the store and the command processor,
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
+from psycopg_pool import PoolTimeout
 
 from commitline.application.errors import ConfigurationError, InvalidDomain, StoreUnavailable
 from commitline.application.processor import CommandProcessor
@@ -17,6 +19,7 @@ from commitline.framework.checks import column_type_problems, stored_problems
 from commitline.framework.domain import Domain
 from commitline.framework.loading import load_domain
 from commitline.infrastructure import migrations
+from commitline.infrastructure.migrations import NoStore
 from commitline.infrastructure.config import Settings, load_settings
 from commitline.infrastructure.dispatch_cpu import DispatchCpu
 from commitline.infrastructure.embedded.errors import EmbeddedServiceError
@@ -72,11 +75,62 @@ def master_key_source(settings: Settings) -> Callable[[], MasterKey]:
     return missing
 
 
+class _LastConnectError(logging.Handler):
+    """The last connection error the pool's workers logged (they retry it; the pool's timeout does not say it)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.message: str | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.msg.startswith("error connecting"):  # ("error connecting in %r: %s", name, error)
+            self.message = str(record.args[-1]) if isinstance(record.args, tuple) and record.args else \
+                record.getMessage()
+
+
+@contextmanager
+def told_pool_failures(parts: dict[str, Any], timeout_s: float) -> Iterator[Callable[[StoreDatastore], None]]:
+    """``open_pool(datastore)``, for a datastore made in the block: fill the pool's kept connections, waiting at
+    most ``timeout_s`` (``COMMITLINE_POOL_TIMEOUT_S``, at least 5 s: a loaded machine opens connections slowly);
+    StoreUnavailable if it does not fill, with what the server last answered a connection of the pool (too many
+    connections, say), which the pool's workers only log (from the moment the datastore makes the pool) and its
+    timeout does not name."""
+    pool_log = logging.getLogger("psycopg.pool")
+    last = _LastConnectError()
+    # eventsourcing sets this logger to ERROR: heard here alone meanwhile, its retries are not printed
+    level, propagate = pool_log.level, pool_log.propagate
+    pool_log.setLevel(logging.WARNING)
+    pool_log.propagate = False
+    pool_log.addHandler(last)
+
+    def open_pool(datastore: StoreDatastore) -> None:
+        try:
+            datastore.pool.open(wait=True, timeout=max(timeout_s, 5.0))
+        except PoolTimeout as e:
+            datastore.close()
+            cause = f"; the server answered its last connection: {last.message}" if last.message else ""
+            text = (describe_failure(e, parts) + f" (the pool keeps {datastore.pool.min_size} connections open: "
+                    "COMMITLINE_POOL_SIZE; the server may allow fewer, its max_connections or a CONNECTION LIMIT)"
+                    + cause)
+            if parts.get("password"):
+                text = text.replace(str(parts["password"]), "***")
+            raise StoreUnavailable(text) from None
+
+    try:
+        yield open_pool
+    finally:
+        pool_log.removeHandler(last)
+        pool_log.setLevel(level)
+        pool_log.propagate = propagate
+
+
 def bootstrap(settings: Settings | None = None, *, domain: Domain | str | None = None, apply_migrations: bool = True,
-              dispatch_cpu: str = "off") -> Commitline:
+              dispatch_cpu: str = "off", create_store: bool = True) -> Commitline:
     """Wire ``domain`` (a ``Domain``, or its ``module:attribute``; default ``COMMITLINE_APP``, else the built-in
     examples) to ``settings`` (default: the environment), bringing the schema up to date first unless
-    ``apply_migrations`` is False (``commitline migrate --check``). The domain is checked before anything is
+    ``apply_migrations`` is False (``commitline migrate --check``). With ``create_store`` False, a schema that
+    holds no store is refused (``NoStore``) instead of given an empty one: for commands that only read, where
+    a mistyped schema must not pass for an empty store. The domain is checked before anything is
     written (``InvalidDomain``, ``InvalidApp``). ``dispatch_cpu`` applies when ``COMMITLINE_DISPATCH_CPU`` is
     unset: ``auto`` in commitline's own server and CLI processes."""
     settings = settings or load_settings()
@@ -101,17 +155,22 @@ def bootstrap(settings: Settings | None = None, *, domain: Domain | str | None =
         # where the pool would keep retrying until its timeout.
         with psycopg.connect(**connect_options(parts, connect_timeout=10), autocommit=True) as conn:
             created = False
+            if not create_store and migrations.schema_version(conn, settings.schema_name) == 0:
+                raise NoStore(reason=f"schema {settings.schema_name} holds no commitline store (is it, or the "
+                              "database, the one you meant? `commitline migrate` makes an empty one); nothing was "
+                              "made")
             if apply_migrations:  # one cheap read when the schema is current; never DDL on hot tables then
                 created = any(m.version == 1 for m in migrations.migrate(conn, settings.schema_name))
-        datastore = StoreDatastore(
-            parts["dbname"], parts["host"], parts["port"], parts["user"], parts["password"],
-            pool_size=settings.pool_size,
-            max_overflow=settings.pool_max_overflow,
-            schema=settings.schema_name,
-            pool_timeout=settings.pool_timeout_s,
-            libpq=parts,  # sslmode, application_name, options, ...: every parameter of the URL
-        )
-        datastore.pool.open(wait=True, timeout=15)
+        with told_pool_failures(parts, settings.pool_timeout_s) as open_pool:
+            datastore = StoreDatastore(
+                parts["dbname"], parts["host"], parts["port"], parts["user"], parts["password"],
+                pool_size=settings.pool_size,
+                max_overflow=settings.pool_max_overflow,
+                schema=settings.schema_name,
+                pool_timeout=settings.pool_timeout_s,
+                libpq=parts,  # sslmode, application_name, options, ...: every parameter of the URL
+            )
+            open_pool(datastore)
         recorder = EventRecorder(datastore)
         with datastore.get_connection() as conn:
             stored = event_versions.stored_pairs(conn, settings.schema_name)
@@ -120,7 +179,7 @@ def bootstrap(settings: Settings | None = None, *, domain: Domain | str | None =
         cpu.close()
         if shared is not None:
             shared.release()
-        if isinstance(e, ConfigurationError):  # the database answered: the store is not one this code may use
+        if isinstance(e, (ConfigurationError, StoreUnavailable)):  # the database answered, or the cause is told
             raise
         raise StoreUnavailable(describe_failure(e, parts)) from None
     unreadable = stored_problems(domain, stored, settings.schema_name) + column_type_problems(domain, unknown)

@@ -19,7 +19,8 @@ BRIEFS: dict[str, str] = {
     "COMMITLINE_SCHEMA": "schema of commitline's tables",
     "COMMITLINE_POOL_SIZE": "connections kept open",
     "COMMITLINE_POOL_MAX_OVERFLOW": "extra connections under load",
-    "COMMITLINE_POOL_TIMEOUT_S": "longest wait for a connection",
+    "COMMITLINE_POOL_TIMEOUT_S": "longest wait for a connection (and, at least 5 s, for the pool to open its kept "
+                                 "connections at start)",
     "COMMITLINE_SNAPSHOT_INTERVAL": "snapshot every N events (0: none)",
     "COMMITLINE_AGGREGATE_CACHE_SIZE": "aggregates kept decoded (0: none)",
     "COMMITLINE_GROUP_COMMIT_MAX": "commands per shared transaction",

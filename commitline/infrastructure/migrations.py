@@ -87,6 +87,12 @@ MIGRATIONS: tuple[Migration, ...] = (
 LATEST = MIGRATIONS[-1].version
 
 
+class NoStore(ConfigurationError):
+    """The schema holds no store, and the command only reads one: a configuration error (exit 3), nothing made."""
+
+    variable = "COMMITLINE_SCHEMA"
+
+
 class SchemaTooNew(ConfigurationError):
     """The store was migrated by a newer commitline than this one: a configuration error (exit 3), never written."""
 

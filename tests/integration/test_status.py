@@ -325,18 +325,48 @@ def test_a_follower_process_is_healthy_while_it_runs_whatever_its_business_probl
                     process.wait()
 
 
-def test_a_read_only_command_on_a_schema_without_a_store_says_it_made_one(pg_dsn: str) -> None:
-    """A mistyped COMMITLINE_SCHEMA must not pass a health check or an audit unnoticed."""
+def test_a_command_whose_answer_assures_refuses_a_schema_without_a_store_and_makes_none(pg_dsn: str) -> None:
+    """A mistyped COMMITLINE_SCHEMA must not pass a health check, an audit, an erasure, a retention run or a
+    rebuild as an empty store: each exits 3 naming the schema, and the schema is not made. ``status`` without
+    ``--check`` shows the empty store it made, and says so."""
     typo = f"t_{uuid4().hex[:12]}"
-    first = status(pg_dsn, typo, "--check")
-    assert f"schema {typo} held no commitline store: an empty one was made now" in first.stderr, first.stderr
-    audit = subprocess.run([*CLI, "audit", "verify", "--all"], env=environment(pg_dsn, typo), capture_output=True,
-                           text=True, timeout=120)
-    assert audit.returncode == 0 and "held no commitline store" not in audit.stderr, audit.stderr  # one exists now
-    fresh = f"t_{uuid4().hex[:12]}"
-    audited = subprocess.run([*CLI, "audit", "verify", "--all"], env=environment(pg_dsn, fresh), capture_output=True,
-                             text=True, timeout=120)
-    assert f"schema {fresh} held no commitline store" in audited.stderr, audited.stderr
+    for args in (["status", "--check"], ["audit", "verify", "--all"], ["erase", "--tenant", "acme", "--subject", "c-1"],
+                 ["idempotency", "expire", "--older-than-days", "7"], ["projections", "rebuild", "task_statuses"]):
+        refused = subprocess.run([*CLI, *args], env=environment(pg_dsn, typo), capture_output=True, text=True,
+                                 timeout=120)
+        assert refused.returncode == 3, (args, refused.stdout, refused.stderr)
+        assert f"schema {typo} holds no commitline store" in refused.stderr and "Traceback" not in refused.stderr, \
+            (args, refused.stderr)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        for name in (typo, fresh):
-            conn.execute(f'DROP SCHEMA "{name}" CASCADE')
+        assert conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname = %s", (typo,)).fetchone() == (0,)
+    shown = status(pg_dsn, typo)  # showing a store is no assurance: an empty one is made, and said so
+    assert shown.returncode == 0 and f"schema {typo} held no commitline store: an empty one was made now" in \
+        shown.stderr, shown.stderr
+    try:
+        assert status(pg_dsn, typo, "--check").returncode == 0
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{typo}" CASCADE')
+
+
+def test_a_pool_the_server_will_not_fill_is_reported_with_the_servers_own_refusal(pg_dsn: str, schema: str) -> None:
+    """A role limited to fewer connections than COMMITLINE_POOL_SIZE: the command exits 3 with what PostgreSQL
+    answered (too many connections), not only that the pool did not fill, and never with the password."""
+    role = f"limited_{uuid4().hex[:8]}"
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'sekrit-pw' CONNECTION LIMIT 3")
+        conn.execute(f"GRANT CREATE ON DATABASE {conn.info.dbname} TO {role}")
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(pg_dsn)
+        url = f"postgresql://{role}:sekrit-pw@{info.get('host', '127.0.0.1')}:{info.get('port', 5432)}/{info['dbname']}"
+        out = subprocess.run([*CLI, "status", "--json"], capture_output=True, text=True, timeout=120, env={
+            **environment(url, f"{schema}_limited"), "COMMITLINE_POOL_SIZE": "5"})
+        assert out.returncode == 3, out.stdout + out.stderr
+        assert "too many connections" in out.stderr and "sekrit-pw" not in out.stdout + out.stderr, out.stderr
+        assert "Traceback" not in out.stderr
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}_limited" CASCADE')
+            conn.execute(f"REVOKE CREATE ON DATABASE {conn.info.dbname} FROM {role}")
+            conn.execute(f"DROP OWNED BY {role}")
+            conn.execute(f"DROP ROLE {role}")
