@@ -310,3 +310,26 @@ def test_the_cli_shows_and_starts_generations_and_refuses_bad_resets(pg_dsn: str
     assert reset.returncode == 0 and "position 3 in store generation 2" in reset.stdout, reset
     with pytest.raises(psycopg.errors.RestrictViolation):
         rows(pg_dsn, schema, "UPDATE {schema}.store_generations SET reason = 'edited'")
+
+
+def test_status_names_the_reset_of_every_follower_stopped_before_a_new_generation(pg_dsn: str, schema: str) -> None:
+    """After a restore the followers are stopped (or dead) when the operator starts the new generation, so none
+    has stopped at it yet: status says of each that it goes on only once reset, and with what command."""
+    with bootstrap(kafka_settings(pg_dsn, schema, "127.0.0.1:9")) as app:
+        receive(app, 3, "a")
+        with FollowerThread(lambda: app.projector(PROJECTION, poll_interval=0.2)) as projector:
+            projector.wait_until_at(app.recorder.max_notification_id())
+        before = app.status()
+        assert [before.reasons(s) for s in before.followers if s.name == PROJECTION] == [[]]
+        app.new_generation("restored the 03:00 backup")
+        report = app.status()
+        (status,) = [s for s in report.followers if s.name == PROJECTION]
+        assert status.status == "stopped" and status.older_generation == (1, 2)
+        assert report.reasons(status) == [
+            "saved in store generation 1, the store is at 2 (a new generation began): it goes on only once reset: "
+            f"commitline followers reset {PROJECTION} --from-head | --from N | --keep"]
+        never = [s for s in report.followers if s.status == "never run"]
+        assert never and all(s.older_generation is None for s in never)
+        app.reset_follower(PROJECTION, "keep", reason="the read model is the restored store's")
+        (status,) = [s for s in app.status().followers if s.name == PROJECTION]
+        assert status.older_generation is None and app.status().reasons(status) == []

@@ -22,7 +22,9 @@ from commitline.infrastructure.followers.status import (
     FollowerStatus,
     derive_status,
     lease_holders,
+    older_generation,
 )
+from commitline.infrastructure.store import generations
 from commitline.infrastructure.store.log import bucket_positions_sql
 from commitline.infrastructure.store.recorder import EventRecorder
 from commitline.infrastructure.store.schema import EVENTS_TABLE
@@ -81,6 +83,7 @@ def group_status(recorder: EventRecorder, name: str, bucket_count: int, head: in
         cur = conn.cursor(row_factory=tuple_row)
         members = cur.execute(_MEMBERS, {"count_key": f"{schema}/{name}@buckets", "count": bucket_count}).fetchall()
         rows = Positions(schema).status_rows(conn, [*names, name])
+        generation, _ = generations.current_and_head(conn, schema)
         holders = lease_holders(conn, schema, names)
         start = rows[name][1] if name in rows else 0  # where a bucket without a row will start
         positions = [rows[n][1] if n in rows else start for n in names]
@@ -98,13 +101,14 @@ def group_status(recorder: EventRecorder, name: str, bucket_count: int, head: in
         if first is not None and first in states:
             age = max(0.0, (now - datetime.fromisoformat(orjson.loads(bytes(states[first]))["at"])).total_seconds())
         backend = holders.get(n)
+        saved = None
         if n in rows:
-            _, position, owner, recorded, error, updated_at, moved, process = rows[n]
+            _, position, owner, recorded, error, updated_at, moved, process, saved = rows[n]
         else:
             position, owner, recorded, error, updated_at, moved, process = start, None, None, None, None, None, None
         status = derive_status(recorded, backend is not None) if recorded is not None or backend else NEVER_RUN
         buckets.append(FollowerStatus(n, status, owner, position, head, count, age, updated_at, error, recorded,
-                                      backend, moved, process))
+                                      backend, moved, process, older_generation(saved, generation)))
     group_members = []
     for pid, application, started, client in members:
         owned = [b for b, s in enumerate(buckets) if s.backend is not None and s.backend.pid == pid]

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from commitline.application.process import StuckInstance
 from commitline.infrastructure.followers.status import DEAD, NEVER_RUN, FollowerStatus
+from commitline.infrastructure.followers.went_back import what_to_do
 
 REBUILD_MARK = "@rebuild"
 
@@ -65,6 +66,10 @@ def follower_reasons(s: FollowerStatus, limits: Thresholds, *, required: bool = 
         reasons.append("never run")
     elif required and not s.alive:
         reasons.append(f"{s.status}: not running (last owner {s.owner or 'unknown'})")
+    if s.older_generation is not None and error.get("kind") != "store_went_back":  # not stopped yet: it will be
+        saved, current = s.older_generation
+        reasons.append(f"saved in store generation {saved}, the store is at {current} (a new generation began): it "
+                       f"goes on only once reset: {what_to_do(s.name)}")
     lagging = s.lag_events > limits.max_lag_events or s.lag_seconds > limits.max_lag_seconds
     if unattended and not s.alive and s.status in (NEVER_RUN, "stopped") and lagging:
         reasons.append(f"{s.status} while {s.lag_events} events wait for it (the oldest {s.lag_seconds:.0f} s; "

@@ -219,10 +219,10 @@ class Positions:
 
     def status_rows(self, conn: Connection, names: Sequence[str] | None = None) -> dict[str, tuple[Any, ...]]:
         """Every row (or the named ones) for ``status``: name, position, owner, status, error, updated_at, seconds
-        since it was updated, owner_process."""
+        since it was updated, owner_process, the store generation its position was saved in."""
         query = self._sql(
             "SELECT name, position, owner, status, error, updated_at, "
-            "extract(epoch FROM clock_timestamp() - updated_at)::float8, owner_process FROM {positions}"
+            "extract(epoch FROM clock_timestamp() - updated_at)::float8, owner_process, generation FROM {positions}"
             + ("" if names is None else " WHERE name = ANY(%s)"))
         return {r[0]: r for r in conn.cursor(row_factory=tuple_row).execute(
             query, () if names is None else (list(names),)).fetchall()}

@@ -19,6 +19,7 @@ from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Identifier
 
 from commitline.infrastructure.followers.positions import Positions
+from commitline.infrastructure.store import generations
 from commitline.infrastructure.store.recorder import EventRecorder
 from commitline.infrastructure.store.schema import EVENTS_TABLE
 
@@ -75,6 +76,9 @@ class FollowerStatus:
     backend: Backend | None = None  # the PostgreSQL session holding its lease now, if any
     last_moved_seconds: float | None = None  # since its row last changed (position, status or owner)
     process: dict[str, Any] | None = None  # the commitline process that owns it (host, pid, kind, started_at)
+    #: the store generation its position was saved in, when older than the store's (``store new-generation`` ran
+    #: since): it stops at its next round or start until an operator resets it; None otherwise
+    older_generation: tuple[int, int] | None = None  # (saved in, the store's)
 
     @property
     def alive(self) -> bool:
@@ -112,7 +116,7 @@ def follower_statuses(recorder: EventRecorder, known: Iterable[str] = (),
         # one snapshot for the head, the positions and the lags: read one by one while commands arrive, a position
         # could be past the head read before it, and a follower at the head show a lag
         cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-        head = cur.execute(SQL("SELECT coalesce(max(notification_id), 0) FROM {}").format(events)).fetchone()[0]
+        generation, head = generations.current_and_head(conn, schema)
         rows = Positions(schema).status_rows(conn)
         names = list(dict.fromkeys([*known, *(name for name in sorted(rows) if include(name))]))
         holders = lease_holders(conn, schema, names)
@@ -121,14 +125,21 @@ def follower_statuses(recorder: EventRecorder, known: Iterable[str] = (),
     statuses = []
     for name in names:
         backend = holders.get(name)
+        saved = None
         if name in rows:
-            _, position, owner, recorded, error, updated_at, moved, process = rows[name]
+            _, position, owner, recorded, error, updated_at, moved, process, saved = rows[name]
         else:
             position, owner, recorded, error, updated_at, moved, process = 0, None, None, None, None, None, None
         lag_events, lag_seconds = lags[position]
         statuses.append(FollowerStatus(name, derive_status(recorded, backend is not None), owner, position, head,
-                                       lag_events, lag_seconds, updated_at, error, recorded, backend, moved, process))
+                                       lag_events, lag_seconds, updated_at, error, recorded, backend, moved, process,
+                                       older_generation(saved, generation)))
     return head, statuses
+
+
+def older_generation(saved: int | None, current: int) -> tuple[int, int] | None:
+    """(saved, current) when a row's position was saved in an older generation than the store's; else None."""
+    return (saved, current) if saved is not None and saved < current else None
 
 
 def _lag(cur: Any, events: Identifier, position: int) -> tuple[int, float]:
