@@ -47,11 +47,16 @@ def cmd_publish(args: argparse.Namespace) -> int:
                         "database's events to an embedded in-memory broker at %s (for development)",
                         publisher.settings.kafka_bootstrap_servers)
         with app.metrics_endpoint(args.metrics_host, args.metrics_port, [publisher]):
-            app.run_until_signalled(publisher, drain=args.drain)
+            drained = app.run_until_signalled(publisher, drain=args.drain)
         m = publisher.metrics
         if args.json:
             print_json({"events_published": m.events_published, "batches": m.batches, "position": m.position,
-                        "stopped_at_poison": publisher.waiting_for_operator})
+                        "stopped_at_poison": publisher.waiting_for_operator,
+                        **({"caught_up": drained} if args.drain else {})})
+        if not drained:  # a signal before the drain was done: events still wait (a broker down, say)
+            log.error("publisher interrupted before it caught up: position %d, %d events published; the events "
+                      "after it are not published yet (see `commitline status`)", m.position, m.events_published)
+            return EXIT_REFUSED
         if publisher.waiting_for_operator:
             log.error("publisher stopped with buckets waiting for an operator after position %d (%d events "
                       "published); see `commitline status`: a poison record is retried or skipped (`commitline "
@@ -207,7 +212,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "rebalanced when instances join, leave or die. Each bucket's position is saved only after the broker "
         "acknowledged everything of it up to there.",
     )
-    publish.add_argument("--drain", action="store_true", help="exit once everything stored so far is published")
+    publish.add_argument("--drain", action="store_true", help="exit once everything stored so far is published "
+                         "(exit 1 when a signal stops it before: events still wait)")
     publish.add_argument("--json", action="store_true", help="at exit, what was published, as JSON on stdout")
     add_metrics_options(publish)
     publish.set_defaults(run=cmd_publish, long_running=True)

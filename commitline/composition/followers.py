@@ -102,11 +102,13 @@ class Followers:
         return read_topics(settings.kafka_bootstrap_servers, settings.kafka_topic_prefix or "", expect_at_least,
                            timeout, quiet_for, aggregate_types=self.domain.registry.aggregate_types)
 
-    def run_until_signalled(self, *followers: Follower, drain: bool = False) -> None:
+    def run_until_signalled(self, *followers: Follower, drain: bool = False) -> bool:
         """Run the followers until SIGINT or SIGTERM (or, with ``drain``, until each has caught up or stopped
         at a poison event: its ``waiting_for_operator`` says which), or until one of them raises: the others then
         stop as on SIGTERM, and the first error is raised once they have. Running them is the process's job now, so
-        the garbage collector is set for batches of short-lived objects meanwhile (``bulk_collection``)."""
+        the garbage collector is set for batches of short-lived objects meanwhile (``bulk_collection``). False when
+        a drain was interrupted (a signal) before every follower had caught up or stopped at a poison event."""
+        behind = set(followers) if drain else set()
 
         async def run() -> None:
             stop = asyncio.Event()
@@ -115,7 +117,6 @@ class Followers:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)
             if drain:
-                behind = set(followers)
 
                 def caught_up(follower: Follower) -> None:
                     behind.discard(follower)
@@ -142,6 +143,7 @@ class Followers:
 
         with bulk_collection():
             asyncio.run(run())
+        return not behind
 
     @contextmanager
     def metrics_endpoint(self, host: str, port: int | None, followers: Sequence[Any]) -> Iterator[None]:

@@ -22,7 +22,7 @@ from commitline.composition import Commitline, bootstrap
 from commitline.infrastructure.embedded.kafka import EmbeddedKafka
 from commitline.infrastructure.kafka.envelope import ENVELOPE_SCHEMA
 from tests.integration.test_concurrency import run_at_once
-from tests.support import ConsumedRecord, FollowerThread, kafka_settings, read_topics, settings_for
+from tests.support import ConsumedRecord, FollowerThread, kafka_settings, read_topics, settings_for, wait_for
 
 
 def stored_events(dsn: str, schema: str) -> dict[str, tuple[str, int]]:
@@ -189,6 +189,32 @@ def test_broker_outage_delays_but_loses_nothing(pg_dsn: str, schema: str, caplog
         assert sum("kafka available again" in m for m in messages) == 1
     finally:
         broker.stop()
+
+
+def test_a_drain_stopped_before_it_caught_up_exits_1_saying_so(pg_dsn: str, schema: str) -> None:
+    """``publish --drain`` against a broker that is down retries; stopped by SIGTERM before it caught up, it must
+    not exit 0 as a finished drain does: a script would take the events waiting for published."""
+    with bootstrap(settings_for(pg_dsn, schema)) as app:
+        writer_workload(app, writers=1, commands_each=3, tag="waiting")
+        env = {**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn, "COMMITLINE_SCHEMA": schema,
+               "KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1", "COMMITLINE_KAFKA_IDEMPOTENCE": "false",
+               "COMMITLINE_KAFKA_TOPIC_PREFIX": f"{schema}."}
+        proc = subprocess.Popen([sys.executable, "-m", "commitline.cli", "publish", "--drain", "--json"], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            wait_for(lambda: any(s.status == "retrying" for s in [*app.status().followers,
+                                                                   *app.status().publisher.buckets]),
+                     "the publisher to retry the broker")
+            proc.send_signal(signal.SIGTERM)
+            stdout, stderr = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 1, stderr.decode()[-3000:]
+    report = orjson.loads(stdout)
+    assert report["caught_up"] is False and report["events_published"] == 0, report
+    assert "interrupted before it caught up" in stderr.decode()
 
 
 def owner_of(pg_dsn: str, schema: str) -> str | None:
