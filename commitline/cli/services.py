@@ -24,7 +24,10 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     services = _services()
     if not services:
-        print("COMMITLINE_DATABASE_URL is set: there is no local service to start", file=sys.stderr)
+        print("COMMITLINE_DATABASE_URL is set: there is no local service to start (a configured database is "
+              "published only to a configured Kafka, whose positions it keeps: set KAFKA_BOOTSTRAP_SERVERS; a broker "
+              "without idempotent producers, such as the embedded one, also needs COMMITLINE_KAFKA_IDEMPOTENCE=false)",
+              file=sys.stderr)
         return EXIT_OK
     try:
         report = keep_running(services)
