@@ -198,5 +198,10 @@ def test_an_event_its_upcasters_bring_to_an_unfitting_shape_names_the_upcasters_
     assert upcast.startswith(f"the domain: the LoanDue event at version 2 of stream {stream}, stored at class_version "
                              "1, does not fit "), upcast
     assert "The upcasters from class_version 1 to 3 (upcast_v1_v2 first) must give a payload" in upcast
-    current = str(unfitting(LoanDue, "LoanDue", stream, 2, 3, error))
-    assert "needs a default" in current and "upcast_v3_v4" in current
+    current = str(unfitting(LoanDue, "LoanDue", stream, 2, 3, error))  # a stored value of another type
+    assert "A field whose type changed needs" in current and "upcast_v3_v4" in current
+    try:
+        TypeAdapter(LoanDue).validate_python({})
+    except ValidationError as e:
+        missing = str(unfitting(LoanDue, "LoanDue", stream, 2, 3, e))  # a field the stored event lacks
+    assert "A field added to an event class needs a default" in missing and "upcast_v3_v4" in missing

@@ -225,6 +225,9 @@ def unfitting(cls: type[Event], topic: str, originator_id: UUID, originator_vers
     if version < cls.class_version:  # the upcasters ran: one of them gave this shape
         advice = (f"The upcasters from class_version {version} to {cls.class_version} (upcast_v{version}_v"
                   f"{version + 1} first) must give a payload the class validates")
+    elif first["type"] != "missing":  # the stored value is there, of another shape: the field's type changed
+        advice = (f"A field whose type changed needs the class a new class_version and an upcaster that converts "
+                  f"the values already stored (upcast_v{cls.class_version}_v{cls.class_version + 1})")
     else:
         advice = (f"A field added to an event class needs a default, or the class a new class_version and an upcaster "
                   f"that fills the field in for the events already stored (upcast_v{cls.class_version}_v"
