@@ -64,6 +64,24 @@ def test_a_projection_whose_tables_need_a_rebuild_says_so_not_poison() -> None:
     assert follower_reasons(refused, LIMITS) == [f"stopped before its tables: {message}"]
 
 
+def test_a_stop_that_asked_for_a_new_generation_asks_only_for_the_reset_once_one_began() -> None:
+    """The publisher found the broker ahead of the store before anyone started a new generation: its error says
+    to start one, then reset. Once the store is at a newer generation than the stop saw, only the reset is left."""
+    from dataclasses import replace
+
+    error = {"kind": "store_went_back", "reason": "Kafka holds notification 9", "position": 7, "generation": 1,
+             "what_to_do": "commitline store new-generation --reason TEXT, then commitline followers reset "
+                           "kafka-publisher --from-head | --from N | --keep"}
+    from commitline.infrastructure.followers.buckets import bucket_name
+
+    stopped = follower(bucket_name("kafka-publisher", 0, 16), status="failed", error=error)
+    assert "commitline store new-generation" in follower_reasons(stopped, LIMITS)[0]
+    begun = replace(stopped, older_generation=(1, 2))
+    assert follower_reasons(begun, LIMITS) == [
+        "stopped at position 7: the store went back: Kafka holds notification 9; waiting for an operator: "
+        "commitline followers reset kafka-publisher --from-head | --from N | --keep"]
+
+
 @pytest.mark.parametrize(("lag", "lag_s", "unhealthy"), [
     (100, 30.0, False), (101, 0.0, True), (0, 30.5, True), (0, 0.0, False)])
 def test_a_live_follower_is_unhealthy_beyond_either_lag_threshold(lag: int, lag_s: float, unhealthy: bool) -> None:

@@ -52,8 +52,12 @@ def follower_reasons(s: FollowerStatus, limits: Thresholds, *, required: bool = 
         reasons.append(f"dead: no live session holds its lease (last owner {s.owner or 'unknown'}, "
                        f"recorded {s.recorded_status})")
     elif s.status == "failed" and error.get("kind") == "store_went_back":
+        todo = error.get("what_to_do", "")
+        if s.older_generation is not None and isinstance(error.get("generation"), int) \
+                and error["generation"] < s.older_generation[1]:  # the new generation it asked for has begun since
+            todo = what_to_do(s.name)
         reasons.append(f"stopped at position {error.get('position', '?')}: the store went back: "
-                       f"{error.get('reason', '')}; waiting for an operator: {error.get('what_to_do', '')}")
+                       f"{error.get('reason', '')}; waiting for an operator: {todo}")
     elif s.status == "failed" and error.get("needs_rebuild"):
         reasons.append(f"stopped before its tables: {error.get('message', '')}")
     elif s.status == "failed":
