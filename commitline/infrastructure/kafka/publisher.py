@@ -304,6 +304,8 @@ class Publisher(Follower):
     async def _report_metrics(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             await wait_or_stop(stop, self.settings.metrics_interval_s)
+            if stop.is_set():  # its buckets are being handed back: the stop's own summary says where it ended
+                break
             try:
                 head = await asyncio.to_thread(self.recorder.max_notification_id)
             except StoreUnavailable:
