@@ -68,7 +68,7 @@ ENVELOPE_SCHEMA: dict = {
         "recorded_at": {"type": "string", "format": "date-time"},
         "tenant": {"type": "string", "description": "the tenant whose stream it is"},
         "payload": {"type": "object", "description": "the event's own fields, as the domain declares them; each "
-                    "personal one sealed: {\"ciphertext\": ..., \"key_id\": ...}"},
+                    "personal one sealed: `{\"ciphertext\": ..., \"key_id\": ...}`"},
         "personal": {"type": "array", "items": {"type": "string"}, "minItems": 1, "uniqueItems": True,
                      "description": "only on events with personal fields: the names of the payload's sealed fields "
                      "(open them with commitline.PersonalRecords)"},
