@@ -51,8 +51,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
         m = publisher.metrics
         if args.json:
             print_json({"events_published": m.events_published, "batches": m.batches, "position": m.position,
-                        "stopped_at_poison": publisher.waiting_for_operator,
-                        **({"caught_up": drained} if args.drain else {})})
+                        "stopped_at_poison": publisher.waiting_for_operator})
         if not drained:  # a signal before the drain was done: events still wait (a broker down, say)
             log.error("publisher interrupted before it caught up: position %d, %d events published; the events "
                       "after it are not published yet (see `commitline status`)", m.position, m.events_published)
