@@ -21,7 +21,6 @@ streams.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
@@ -35,7 +34,6 @@ from commitline.application.ports import EventStore, ForeignStream
 from commitline.application.results import DispatchResult
 from commitline.domain.aggregate import Aggregate, Event
 
-log = logging.getLogger(__name__)
 A = TypeVar("A", bound=Aggregate)
 Boundary = Callable[[str], None]
 
@@ -77,6 +75,16 @@ class InstanceRow:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
+class NotParked(RuntimeError):
+    """An instance kept failing, and its process manager records no parked instances (``park`` is not
+    overridden): its runner must not pass over the event that triggered it."""
+
+    def __init__(self, manager: str, instance_id: UUID, attempts: int, reason: str):
+        super().__init__(f"{manager} {instance_id} kept failing after {attempts} attempts: {reason} ({manager} "
+                         "parks no instance, so its runner retries until the cause is fixed; override park to "
+                         "record the failure on the instance's own aggregate and go on with the others)")
+
+
 class ProcessManager:
     """Base of a domain's process managers; see the module's docstring. Subclasses set ``name`` (also the
     runner's follower name, shown by ``status``) and ``triggers``, and implement ``advance``."""
@@ -106,9 +114,12 @@ class ProcessManager:
         raise NotImplementedError(f"{type(self).__name__} must implement advance(instance_id, tenant)")
 
     def park(self, instance_id: UUID, reason: str, attempts: int, tenant: str) -> None:
-        """Record that advancing kept failing (with ``reason``): the instance waits for ``retry``. By default
-        only logged; record it as an event of the instance's own aggregate to make it durable and visible."""
-        log.critical("%s %s kept failing after %d attempts: %s", self.name, instance_id, attempts, reason)
+        """Record that advancing kept failing (with ``reason``): the instance waits for ``retry``, and the runner
+        goes on with the others. Override it to record that as an event of the instance's own aggregate (durable,
+        listed by ``stuck``, resumed by ``retry``). A process manager that does not records nothing, so passing the
+        instance over would lose it: ``NotParked`` stops its runner at the event instead (``retrying``, the
+        reason in ``status``), and it advances again until the cause is fixed."""
+        raise NotParked(self.name, instance_id, attempts, reason)
 
     def retry(self, instance_id: UUID, tenant: str, key: str) -> str:
         """An operator's retry of a parked or stuck instance (``key`` is unique per request); returns where

@@ -1,0 +1,38 @@
+"""A process manager of a team's own domain that does not park its failures: an instance that keeps failing
+is never passed over. Its runner holds at the event that triggered it (``retrying``, the reason in ``status``,
+so ``status --check`` is unhealthy), and goes on by itself once the cause is gone, nothing lost."""
+
+from __future__ import annotations
+
+from uuid import uuid4
+
+import pytest
+
+from commitline.composition import bootstrap
+from tests.domains import forgetful
+from tests.support import FollowerThread, settings_for, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def test_an_instance_its_process_manager_cannot_park_holds_the_runner_until_it_advances(pg_dsn: str,
+                                                                                       schema: str) -> None:
+    good, failing, later = uuid4(), uuid4(), uuid4()
+    forgetful.FAILING.add(failing)
+    forgetful.PAID.clear()
+    with bootstrap(settings_for(pg_dsn, schema), domain=forgetful.domain) as app:
+        app.dispatch({"type": "approve_loan", "loan_id": str(good)}, idempotency_key="good")
+        app.dispatch({"type": "approve_loan", "loan_id": str(failing)}, idempotency_key="failing")
+        failing_at = app.recorder.max_notification_id()
+        with FollowerThread(lambda: app.process_runner(app.process_manager("payout", backoff=0.01),
+                                                       poll_interval=0.2)) as runner:
+            (held,) = wait_for(lambda: [s for s in app.status().followers if s.name == "payout"
+                                        and s.status == "retrying"], "the runner to hold at the failing instance")
+            assert held.position < failing_at, "the failing instance's event is not passed over"
+            assert f"payout {failing} kept failing after" in held.error["message"]
+            assert "parks no instance" in held.error["message"]
+            assert any("retrying at position" in r for r in app.status().reasons(held))
+            app.dispatch({"type": "approve_loan", "loan_id": str(later)}, idempotency_key="later")
+            forgetful.FAILING.discard(failing)  # the cause fixed: it goes on by itself
+            runner.wait_until_at(app.recorder.max_notification_id())
+    assert {good, failing, later} <= set(forgetful.PAID)
