@@ -139,4 +139,5 @@ def place_order(order: Order, cmd: PlaceOrder) -> Order:
 
 
 domain.handles(CancelOrder, Order, id="order_id")(lambda order, cmd: order.cancel(cmd.reason))
-domain.handles(ConfirmOrder, Order, id="order_id")(lambda order, cmd: order.confirm())
+# Only the fulfilment saga confirms an order, once its payment is authorized: never a client over HTTP or the CLI
+domain.handles(ConfirmOrder, Order, id="order_id", internal=True)(lambda order, cmd: order.confirm())

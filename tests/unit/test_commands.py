@@ -83,3 +83,11 @@ def test_errors_serialise_with_machine_readable_fields() -> None:
     data = caught.value.to_dict()
     assert data["code"] == "invalid_command" and data["error"] == "InvalidCommand"
     assert data["details"]["errors"][0]["loc"] == ["amount"]
+
+
+def test_only_the_fulfilment_saga_confirms_an_order() -> None:
+    """An order is confirmed once its payment is authorized: a client sending confirm_order (HTTP, CLI, a
+    mapping) would confirm it unpaid, and then it could no longer be cancelled."""
+    with pytest.raises(UnknownCommandType) as refused:
+        parse_command({"type": "confirm_order", "order_id": "5d1c3a0e-8f0b-4c55-9d1e-1f7f6a0c2b11"})
+    assert "confirm_order" not in refused.value.known and "place_order" in refused.value.known
