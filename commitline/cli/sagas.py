@@ -55,17 +55,20 @@ def cmd_sagas(args: argparse.Namespace) -> int:
             try:
                 said = manager.retry(args.instance_id, args.tenant, f"operator-retry/{args.instance_id}/{uuid4()}")
             except CommitlineError as e:
-                return error_exit(e, EXIT_REFUSED)
+                return error_exit(_named(e, args.instance_id), _exit_for(e))
+            running = any(f.name == manager.name and f.alive for f in app.status().followers)
             if args.json:
                 print_json({"saga": manager.name, "id": str(args.instance_id), "tenant": args.tenant,
-                            "message": said}, sys.stdout)
-            else:
+                            "message": said, "runner_running": running}, sys.stdout)
+            elif running:
                 print(f"{said}; the running process manager picks it up")
+            else:
+                print(f"{said}; no `commitline sagas run` runs {manager.name} now: it goes on once one does")
             return EXIT_OK
         try:
             history = app.auditor().history(manager.history_of(args.instance_id), tenant=args.tenant)
         except CommitlineError as e:
-            return error_exit(_named(e, args.instance_id), EXIT_USAGE)
+            return error_exit(_named(e, args.instance_id), _exit_for(e))
         if args.json:
             print_json([{"version": e.version, "at": e.recorded_at, "type": e.type, "payload": e.payload,
                           "state": e.transition} for e in history.entries], sys.stdout)
@@ -79,6 +82,13 @@ def cmd_sagas(args: argparse.Namespace) -> int:
 
 def _as_dict(row: Any) -> dict[str, Any]:
     return dataclasses.asdict(row) if dataclasses.is_dataclass(row) else dict(vars(row))
+
+
+def _exit_for(error: CommitlineError) -> int:
+    """A tenant that is no tenant is a wrong argument (2); an instance not found, or not waiting, is refused (1)."""
+    from commitline.application.errors import InvalidTenant
+
+    return EXIT_USAGE if isinstance(error, InvalidTenant) else EXIT_REFUSED
 
 
 def _named(error: CommitlineError, instance: UUID) -> CommitlineError:

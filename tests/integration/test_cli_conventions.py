@@ -75,7 +75,10 @@ def test_sagas_show_names_the_id_it_was_given(app: Commitline, pg_dsn: str, sche
     unknown = str(uuid4())
     done = cli(on(pg_dsn, schema), "sagas", "show", unknown)
     error = orjson.loads(done.stderr)
-    assert done.returncode == 2 and error["details"]["aggregate_id"] == unknown, done.stderr
+    assert done.returncode == 1 and error["details"]["aggregate_id"] == unknown, done.stderr  # not found: refused
+    retried = cli(on(pg_dsn, schema), "sagas", "retry", unknown)  # named by the id given, as show does
+    assert retried.returncode == 1 and orjson.loads(retried.stderr)["details"]["aggregate_id"] == unknown, \
+        retried.stderr
 
 
 def test_serve_with_one_worker_exits_0_when_stopped(pg_dsn: str, schema: str) -> None:
