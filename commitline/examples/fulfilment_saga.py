@@ -84,6 +84,10 @@ class FulfilmentSaga(ProcessManager):
     # -- steps --------------------------------------------------------------------
 
     def _reserve(self, order: Order, do: Do) -> None:
+        if order.state is OrderState.CANCELLED:  # cancelled before its fulfilment began: reserve and charge nothing
+            return do(RecordFulfilmentFailure(order_id=order.id, step="reserve",
+                                              reason="the order was cancelled before its fulfilment began"),
+                      "reserve-failed")
         try:
             do(ReserveStock(item_id=order.item_id, reservation_id=str(order.id), quantity=order.quantity), "reserve")
         except (DomainError, AggregateNotFound) as e:  # a conflict or outage is not a refusal: advance again later

@@ -110,6 +110,18 @@ def test_the_saga_records_every_step(app: Commitline) -> None:
     assert "capture refused" in (saga.failure or "")
 
 
+def test_an_order_cancelled_before_its_saga_began_is_neither_reserved_nor_charged(app: Commitline) -> None:
+    shop = Shop(app)
+    order = shop.place()
+    app.dispatch({"type": "cancel_order", "order_id": str(order), "reason": "changed my mind"},
+                 idempotency_key=f"cancel-{order}")
+    shop.run_until_done()
+    assert shop.outcome(order) == ("COMPENSATED", "CANCELLED", None, 0)
+    assert shop.reserved_for(order) is None and shop.gateway.ledger_rows() == {}
+    saga = app.store.load(OrderFulfilment, fulfilment_id(order))
+    assert saga.failure == "reserve: the order was cancelled before its fulfilment began"
+
+
 KILL_SCRIPT = textwrap.dedent("""
     import asyncio, os, signal, sys
     from commitline.composition import bootstrap
