@@ -179,8 +179,8 @@ class OrderFulfilment(Aggregate):
         self._move(S.PARKED, FulfilmentParked, order_id=order_id, reason=reason, attempts=attempts)
 
     def retry(self) -> None:
-        if self.state in (S.STARTED, S.RESERVED, S.AUTHORIZED):  # running: the table lets it compensate, not retry
-            raise FulfilmentNotWaiting(self.order_id, self.state.value)
+        if self.state is not None and self.state not in (S.STUCK, S.PARKED):  # running (a retry would cancel its
+            raise FulfilmentNotWaiting(self.order_id, self.state.value)  # order under it), compensating, or over
         resumed = self.parked_from if self.state is S.PARKED and self.parked_from else S.COMPENSATING
         self._move(resumed, FulfilmentRetried, order_id=self.order_id, resumed=resumed)
 
