@@ -104,10 +104,12 @@ def _run_sagas(args: argparse.Namespace) -> int:
     from commitline.cli.common import bootstrap
 
     with bootstrap() as app:
-        if app.settings.gateway == "simulated" and app.domain.port_factories:
+        simulated = sorted(name for name, factory in app.domain.port_factories.items()
+                           if getattr(factory, "__module__", "").startswith("commitline.examples"))
+        if app.settings.gateway == "simulated" and simulated:  # a domain's own factories choose for themselves
             logging.getLogger(__name__).warning(
-                "ports use their SIMULATED adapters: set COMMITLINE_GATEWAY=http (with COMMITLINE_GATEWAY_URL) "
-                "or COMMITLINE_GATEWAY=module:factory for a real one")
+                "the examples' ports (%s) use their SIMULATED adapters: set COMMITLINE_GATEWAY=http (with "
+                "COMMITLINE_GATEWAY_URL) or COMMITLINE_GATEWAY=module:factory for a real one", ", ".join(simulated))
         names = [args.saga] if args.saga else sorted(app.domain.managers)
         if not names:
             print(f"commitline sagas run: the domain {app.domain.name!r} declares no process manager",
