@@ -39,10 +39,20 @@ def domain() -> Domain:
     return _chosen[0]
 
 
-def bootstrap(**options: Any) -> Commitline:
-    """``commitline.bootstrap`` over this process's domain."""
-    from commitline.composition import bootstrap as boot
+#: connections a command that runs once keeps open (a long-running one keeps COMMITLINE_POOL_SIZE): twenty at
+#: once from a script must not take two hundred of the server's connections
+ONE_SHOT_POOL = 2
 
+
+def bootstrap(*, long_running: bool = False, **options: Any) -> Commitline:
+    """``commitline.bootstrap`` over this process's domain; a command that is not ``long_running`` keeps at most
+    ``ONE_SHOT_POOL`` connections open (it may still open more under load, up to the pool's maximum)."""
+    from commitline.composition import bootstrap as boot
+    from commitline.composition import load_settings
+
+    if not long_running and "settings" not in options:
+        settings = load_settings()
+        options["settings"] = settings.model_copy(update={"pool_size": min(settings.pool_size, ONE_SHOT_POOL)})
     return boot(domain=domain(), **options)
 
 

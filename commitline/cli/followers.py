@@ -38,7 +38,7 @@ def add_metrics_options(parser: argparse.ArgumentParser) -> None:
 def cmd_publish(args: argparse.Namespace) -> int:
     from commitline.cli.common import bootstrap
 
-    with bootstrap() as app:
+    with bootstrap(long_running=True) as app:
         # A configured database without KAFKA_BOOTSTRAP_SERVERS raises ConfigurationError here, before
         # anything is published or saved; ``main`` prints it and exits 3.
         publisher = app.publisher()

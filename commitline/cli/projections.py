@@ -15,7 +15,7 @@ def cmd_project(args: argparse.Namespace) -> int:
     from commitline.cli.common import bootstrap
     from commitline.composition import ProjectionNeedsRebuild
 
-    with bootstrap() as app:
+    with bootstrap(long_running=True) as app:
         projectors = app.projectors(args.names)
         try:
             with app.metrics_endpoint(args.metrics_host, args.metrics_port, projectors):

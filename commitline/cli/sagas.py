@@ -103,7 +103,7 @@ def _named(error: CommitlineError, instance: UUID) -> CommitlineError:
 def _run_sagas(args: argparse.Namespace) -> int:
     from commitline.cli.common import bootstrap
 
-    with bootstrap() as app:
+    with bootstrap(long_running=True) as app:
         simulated = sorted(name for name, factory in app.domain.port_factories.items()
                            if getattr(factory, "__module__", "").startswith("commitline.examples"))
         if app.settings.gateway == "simulated" and simulated:  # a domain's own factories choose for themselves
