@@ -49,18 +49,24 @@ def cmd_publish(args: argparse.Namespace) -> int:
         with app.metrics_endpoint(args.metrics_host, args.metrics_port, [publisher]):
             drained = app.run_until_signalled(publisher, drain=args.drain)
         m = publisher.metrics
+        went_back = publisher.waiting_for_operator and app.status().publisher_went_back
         if args.json:
             print_json({"events_published": m.events_published, "batches": m.batches, "position": m.position,
-                        "stopped_at_poison": publisher.waiting_for_operator})
+                        "stopped_at_poison": publisher.waiting_for_operator and not went_back,
+                        "store_went_back": went_back})
         if not drained:  # a signal before the drain was done: events still wait (a broker down, say)
             log.error("publisher interrupted before it caught up: position %d, %d events published; the events "
                       "after it are not published yet (see `commitline status`)", m.position, m.events_published)
             return EXIT_REFUSED
-        if publisher.waiting_for_operator:
-            log.error("publisher stopped with buckets waiting for an operator after position %d (%d events "
-                      "published); see `commitline status`: a poison record is retried or skipped (`commitline "
-                      "publisher retry` or `skip`), a store that went back is reset (`commitline followers reset "
+        if went_back:
+            log.error("publisher stopped after position %d (%d events published): the store went back behind its "
+                      "buckets; see `commitline status` and docs/guides/failover.md (`commitline followers reset "
                       "publisher`)", m.position, m.events_published)
+            return EXIT_REFUSED
+        if publisher.waiting_for_operator:
+            log.error("publisher stopped at a poison record after position %d (%d events published); see "
+                      "`commitline status`, then `commitline publisher retry` or `skip`", m.position,
+                      m.events_published)
             return EXIT_REFUSED
         log.info("publisher stopped cleanly: %d events in %d batches, position %d", m.events_published, m.batches,
                  m.position)

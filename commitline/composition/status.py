@@ -13,6 +13,7 @@ from commitline.infrastructure.followers.group_status import GroupStatus, Member
 from commitline.infrastructure.followers.health import Problem, Thresholds, bucket_reasons, follower_reasons, judge
 from commitline.infrastructure.followers.process import describe
 from commitline.infrastructure.followers.status import FollowerStatus
+from commitline.infrastructure.followers.went_back import is_went_back
 from commitline.infrastructure.followers.group import UNOWNED_GRACE_SECONDS
 from commitline.infrastructure.kafka.publisher import PUBLISHER
 
@@ -110,3 +111,8 @@ class StatusReport:
         """Whether the publisher ever ran with buckets (an instance now, or a bucket's row)."""
         group = self.publisher
         return group is not None and bool(group.members or any(s.recorded_status is not None for s in group.buckets))
+
+    @property
+    def publisher_went_back(self) -> bool:
+        """Whether a publisher bucket stopped because the store went back behind it (not at a poison record)."""
+        return self.publisher is not None and any(is_went_back(b.error) for b in self.publisher.buckets)

@@ -68,7 +68,7 @@ def test_publish_drain_json(app: Commitline, pg_dsn: str, schema: str, kafka_boo
     done = cli(env, "publish", "--drain", "--json")
     assert done.returncode == 0, done.stderr
     assert orjson.loads(done.stdout) == {"events_published": 1, "batches": 1, "position": 1,
-                                         "stopped_at_poison": False}
+                                         "stopped_at_poison": False, "store_went_back": False}
 
 
 def test_sagas_show_names_the_id_it_was_given(app: Commitline, pg_dsn: str, schema: str) -> None:

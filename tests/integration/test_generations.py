@@ -206,7 +206,7 @@ def test_a_restored_store_stops_the_publisher_before_it_reuses_ids_then_a_new_ge
             assert "the store no longer has it" in error["reason"] or "holds another event" in error["reason"]
             assert error["what_to_do"].startswith("commitline store new-generation --reason TEXT, then commitline "
                                                   "followers reset kafka-publisher")
-            assert publisher.follower.waiting_for_operator
+            assert publisher.follower.waiting_for_operator and app.status().publisher_went_back
             records = consume_everything(kafka_bootstrap, settings.kafka_topic_prefix)
             assert {e["event_id"] for *_, e in records} == set(lost.values()), "nothing published after the restore"
 

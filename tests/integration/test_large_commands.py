@@ -171,8 +171,10 @@ def test_a_record_above_the_broker_limit_stops_the_publisher_until_an_operator_d
     skipped = cli(pg_dsn, schema, kafka_bootstrap, "publisher", "skip", "--position", str(first),
                   "--reason", "part re-sent by hand")
     assert skipped.returncode == 0, skipped.stderr[-3000:]
-    again = cli(pg_dsn, schema, kafka_bootstrap, "publish", "--drain", **small_limit)
+    again = cli(pg_dsn, schema, kafka_bootstrap, "publish", "--drain", "--json", **small_limit)
     assert again.returncode == 1
+    stopped = json.loads(again.stdout)
+    assert (stopped["stopped_at_poison"], stopped["store_went_back"]) == (True, False)
     assert publisher_row(pg_dsn, schema, kafka_bootstrap)["error"]["position"] == second
 
     retried = cli(pg_dsn, schema, kafka_bootstrap, "publisher", "retry")
