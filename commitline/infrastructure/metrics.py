@@ -174,6 +174,8 @@ _FOLLOWER_COUNTERS = (
     ("batches", "Batches this process's follower handled", ("batches",)),
     ("errors", "Failed attempts this process's follower retried (e.g. Kafka unavailable)", ("retries",)),
     ("sagas_advanced", "Saga instances this process's process-manager runner advanced", ("advanced",)),
+    ("sagas_parked", "Saga instances this process's process-manager runner parked after their attempts failed",
+     ("parked",)),
 )
 
 

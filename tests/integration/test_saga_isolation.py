@@ -69,6 +69,7 @@ def test_ten_failing_sagas_are_parked_while_190_complete(app: Commitline, pg_dsn
         assert "RuntimeError: adapter bug" in reason
         # the runner is not wedged: it has handled the whole log
         runner.wait_until_at(app.recorder.max_notification_id() or 0)
+        assert runner.follower.metrics.parked >= 10  # counted apart from the instances it advanced
 
         # operators see the parked ones, with their reason, in `sagas list --failed` and in status
         projector.wait_until_at(app.recorder.max_notification_id() or 0)

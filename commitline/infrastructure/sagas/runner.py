@@ -44,7 +44,8 @@ PARKED = "PARKED"
 @dataclass
 class RunnerMetrics:
     position: int = 0
-    advanced: int = 0
+    advanced: int = 0  # instances that went on (a step taken, or nothing to do yet)
+    parked: int = 0  # instances parked after their attempts failed
     outcomes: Counter[str] = field(default_factory=Counter)
 
 
@@ -87,7 +88,10 @@ class ProcessRunner(Follower):
                 try:
                     outcome = future.result()
                     self.metrics.outcomes[str(getattr(outcome, "value", outcome))] += 1
-                    self.metrics.advanced += 1
+                    if outcome == PARKED:
+                        self.metrics.parked += 1
+                    else:
+                        self.metrics.advanced += 1
                 except Exception as e:  # every instance gets its chance before the batch is retried
                     errors.append(e)
         if errors:
