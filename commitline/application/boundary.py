@@ -21,6 +21,7 @@ import re
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from commitline.application.errors import (
@@ -117,9 +118,19 @@ _EXACT_INTEGERS = 2**53  # floats below this hold every integer exactly
 
 def _number(literal: str) -> float | int:
     """A JSON number with a point or an exponent: an integer when its value is one (``14.0``, ``1e3``), as JSON
-    Schema counts it, if a float holds it exactly; a float otherwise (refused where a decimal is expected)."""
+    Schema counts it, if a float holds it exactly; a float otherwise (refused where a decimal is expected). The
+    literal decides, not the float it rounds to: ``0.99999999999999999`` and ``1e-400`` are floats, not 1 and 0."""
     value = float(literal)
-    return int(value) if value.is_integer() and abs(value) < _EXACT_INTEGERS else value
+    if value.is_integer() and abs(value) < _EXACT_INTEGERS and _exactly(literal, int(value)):
+        return int(value)
+    return value
+
+
+def _exactly(literal: str, whole: int) -> bool:
+    try:
+        return Decimal(literal) == whole
+    except InvalidOperation:  # an exponent beyond what a Decimal holds: far from any whole number a float holds
+        return False
 
 
 def read_json(text: str | bytes | bytearray, limits: CommandLimits = DEFAULT_LIMITS) -> Any:

@@ -45,7 +45,9 @@ def _decimal_only(value: Any) -> Any:
     return value
 
 
-Amount = Annotated[Decimal, BeforeValidator(_decimal_only), Field(strict=False, allow_inf_nan=False),
+# pydantic refuses NaN and infinities in a Decimal by default; its allow_inf_nan=False would check through a float,
+# refusing 10^309 and beyond as "not finite".
+Amount = Annotated[Decimal, BeforeValidator(_decimal_only), Field(strict=False),
                    WithJsonSchema({"anyOf": [{"type": "integer"}, {"type": "string", "pattern": DECIMAL_TEXT}],
                                    "description": 'a decimal: a string such as "12.50", or an integer'})]
 """a decimal given as a string (``12.50``) or an integer, never a binary float"""

@@ -91,9 +91,10 @@ def result(command_type: str, tenant: str, aggregate_type: str, aggregate_id: UU
 
 def json_default(value: Any) -> Any:
     """How a value orjson does not know is stored in an event's JSON (``infrastructure/store/codec.dumps``), and
-    so how a payload reads back: decimals as strings, sets sorted, an erased value as its marker."""
+    so how a payload reads back: decimals as strings in plain notation (``0.00000001``, never ``1E-8``: what an
+    ``Amount`` accepts back), sets sorted, an erased value as its marker."""
     if isinstance(value, Decimal):
-        return str(value)
+        return format(value, "f")
     if isinstance(value, (set, frozenset)):
         return sorted(value)
     if isinstance(value, Erased):

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 
 from commitline.application import errors as E
 from commitline.application.boundary import DEFAULT_LIMITS, CommandLimits, check_idempotency_key, check_tenant
-from commitline.application.commands import Command, Text
+from commitline.application.commands import Amount, Command, Text
 from commitline.application.commands import parse_command as parse_for
 from tests.support import COMMAND_TYPES, EXAMPLES, parse_command
 from commitline.examples.payments import CreatePayment
@@ -117,6 +117,15 @@ BAD_INPUTS = [
     case("Infinity in JSON", payment_text("Infinity"), ["amount"]),
     case("-Infinity in JSON", payment_text("-Infinity"), ["amount"]),
     case("1e400 in JSON", payment_text("1e400"), ["amount"]),
+    # a JSON number is what its digits say, not the float they round to: none of these is a whole number
+    case("just below 1 in JSON", payment_text("0.9999999999999999999"), ["amount"]),
+    case("just below 10^14 in JSON", payment_text("99999999999999.999"), ["amount"]),
+    case("just above 100 in JSON", payment_text("100.000000000000000000001"), ["amount"]),
+    case("below the smallest float in JSON", payment_text("1e-400"), ["amount"]),
+    case("a fraction of a unit in JSON", '{"type": "receive_stock", "item_id": "%s", "quantity": 0.99999999999999999}'
+         % ITEM, ["quantity"]),
+    case("a fraction of a version in JSON", '{"type": "submit_payment", "payment_id": "%s", '
+         '"expected_version": 1.00000000000000001}' % ITEM, ["expected_version"]),
     case("huge integer in JSON", payment_text("100000000000000000000"), ["amount"]),
     case("integer just beyond 64 bits in JSON", payment_text("9223372036854775808"), ["amount"]),
     case("deep nesting as JSON text", task_text("[" * 50 + "]" * 50), TOO_DEEP),
@@ -210,6 +219,24 @@ def test_amounts_up_to_the_maximum_are_accepted() -> None:
     assert parse_command({**PAYMENT, "currency": "XAU", "amount": "0.12345678"}).amount == Decimal("0.12345678")
     with pytest.raises(E.InvalidCommand, match="less than 10\\^15"):
         parse_command(payment_text("9223372036854775807"))
+
+
+def test_a_json_number_whose_digits_are_whole_is_that_integer() -> None:
+    assert parse_command(payment_text("14.0")).amount == Decimal(14)
+    assert parse_command(payment_text("1e3")).amount == Decimal(1000)
+    assert parse_command(payment_text("12.000000000000000000")).amount == Decimal(12)
+    with pytest.raises(E.InvalidCommand, match="never a binary float"):
+        parse_command(payment_text("12.0000000000000001"))  # a float would round it to 12
+
+
+def test_an_amount_has_any_number_of_digits_within_the_string_limit() -> None:
+    class Refund(Command):
+        amount: Amount
+
+    catalog = SimpleNamespace(public={"refund": Refund}, holds=lambda cls: cls is Refund,
+                              public_types=lambda: ["refund"])
+    digits = "1" + "0" * 400  # beyond what a float holds: still finite
+    assert parse_for({"type": "refund", "amount": digits}, catalog).amount == Decimal(digits)
 
 
 def test_models_pass_the_same_boundary() -> None:

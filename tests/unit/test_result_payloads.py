@@ -4,6 +4,7 @@ name, and shown to fail where the pydantic JSON form of the same values differs.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from enum import Enum
@@ -42,3 +43,13 @@ def test_the_pydantic_form_would_not_be_the_stored_one() -> None:
     pydantic_form = to_jsonable_python({k: v for k, v in PAYLOAD.items() if k != "gone"})
     stored = orjson.loads(dumps({k: v for k, v in PAYLOAD.items() if k != "gone"}))
     assert orjson.dumps(pydantic_form) != orjson.dumps(stored)  # what a replay from the events could not match
+
+
+def test_a_decimal_is_stored_in_the_notation_an_amount_accepts_back() -> None:
+    from commitline.application.commands import DECIMAL_TEXT
+
+    payload = payload_json({"tiny": Decimal("1E-8"), "scaled": Decimal("1.0E-7"), "big": Decimal("1E+3"),
+                            "plain": Decimal("12.50"), "negative": Decimal("-0.5")})
+    assert payload == {"big": "1000", "negative": "-0.5", "plain": "12.50", "scaled": "0.00000010",
+                       "tiny": "0.00000001"}
+    assert all(re.fullmatch(DECIMAL_TEXT.strip("^$"), value) for value in payload.values())
