@@ -57,6 +57,7 @@ _EXPORTS: dict[str, str] = {
     "WrongMasterKey": "commitline.application.errors",
     "StoreUnavailable": "commitline.application.errors",
     "UnknownCommandType": "commitline.application.errors",
+    "WrongAggregateType": "commitline.application.errors",
     # read models
     "Projection": "commitline.projections.base",
     "Table": "commitline.projections.base",
@@ -111,6 +112,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time the names a
         InvalidDomain,
         StoreUnavailable,
         UnknownCommandType,
+        WrongAggregateType,
         WrongMasterKey,
     )
     from commitline.application.process import InstanceRow, ProcessManager, StuckInstance

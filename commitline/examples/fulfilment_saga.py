@@ -17,7 +17,7 @@ from typing import Any
 from uuid import UUID
 
 from commitline import (AggregateNotFound, DomainError, Erased, IllegalTransition, InstanceRow, ProcessManager,
-                        StuckInstance, withheld)
+                        StuckInstance, WrongAggregateType, withheld)
 from commitline.examples.fulfilment import (CancelOrderAfterFailure, FulfilmentRetried, MarkFulfilmentStuck,
                                             OrderFulfilment, ParkFulfilment, RecordCompensation,
                                             RecordFulfilmentCancelled, RecordFulfilmentFailure, RecordFulfilmentStep,
@@ -90,7 +90,9 @@ class FulfilmentSaga(ProcessManager):
                       "reserve-failed")
         try:
             do(ReserveStock(item_id=order.item_id, reservation_id=str(order.id), quantity=order.quantity), "reserve")
-        except (DomainError, AggregateNotFound) as e:  # a conflict or outage is not a refusal: advance again later
+        # no such item for this tenant, or another aggregate's id: refused; a conflict or outage is not a refusal
+        # (advanced again later)
+        except (DomainError, AggregateNotFound, WrongAggregateType) as e:
             return do(RecordFulfilmentFailure(order_id=order.id, step="reserve", reason=told(e, order)),
                       "reserve-failed")
         self.on_boundary("reserve:reserved")
@@ -165,7 +167,7 @@ class FulfilmentSaga(ProcessManager):
         try:
             self.dispatch(ReleaseReservation(item_id=order.item_id, reservation_id=str(order.id)),
                           f"fulfilment/{order.id}/release", tenant)
-        except (UnknownReservation, IllegalTransition, AggregateNotFound):  # no such item for this tenant
+        except (UnknownReservation, IllegalTransition, AggregateNotFound, WrongAggregateType):  # no such item
             return "nothing reserved"
         return f"{order.quantity} released"
 

@@ -16,8 +16,8 @@ from enum import Enum
 from typing import Annotated
 from uuid import UUID
 
-from commitline import (Aggregate, Domain, DomainError, Event, Id, InvalidValue, Personal, Quantity, Stream, Text,
-                        VersionedCommand, table)
+from commitline import (Aggregate, Domain, DomainError, Event, Id, InvalidValue, NonBlankText, Personal, Quantity,
+                        Stream, Text, VersionedCommand, table)
 from commitline.examples.money import PricedCommand, check_amount, check_currency
 from commitline.examples.reads import payment_id_for
 
@@ -120,7 +120,7 @@ class PlaceOrder(PricedCommand):
     order_id: Id | None = None
     item_id: Id
     quantity: Quantity
-    account: Text
+    account: NonBlankText  # as a payment's: the saga charges it
 
 
 class CancelOrder(VersionedCommand):

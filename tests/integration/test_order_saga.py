@@ -122,6 +122,21 @@ def test_an_order_cancelled_before_its_saga_began_is_neither_reserved_nor_charge
     assert saga.failure == "reserve: the order was cancelled before its fulfilment began"
 
 
+def test_an_order_of_an_id_that_is_no_item_is_cancelled_not_parked(app: Commitline) -> None:
+    """An order's item id naming the tenant's own payment (an id of another aggregate type): the reservation is
+    refused, as for an unknown item, and the order is cancelled; nothing waits for an operator."""
+    shop = Shop(app)
+    payment = app.dispatch({"type": "create_payment", "amount": "5.00", "currency": "EUR", "account": "a"},
+                           idempotency_key=f"payment-{uuid4()}").aggregate_id
+    order = app.dispatch({"type": "place_order", "item_id": str(payment), "quantity": 1, "amount": "25.00",
+                          "currency": "EUR", "account": "acct"}, idempotency_key=f"order-{uuid4()}").aggregate_id
+    shop.run_until_done()
+    assert shop.outcome(order) == ("COMPENSATED", "CANCELLED", None, 0)
+    saga = app.store.load(OrderFulfilment, fulfilment_id(order))
+    assert saga.failed_step == "reserve" and "is a PaymentTransaction, not an InventoryItem" in (saga.failure or "")
+    assert app.stuck_sagas() == []
+
+
 KILL_SCRIPT = textwrap.dedent("""
     import asyncio, os, signal, sys
     from commitline.composition import bootstrap
