@@ -2,10 +2,13 @@
 are: a mistyped one (``?at_verison=3``, ``?form=1``) would otherwise be ignored, and the answer would look like
 the one asked for while it is not (the current state instead of version 3's). What a route takes is what the API
 description (``/openapi.json``) lists for it, so the check follows every route, the domain's own queries too. A
-route that needs an API key answers a request without a valid one 401 first, as it would without the check."""
+route that needs an API key answers a request without a valid one 401 first, as it would without the check. A
+parameter given twice is refused too (``?at_version=1&at_version=2``: which one counts would be a guess), unless
+it takes a list."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from fastapi import Request
@@ -31,25 +34,36 @@ async def documented_query_only(request: Request) -> None:
     described = _described(request.app, template)
     if described is None:
         return
-    known, secured = described
-    unknown = [name for name in dict.fromkeys(request.query_params.keys()) if name not in known]
-    if unknown:
+    known, lists, secured = described
+    sent = Counter(name for name, _ in request.query_params.multi_items())
+    unknown = [name for name in sent if name not in known]
+    repeated = [name for name, count in sent.items() if count > 1 and name in known and name not in lists]
+    if unknown or repeated:
         if secured:
             # Unauthorized without a valid key: such a caller learns nothing of the route first
             await run_in_threadpool(caller, request)
         takes = ", ".join(sorted(known)) if known else "no query parameters"
-        raise InvalidQuery(at_most([{"loc": ["query", without_keys(printable(name, 64))],
-                                     "msg": f"not a parameter of this route (it takes {takes})",
-                                     "type": "extra_forbidden"} for name in unknown]))
+        raise InvalidQuery(at_most(
+            [{"loc": ["query", without_keys(printable(name, 64))],
+              "msg": f"not a parameter of this route (it takes {takes})", "type": "extra_forbidden"}
+             for name in unknown] +
+            [{"loc": ["query", name], "msg": f"given {sent[name]} times: give it once (which one counts would be "
+              "a guess)", "type": "duplicate_parameter"} for name in repeated]))
 
 
-def _described(app: Any, template: str) -> tuple[frozenset[str], bool] | None:
-    """The query parameters the description lists for GET ``template`` and whether it needs an API key (None: not
-    described, not checked)."""
-    cache: dict[str, tuple[frozenset[str], bool] | None] = app.state.__dict__.setdefault("query_parameters", {})
+def _described(app: Any, template: str) -> tuple[frozenset[str], frozenset[str], bool] | None:
+    """The query parameters the description lists for GET ``template``, those of them that take a list (given once
+    per item), and whether it needs an API key (None: not described, not checked)."""
+    cache: dict[str, Any] = app.state.__dict__.setdefault("query_parameters", {})
     if template not in cache:
         operation = app.openapi()["paths"].get(template, {}).get("get")
+        query = [p for p in (operation or {}).get("parameters", []) if p.get("in") == "query"]
         cache[template] = None if operation is None else (
-            frozenset(p["name"] for p in operation.get("parameters", []) if p.get("in") == "query"),
+            frozenset(p["name"] for p in query),
+            frozenset(p["name"] for p in query if _takes_a_list(p.get("schema", {}))),
             bool(operation.get("security")))
     return cache[template]
+
+
+def _takes_a_list(schema: dict[str, Any]) -> bool:
+    return schema.get("type") == "array" or any(_takes_a_list(s) for s in schema.get("anyOf", []))

@@ -279,6 +279,13 @@ def test_a_parameter_the_route_does_not_take_is_refused_not_ignored(server: Serv
     problem(server.client().get("/v1/status?x=1"), 400, "invalid_query")  # a route without a key is checked too
     assert server.client().get("/healthz?probe=1").status_code == 200  # probes outside /v1 are left alone
 
+    # a parameter given twice: which one would count is a guess, so neither does
+    twice = problem(acme.get(f"/v1/aggregates/{pid}/state?at_version=1&at_version=2"), 400, "invalid_query")
+    assert twice["errors"] == [{"loc": ["query", "at_version"], "type": "duplicate_parameter",
+                                "msg": "given 2 times: give it once (which one counts would be a guess)"}], twice
+    problem(acme.get(f"/v1/aggregates/{pid}/diff?from=0&to=1&to=2"), 400, "invalid_query")
+    problem(acme.get("/v1/read-models/fulfilments?stuck=true&stuck=false"), 400, "invalid_query")
+
 
 def test_an_event_a_newer_release_wrote_is_a_configuration_error_not_an_internal_one(
         server: Server, pg_dsn: str, schema: str) -> None:
