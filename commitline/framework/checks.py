@@ -41,6 +41,7 @@ from commitline.application.catalog import Handler, Stream
 from commitline.framework.declared import Declared, derived_id, shown_path
 from commitline.projections.base import Projection, Table
 from commitline.projections.reads import Reads
+from commitline.infrastructure.schema_names import schema_name_problem
 
 
 class Domain(Protocol):
@@ -145,12 +146,9 @@ def problems(domain: Domain) -> list[str]:
     def say(where: str, text: str) -> None:
         found.append(f"{where}: {text}")
 
-    if not NAME.fullmatch(domain.schema):
-        say(domain.where, f"the domain's schema {domain.schema!r} must be 1-41 lowercase letters, digits or '_' "
-            "(give Domain(..., schema=...) when the name is not one)")
-    elif domain.schema.startswith("pg_"):
-        say(domain.where, f"the domain's schema {domain.schema!r} begins with pg_, which PostgreSQL keeps for its "
-            "own schemas (give Domain(..., schema=...) when the name is one)")
+    if (wrong := schema_name_problem(domain.schema)) is not None:
+        say(domain.where, f"the domain's schema {domain.schema!r} {wrong} (give Domain(..., schema=...) with "
+            "another name)")
     aggregates = _aggregates(domain, say)
     events = _events(aggregates, say)
     _personal(events, aggregates, say)

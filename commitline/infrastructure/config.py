@@ -22,6 +22,7 @@ from pydantic_settings.sources.utils import parse_env_vars
 
 from commitline.application.boundary import CommandLimits
 from commitline.application.errors import ConfigurationError
+from commitline.infrastructure.schema_names import SCHEMA_PATTERN, schema_name_problem
 
 # Read by the test suite and the benchmarks, not by commitline: documented beside the settings.
 TOOLING_VARIABLES: tuple[tuple[str, str, str], ...] = (
@@ -71,7 +72,7 @@ class Settings(BaseSettings):
     app: str | None = Field(None, validation_alias="COMMITLINE_APP",
                             json_schema_extra={"unset": "the built-in examples (`commitline.examples:domain`)"})
     """the domain every process runs, as `module:attribute` (as `--app`), e.g. `shelfwise.app:domain`; the module is imported with the working directory first on the path"""
-    schema_name: str | None = Field(None, pattern=r"^[a-z_][a-z0-9_]{0,40}$", validation_alias="COMMITLINE_SCHEMA",
+    schema_name: str | None = Field(None, pattern=SCHEMA_PATTERN, validation_alias="COMMITLINE_SCHEMA",
                                     json_schema_extra={"unset": "the domain's schema: `commitline` for the built-in "
                                                        "examples, else the domain's name"})
     """schema holding commitline's tables"""
@@ -252,8 +253,8 @@ class Settings(BaseSettings):
     @field_validator("schema_name")
     @classmethod
     def _not_postgresqls_own(cls, schema: str | None) -> str | None:
-        if schema is not None and schema.startswith("pg_"):
-            raise ValueError("begins with pg_, which PostgreSQL keeps for its own schemas: choose another name")
+        if schema is not None and (problem := schema_name_problem(schema)) is not None:
+            raise ValueError(f"{problem}: choose another name")
         return schema
 
     @field_validator("master_key", "previous_master_key")

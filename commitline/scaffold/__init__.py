@@ -14,6 +14,7 @@ import sys
 from importlib import resources
 from pathlib import Path
 from string import Template
+from commitline.infrastructure.schema_names import schema_name_problem
 
 _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
 #: template (under ``service/``) -> where it goes (``{package}`` is the package's name)
@@ -35,11 +36,14 @@ def package_name(path: Path) -> str:
     name = path.resolve().name.replace("-", "_")
     if not _NAME.fullmatch(name) or keyword.iskeyword(name):
         raise ScaffoldRefused(f"{path.name!r} cannot name a Python package (and a database schema): use lowercase "
-                              "letters, digits and '_' (or '-'), starting with a letter, at most 41 characters")
+                              "letters, digits and '_' (or '-'), starting with a letter or '_', at most 41 characters")
     if name in sys.stdlib_module_names or _installed(name):
         raise ScaffoldRefused(f"{path.name!r} is the name of a module Python already has ({name}, "
                               f"{'in its standard library' if name in sys.stdlib_module_names else 'installed'}): "
                               "a package of that name would hide it or be hidden by it; choose another name")
+    if (wrong := schema_name_problem(name)) is not None:  # the package's name is its store's schema
+        raise ScaffoldRefused(f"{path.name!r} cannot name a package: it is also its database schema's name, and "
+                              f"{name!r} {wrong}; choose another name")
     return name
 
 

@@ -79,6 +79,11 @@ def test_configuration_defaults_and_errors() -> None:
         load_settings({"COMMITLINE_SCHEMA": "pg_catalog"})
     assert reserved.value.variable == "COMMITLINE_SCHEMA"
     assert not str(reserved.value).startswith("COMMITLINE_SCHEMA: Value error")  # pydantic's prefix is dropped
+    for keyword in ("user", "order", "select", "int", "json_table"):
+        with pytest.raises(ConfigurationError, match="is a PostgreSQL keyword, which cannot name a schema"):
+            load_settings({"COMMITLINE_SCHEMA": keyword})
+    with pytest.raises(ConfigurationError, match="is PostgreSQL's own schema"):
+        load_settings({"COMMITLINE_SCHEMA": "information_schema"})
     with pytest.raises(ConfigurationError, match="has port 99999, which is no TCP port") as port:
         load_settings({"COMMITLINE_DATABASE_URL": "postgresql://u:hunter2@h:99999/db"})
     assert "hunter2" not in str(port.value)

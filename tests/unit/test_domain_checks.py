@@ -262,6 +262,9 @@ def test_a_problem_whose_text_holds_braces_is_shown_as_it_is() -> None:
 def test_a_domain_named_like_postgresqls_own_schemas_is_refused() -> None:
     with pytest.raises(InvalidDomain, match="the domain's schema 'pg_temp' begins with pg_"):
         Domain("pg_temp").check()
+    with pytest.raises(InvalidDomain, match="the domain's schema 'order' is a PostgreSQL keyword"):
+        Domain("order").check()  # written unquoted by eventsourcing: every command would fail with a syntax error
+    assert Domain("order", schema="orders").check().schema == "orders"
 
 
 def test_an_aggregate_that_redefines_commitlines_own_names_or_has_a_field_without_default_is_refused() -> None:

@@ -31,3 +31,15 @@ def test_a_name_python_has_already_is_refused_and_nothing_is_written(tmp_path: P
 def test_a_name_that_is_no_package_name_is_refused(tmp_path: Path, folder: str) -> None:
     with pytest.raises(ScaffoldRefused, match="cannot name a Python package"):
         package_name(tmp_path / folder)
+
+
+@pytest.mark.parametrize(("folder", "reason"), [
+    ("user", "is a PostgreSQL keyword"), ("order", "is a PostgreSQL keyword"), ("pg_toast", "begins with pg_"),
+    ("information_schema", "is PostgreSQL's own schema"),
+])
+def test_a_name_that_cannot_be_its_schemas_is_refused_and_nothing_is_written(tmp_path: Path, folder: str,
+                                                                             reason: str) -> None:
+    """The package's name is its store's schema: ``user`` would break every command with a syntax error."""
+    with pytest.raises(ScaffoldRefused, match=f"also its database schema's name, and '{folder}' {reason}"):
+        write_service(tmp_path / folder)
+    assert not (tmp_path / folder).exists()
