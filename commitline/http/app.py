@@ -125,8 +125,10 @@ def allowed(headers: Mapping[str, str] | None) -> dict[str, str]:
     return out
 
 
-def create_app(commitline: Commitline | None, *, domain: Domain | None = None, lifespan: Any = None) -> FastAPI:
-    """The API of ``commitline`` (or, for a worker that bootstraps in ``lifespan``, of ``domain``)."""
+def create_app(commitline: Commitline | None, *, domain: Domain | None = None, lifespan: Any = None,
+               operator_views: bool = True) -> FastAPI:
+    """The API of ``commitline`` (or, for a worker that bootstraps in ``lifespan``, of ``domain``); without
+    ``operator_views`` (the status page, ``/v1/status``, ``/metrics``: ``operators.py`` serves them apart)."""
     domain = domain if domain is not None else commitline.domain  # type: ignore[union-attr]
     app = FastAPI(
         title="commitline",
@@ -145,8 +147,11 @@ def create_app(commitline: Commitline | None, *, domain: Domain | None = None, l
     app.state.commitline = commitline
     app.state.domain = domain
     install_problem_handlers(app)
-    for module in (commands, reads, erasures, operations, status_page, docs):
-        app.include_router(module.router)
+    routers = [commands.router, reads.router, erasures.router, operations.router, docs.router]
+    if operator_views:
+        routers += [operations.metrics_router, status_page.router]
+    for router in routers:
+        app.include_router(router)
     app.include_router(queries.router_for(domain))
     app.add_middleware(commands.CommandEndpoint, route=commands.declared_route())  # inside metrics and tracing
     operations.instrument(app)  # every request counted and timed in /metrics
@@ -178,7 +183,8 @@ def app_from_environment() -> FastAPI:
     if parent is not None and parent.pid is not None and not end_with_parent(signal.SIGTERM, parent.pid):
         raise SystemExit("serve's supervisor is gone: this worker does not start")  # it died as this one started
     holder: dict[str, Commitline] = {}
-    domain = load_domain(load_settings().app)
+    settings = load_settings()
+    domain = load_domain(settings.app)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -192,4 +198,6 @@ def app_from_environment() -> FastAPI:
         finally:
             holder["app"].close()
 
-    return create_app(None, domain=domain, lifespan=lifespan)
+    # serve sets the operators' port in the environment when it has one: its supervisor answers them there
+    return create_app(None, domain=domain, lifespan=lifespan,
+                      operator_views=settings.http_operator_port is None)

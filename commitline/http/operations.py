@@ -1,4 +1,5 @@
-"""Operations endpoints: liveness (``/healthz``), readiness (``/readyz``) and Prometheus ``/metrics``, and the
+"""Operations endpoints: liveness (``/healthz``), readiness (``/readyz``) and Prometheus ``/metrics``
+(``metrics_router``: served with the status page, on the operators' port when ``serve`` has one), and the
 middleware that counts and times every HTTP request (``instrument``).
 
 They are for operators and orchestrators and need no API key: ``/healthz`` never touches the database,
@@ -24,6 +25,7 @@ from commitline.http.problems import PROBLEM_JSON, HttpProblem, problem_response
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["operations"])
+metrics_router = APIRouter(tags=["operations"])  # an operators' view: on the operators' port when it has one
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 UNMATCHED = "unmatched"  # the route label of a request no route answered (404): never its path
 READY_RETRY_AFTER_S = "5"
@@ -73,7 +75,7 @@ def note_readiness(state: Any, reasons: list[str]) -> None:
     state.unready_reasons = reasons
 
 
-@router.get(
+@metrics_router.get(
     "/metrics",
     summary="Prometheus metrics (text format): commands, latency, retries, conflicts, follower positions and lag",
     response_class=Response,

@@ -192,6 +192,11 @@ class Settings(BaseSettings):
     """port `commitline serve` listens on"""
     http_workers: int = Field(1, ge=1, le=64, validation_alias="COMMITLINE_HTTP_WORKERS")
     """worker processes of `commitline serve`, sharing one database"""
+    http_operator_port: int | None = Field(None, ge=1, le=65535, validation_alias="COMMITLINE_HTTP_OPERATOR_PORT",
+                                           json_schema_extra={"unset": "the operators' views on the API's port"})
+    """a port of its own for the operators' views (the status page, `/v1/status`, `/metrics`), which need no API key and show every tenant's followers and stuck sagas: `commitline serve` then answers them only there, and 404 on the API's port"""
+    http_operator_host: str = Field("127.0.0.1", min_length=1, validation_alias="COMMITLINE_HTTP_OPERATOR_HOST")
+    """address the operators' port listens on"""
     http_max_body_bytes: int = Field(CommandLimits.max_bytes, ge=1024, le=2**30,
                                      validation_alias="COMMITLINE_HTTP_MAX_BODY_BYTES")
     """largest request body the HTTP API reads; a larger one is answered 413 unread"""

@@ -65,6 +65,8 @@ BRIEFS: dict[str, str] = {
     "COMMITLINE_HTTP_HOST": "address `serve` listens on",
     "COMMITLINE_HTTP_PORT": "port `serve` listens on",
     "COMMITLINE_HTTP_WORKERS": "worker processes of `serve`",
+    "COMMITLINE_HTTP_OPERATOR_PORT": "port of the status page and metrics",
+    "COMMITLINE_HTTP_OPERATOR_HOST": "address of the operators' port",
     "COMMITLINE_HTTP_MAX_BODY_BYTES": "largest request body",
     "COMMITLINE_API_KEY_CACHE_S": "API key reuse limit",
     "OTEL_TRACES_EXPORTER": "`otlp`, `console` or `none`",

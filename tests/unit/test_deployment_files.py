@@ -219,6 +219,9 @@ def test_serve_is_deployed_on_loopback_and_healthy_while_ready() -> None:
     assert args.host == "0.0.0.0", "inside its container serve must listen beyond the container's loopback"
     assert f"127.0.0.1:{args.port}:{args.port}" in SERVICES["serve"]["ports"], SERVICES["serve"]["ports"]
     assert health_probe("serve")[:2] == (args.port, "/readyz")
+    # the operators' views (no API key, every tenant's stuck sagas) are not on the port tenants reach
+    assert args.operator_port not in (None, args.port) and args.operator_host == "0.0.0.0"
+    assert f"127.0.0.1:{args.operator_port}:{args.operator_port}" in SERVICES["serve"]["ports"]
 
 
 def test_a_follower_container_is_healthy_while_its_process_answers_not_by_business_state() -> None:
