@@ -45,21 +45,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 def take_app(argv: list[str]) -> tuple[str | None, list[str]]:
     """``--app X`` / ``--app=X`` wherever it stands in ``argv`` (before or after the subcommand), and the rest."""
-    spec, rest, i = None, [], 0
+    return take_option(argv, "--app")
+
+
+def take_option(argv: list[str], option: str) -> tuple[str | None, list[str]]:
+    """``option X`` / ``option=X`` wherever it stands in ``argv`` (before or after the subcommand; the last one
+    given), and the rest."""
+    value, rest, i = None, [], 0
     while i < len(argv):
         arg = argv[i]
         if arg == "--":
             rest += argv[i:]
             break
-        if arg == "--app" and i + 1 < len(argv):
-            spec, i = argv[i + 1], i + 2
+        if arg == option and i + 1 < len(argv):
+            value, i = argv[i + 1], i + 2
             continue
-        if arg.startswith("--app="):
-            spec, i = arg[len("--app="):], i + 1
+        if arg.startswith(option + "="):
+            value, i = arg[len(option) + 1:], i + 1
             continue
         rest.append(arg)
         i += 1
-    return spec, rest
+    return value, rest
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     except (InvalidApp, InvalidDomain) as e:
         print(f"commitline: {e}", file=sys.stderr)
         return EXIT_UNAVAILABLE
-    args = build_parser().parse_args(argv)
+    level, argv = take_option(argv, "--log-level")  # an option of every command, after it too
+    args = build_parser().parse_args(argv if level is None else ["--log-level", level, *argv])
     set_kind(" ".join(filter(None, (args.subcommand, getattr(args, "sagas_command", None) if args.subcommand == "sagas"
                                     else None))))  # what status shows as the kind of this process
     if args.log_level is not None:  # the option wins over the variable, here and in every process started

@@ -35,3 +35,14 @@ def test_importing_the_cli_loads_no_metrics_client() -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_log_level_and_app_are_options_of_every_command_before_or_after_it() -> None:
+    from commitline.cli import take_app, take_option
+
+    assert take_option(["status", "--log-level", "INFO", "--check"], "--log-level") == ("INFO", ["status", "--check"])
+    assert take_option(["--log-level=DEBUG", "status"], "--log-level") == ("DEBUG", ["status"])
+    assert take_app(["dispatch", "--app", "shop:domain", "-k", "k", "{}"]) == ("shop:domain", ["dispatch", "-k", "k",
+                                                                                                "{}"])
+    assert take_option(["dispatch", "--", "--log-level", "x"], "--log-level") == (None, ["dispatch", "--",
+                                                                                         "--log-level", "x"])
