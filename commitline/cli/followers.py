@@ -36,8 +36,10 @@ def add_metrics_options(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from commitline.cli.common import bootstrap
+    from commitline.cli.common import bootstrap, domain
+    from commitline.composition import check_publishing, load_settings
 
+    check_publishing(load_settings().for_domain(domain().schema))  # before the store is opened (or made)
     with bootstrap(long_running=True) as app:
         # A configured database without KAFKA_BOOTSTRAP_SERVERS raises ConfigurationError here, before
         # anything is published or saved; ``main`` prints it and exits 3.
@@ -194,8 +196,11 @@ def cmd_reset(args: argparse.Namespace) -> int:
         except InterventionRefused as e:
             print(f"commitline followers reset: {e}", file=sys.stderr)
             return EXIT_REFUSED
-    if args.json:
-        print_json({"follower": args.name, "choice": choice, "position": args.position, "message": message})
+        report = app.status() if args.json else None
+    if report is not None:  # the position it goes on after, whichever the choice (--from-head, --keep: the store's)
+        (name,) = report.follower_names([args.name])
+        after = next((f.position for f in report.followers if f.name == name), args.position)
+        print_json({"follower": args.name, "choice": choice, "position": after, "message": message})
     else:
         print(message)
     return EXIT_OK

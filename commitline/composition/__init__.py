@@ -26,6 +26,7 @@ _PARTS: dict[str, tuple[str, ...]] = {  # each module of this package, with the 
                "UnknownProcessManager", "UnknownProjection"),
     "setup": ("Domain", "Query", "Settings", "load_domain", "load_settings", "set_kind"),
     "consumers": ("PersonalRecords",),
+    "followers": ("check_publishing",),
 }
 _HOME = {name: part for part, names in _PARTS.items() for name in names}
 __all__ = sorted(_HOME)
@@ -40,6 +41,7 @@ def __getattr__(name: str) -> Any:
 
 if TYPE_CHECKING:
     from commitline.composition.consumers import PersonalRecords
+    from commitline.composition.followers import check_publishing
     from commitline.composition.errors import (
         InterventionRefused,
         ProjectionNeedsRebuild,

@@ -29,6 +29,17 @@ from commitline.infrastructure.metrics import MetricsServer
 log = logging.getLogger(__name__)
 
 
+def check_publishing(settings: Settings) -> None:
+    """Raise ConfigurationError naming KAFKA_BOOTSTRAP_SERVERS when ``settings`` publish a real database's events
+    to no real Kafka (``Commitline.publisher``); ``commitline publish`` asks before it opens the store."""
+    if settings.kafka_bootstrap_servers is None and settings.database_url is not None:
+        raise ConfigurationError(
+            "KAFKA_BOOTSTRAP_SERVERS",
+            "is not set, and COMMITLINE_DATABASE_URL names a real database: refusing to publish its events "
+            "to a throwaway embedded broker (their position would be saved and a real Kafka would never "
+            "get them). Set KAFKA_BOOTSTRAP_SERVERS to the Kafka cluster to publish to")
+
+
 class Followers:
     """Building and running the publisher and any follower (a part of ``Commitline``)."""
 
@@ -65,12 +76,7 @@ class Followers:
         naming KAFKA_BOOTSTRAP_SERVERS, since positions saved for a broker that vanishes with the process
         would make a real Kafka configured later never receive those events."""
         if settings is None:
-            if self.settings.kafka_bootstrap_servers is None and self.settings.database_url is not None:
-                raise ConfigurationError(
-                    "KAFKA_BOOTSTRAP_SERVERS",
-                    "is not set, and COMMITLINE_DATABASE_URL names a real database: refusing to publish its events "
-                    "to a throwaway embedded broker (their position would be saved and a real Kafka would never "
-                    "get them). Set KAFKA_BOOTSTRAP_SERVERS to the Kafka cluster to publish to")
+            check_publishing(self.settings)
             settings = self.start_embedded_kafka_if_unset()
             options.setdefault("broker_in_memory", self.settings.kafka_bootstrap_servers is None)
         client_options(settings)  # a TLS file that cannot be loaded is refused now, not once publishing starts

@@ -137,6 +137,10 @@ def test_publish_with_a_configured_database_and_no_kafka_refuses_and_saves_nothi
         published = conn.execute(f'SELECT count(*) FROM "{schema}".follower_positions '
                                  "WHERE name = 'kafka-publisher' AND position > 0").fetchone()[0]
     assert published == 0
+    elsewhere = cli(["publish", "--drain"], {**env, "COMMITLINE_SCHEMA": f"{schema}_new"})
+    assert elsewhere.returncode == 3 and "KAFKA_BOOTSTRAP_SERVERS" in elsewhere.stderr
+    with psycopg.connect(pg_dsn) as conn:  # refused before the store is opened: no schema made for it
+        assert conn.execute("SELECT to_regnamespace(%s)", (f"{schema}_new",)).fetchone() == (None,)
 
 
 def test_the_embedded_demo_setup_may_publish_to_an_embedded_broker(tmp_path: Path, schema: str) -> None:

@@ -306,8 +306,9 @@ def test_the_cli_shows_and_starts_generations_and_refuses_bad_resets(pg_dsn: str
     started = commitline(pg_dsn, schema, "store", "new-generation", "--reason", "restore of 03:00", "--json")
     assert started.returncode == 0, started.stderr
     assert '"generation":2' in started.stdout and '"reason":"restore of 03:00"' in started.stdout
-    reset = commitline(pg_dsn, schema, "followers", "reset", PROJECTION, "--from-head")
+    reset = commitline(pg_dsn, schema, "followers", "reset", PROJECTION, "--from-head", "--json")
     assert reset.returncode == 0 and "position 3 in store generation 2" in reset.stdout, reset
+    assert orjson.loads(reset.stdout)["position"] == 3  # where it goes on, not the --from it was not given
     with pytest.raises(psycopg.errors.RestrictViolation):
         rows(pg_dsn, schema, "UPDATE {schema}.store_generations SET reason = 'edited'")
 
