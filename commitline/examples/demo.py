@@ -5,6 +5,7 @@ configured database), showing each guarantee happen, then a summary. Written wit
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import Counter
@@ -288,6 +289,10 @@ def run_demo(settings: Any) -> int:
     console.print(f"[bold]commitline demo[/bold] (run {run})")
     started = time.perf_counter()
     with bootstrap(settings, domain=domain) as app:
+        if unready := app.unready():  # e.g. no master key for the personal fields: refused before any row is written
+            for reason in unready:
+                print(f"demo: not started, nothing was written: {reason}", file=sys.stderr)
+            return 3
         settings = app.start_embedded_kafka_if_unset()
         where = "embedded PostgreSQL " + app.embedded_postgres.dsn if app.embedded_postgres else "configured PostgreSQL"
         broker = "configured Kafka" if app.settings.kafka_bootstrap_servers else "embedded Tansu broker (in memory)"

@@ -60,3 +60,18 @@ def test_demo_with_the_flag_writes_only_into_its_own_schema(pg_dsn: str, schema:
     finally:
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(demo_schema)))
+
+
+def test_demo_without_a_master_key_stops_before_it_writes_a_row(pg_dsn: str, schema: str) -> None:
+    """The examples' personal fields need COMMITLINE_MASTER_KEY with a configured database: the demo says so at
+    its start, not after writing thousands of survey events."""
+    demo_schema = f"{schema}_demo"
+    try:
+        out = demo(pg_dsn, schema, "--into-configured-database", COMMITLINE_MASTER_KEY="")
+        assert out.returncode == 3, (out.stdout[-3000:], out.stderr[-3000:])
+        assert "demo: not started, nothing was written" in out.stderr and "COMMITLINE_MASTER_KEY" in out.stderr
+        assert "Traceback" not in out.stderr
+        assert count_rows(pg_dsn, demo_schema)["events"] == 0
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(demo_schema)))
