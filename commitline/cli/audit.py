@@ -104,8 +104,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                               description="Reports per stream OK or the first event whose content or link does not "
                               "match. Removing a stream's last events leaves a valid chain; that is detected with "
                               "the idempotency records, which keep the version each command produced.")
-    averify.add_argument("--aggregate", type=aggregate_id, metavar="ID", help="verify one stream")
-    averify.add_argument("--all", action="store_true", help="verify every stream (with progress)")
+    scope = averify.add_mutually_exclusive_group()
+    scope.add_argument("--aggregate", type=aggregate_id, metavar="ID", help="verify one stream")
+    scope.add_argument("--all", action="store_true", help="verify every stream (with progress)")
     averify.add_argument("--json", action="store_true", help="machine-readable report")
     ahistory = asub.add_parser("history", help="every event of an aggregate with its transition and the state after")
     ahistory.add_argument("aggregate_id", type=aggregate_id, metavar="ID")

@@ -94,6 +94,10 @@ def cmd_keys(args: argparse.Namespace) -> int:
             if args.keys_command == "erasures":
                 print_json([_erasure(e) for e in app.erasures(args.tenant)])
                 return EXIT_OK
+            if args.new_key_env and not os.environ.get(args.new_key_env):
+                print(f"keys rotate: the variable {args.new_key_env} (--new-key-env) is not set, or empty: nothing "
+                      "was rewrapped", file=sys.stderr)
+                return EXIT_USAGE
             new = _new_key(args)
             done = app.rotate_master_key(new)
         except CommitlineError as e:

@@ -128,6 +128,12 @@ def cmd_projections_rebuild(args: argparse.Namespace) -> int:
 _projection_name = declared("projection", lambda domain: domain.projections)
 
 
+def _position(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an event's position (a notification id, 1 or more)")
+    return int(text)
+
+
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     project = sub.add_parser("project", help="keep read models up to date until SIGINT/SIGTERM",
                              description="Run the projector of each named projection (default: all). Each applies "
@@ -152,7 +158,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     prebuild.add_argument("--jobs", type=int, metavar="N", help="rebuild several projections in N processes, each "
                           "reading the log once for its share (default: the cores this process may use, at most one "
                           "per projection; 1: all in this process)")
-    prebuild.add_argument("--skip", type=int, action="append", default=[], metavar="N",
+    prebuild.add_argument("--skip", type=_position, action="append", default=[], metavar="N",
                           help="pass the poison event at position N (explicit, logged; repeatable). Events the live "
                           "projection skipped are skipped again without it")
     prebuild.add_argument("--reason", default="", help="why skipping is safe (kept in the intervention log)")

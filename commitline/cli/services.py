@@ -28,6 +28,8 @@ def cmd_up(args: argparse.Namespace) -> int:
               "published only to a configured Kafka, whose positions it keeps: set KAFKA_BOOTSTRAP_SERVERS; a broker "
               "without idempotent producers, such as the embedded one, also needs COMMITLINE_KAFKA_IDEMPOTENCE=false)",
               file=sys.stderr)
+        if args.json:  # nothing started: the same JSON as `down --json` then
+            print_json({}, sys.stdout)
         return EXIT_OK
     try:
         report = keep_running(services)

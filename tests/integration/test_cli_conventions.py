@@ -48,12 +48,14 @@ def test_every_command_that_prints_a_result_prints_it_as_json(app: Commitline, p
         "audit diff": cli(env, "audit", "diff", payment, "--from", "0", "--to", "2", "--json"),
         "idempotency expire": cli(env, "idempotency", "expire", "--older-than-days", "30", "--dry-run", "--json"),
         "projections rebuild": cli(env, "projections", "rebuild", "payment_states", "--json"),
+        "up": cli(env, "up", "--json"),  # a configured database: nothing to start, said as JSON too
         "down": cli(env, "down", "--json"),
     }
     for name, done in outputs.items():
         assert done.returncode == 0, (name, done.stderr)
         orjson.loads(done.stdout)  # one JSON document
     assert orjson.loads(outputs["audit state"].stdout)["version"] == 1
+    assert orjson.loads(outputs["up"].stdout) == orjson.loads(outputs["down"].stdout) == {}
     assert orjson.loads(outputs["idempotency expire"].stdout) == {"would_delete": 0, "older_than_days": 30}
     (rebuilt,) = orjson.loads(outputs["projections rebuild"].stdout)
     assert rebuilt["projection"] == "payment_states" and rebuilt["position"] == 2
