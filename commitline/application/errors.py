@@ -9,6 +9,7 @@ Whenever one of these is raised by ``CommandProcessor.dispatch``, nothing was wr
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -61,7 +62,22 @@ class UnknownCommandType(CommitlineError):
     def message(self) -> str:  # type: ignore[override]
         if self.command_type is None:
             return 'the command names no type (its "type" field); known types: {known_types}'
+        if not isinstance(self.command_type, str):  # shown as the JSON it came as, not as Python's repr
+            return 'the command\'s "type" is {shown_type}, not a string; known types: {known_types}'
         return "unknown command type {command_type!r}; known types: {known_types}"
+
+    def details(self) -> dict[str, Any]:
+        out = super().details()
+        if self.command_type is not None and not isinstance(self.command_type, str):
+            out["command_type"] = self.shown_type
+        return out
+
+    @property
+    def shown_type(self) -> str:
+        try:
+            return printable(json.dumps(self.command_type, ensure_ascii=False, default=str), 100)
+        except (TypeError, ValueError):
+            return printable(repr(self.command_type), 100)
 
 
 class MissingIdempotencyKey(CommitlineError):

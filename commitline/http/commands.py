@@ -21,6 +21,7 @@ one trip to a worker thread, and the result's stored outcome is the body as it i
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -30,7 +31,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from commitline.application.boundary import KEY_WHITE_SPACE, check_idempotency_key
-from commitline.application.errors import CommitlineError, MissingIdempotencyKey
+from commitline.application.errors import CommitlineError, InvalidIdempotencyKey, MissingIdempotencyKey
 from commitline.application.results import DispatchResult
 from commitline.http.auth import presented_in, resolved
 from commitline.http.problems import (
@@ -52,6 +53,8 @@ REPLAYED_HEADERS = {"Idempotent-Replayed": "true", "X-Idempotent-Replayed": "tru
 _REPLAYED_RAW = [(b"idempotent-replayed", b"true"), (b"x-idempotent-replayed", b"true")]
 _JSON_RAW = (b"content-type", b"application/json")
 _REQUEST = "POST /v1/commands"
+_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)  # an RFC 9110 quoted-string: every " or \ inside escaped
+_ESCAPED = re.compile(r"\\(.)", re.DOTALL)  # a quoted pair: \" and \\ stand for " and \ (others are kept as sent)
 #: Threads running the blocking part of a command (the key's read and ``dispatch``): as many as Starlette's
 #: default thread pool has for a route's blocking work.
 THREADS = 40
@@ -95,7 +98,11 @@ def idempotency_key(headers: Headers) -> str:
                                     "one per command; a retry sends the same key)")
     raw = _as_sent(raw).strip(KEY_WHITE_SPACE)
     if len(raw) >= 2 and raw[0] == raw[-1] == '"':
-        raw = raw[1:-1].replace('\\"', '"').replace("\\\\", "\\")
+        if not _QUOTED.fullmatch(raw):  # "x"y" is neither x"y nor "x"y": two clients could mean either
+            raise InvalidIdempotencyKey(_REQUEST, 'the idempotency key begins and ends with \'"\' but is not one '
+                                        'quoted string: escape a quote or backslash inside it with \\, or send the '
+                                        "key unquoted")
+        raw = _ESCAPED.sub(lambda m: m.group(1) if m.group(1) in '"\\' else m.group(0), raw[1:-1])
     return check_idempotency_key(raw, _REQUEST)
 
 

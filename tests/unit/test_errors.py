@@ -67,6 +67,10 @@ CASES = [
      {"command_type": None, "known": ["a", "b"]}),  # null, as for a body that is not an object: not "None"
     (UnknownCommandType("nope", ["a"]), "unknown_command_type", "unknown command type 'nope'; known types: a",
      {"command_type": "nope", "known": ["a"]}),
+    (UnknownCommandType({"a": 1}, ["a"]), "unknown_command_type",  # shown as the JSON it came as, not Python's repr
+     'the command\'s "type" is {"a": 1}, not a string; known types: a', {"command_type": '{"a": 1}', "known": ["a"]}),
+    (UnknownCommandType(True, ["a"]), "unknown_command_type", 'the command\'s "type" is true, not a string; known '
+     "types: a", {"command_type": "true", "known": ["a"]}),
     (MissingIdempotencyKey("create_payment"), "missing_idempotency_key",
      "create_payment: state-changing commands require an idempotency key",
      {"command_type": "create_payment", "reason": "state-changing commands require an idempotency key"}),

@@ -124,3 +124,27 @@ def test_a_json_command_keeps_stderr_for_its_typed_error(pg_dsn: str, schema: st
                              '{"type": "nope"}'], env=env, capture_output=True, text=True, timeout=120)
     lines = logged.stderr.strip().splitlines()
     assert " INFO " in lines[0] and orjson.loads(lines[-1])["code"] == "unknown_command_type", logged.stderr
+
+
+def test_a_quoted_key_is_one_quoted_string_or_refused(server: Server, pg_dsn: str, schema: str) -> None:
+    """``"a\\"b"`` is the key a"b; ``"x"y"`` is no quoted string (which key would it be: x"y, or "x"y?), so it is
+    refused, not guessed, and nothing is written."""
+    key = server.key("acme").encode()
+
+    def send(sent: bytes) -> tuple[int, dict]:
+        status, _, content = raw_post(server, [("Authorization", b"Bearer " + key), ("Idempotency-Key", sent)],
+                                      orjson.dumps(PAYMENT))
+        return status, orjson.loads(content)
+
+    rows = count_rows(pg_dsn, schema)
+    for malformed in (b'"x"y"', b'"w\\"', b'""x"'):
+        status, problem = send(malformed)
+        assert (status, problem["code"]) == (400, "invalid_idempotency_key"), (malformed, problem)
+        assert "is not one quoted string" in problem["detail"]
+    assert count_rows(pg_dsn, schema) == rows
+    for sent, stored in ((b'"a\\"b"', 'a"b'), (b'"c\\\\d"', "c\\d"), (b'"e\\f"', "e\\f")):
+        status, _ = send(sent)
+        assert status == 201, sent
+        with psycopg.connect(pg_dsn) as conn:
+            assert conn.execute(f"SELECT count(*) FROM {schema}.idempotency_keys WHERE key = %s",
+                                (stored,)).fetchone() == (1,), (sent, stored)
