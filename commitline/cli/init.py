@@ -12,6 +12,10 @@ from commitline.cli.common import EXIT_OK, EXIT_USAGE
 def cmd_init(args: argparse.Namespace) -> int:
     from commitline.scaffold import ScaffoldRefused, write_service
 
+    if not args.path.strip():
+        print("commitline init: PATH is empty: name the folder to create (its name is the package's)",
+              file=sys.stderr)
+        return EXIT_USAGE
     path = Path(args.path)
     try:
         name, written = write_service(path)

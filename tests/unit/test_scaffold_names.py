@@ -43,3 +43,10 @@ def test_a_name_that_cannot_be_its_schemas_is_refused_and_nothing_is_written(tmp
     with pytest.raises(ScaffoldRefused, match=f"also its database schema's name, and '{folder}' {reason}"):
         write_service(tmp_path / folder)
     assert not (tmp_path / folder).exists()
+
+
+def test_init_with_an_empty_path_is_bad_usage_not_the_working_directory(capsys: pytest.CaptureFixture[str]) -> None:
+    from commitline.cli import main
+
+    assert main(["init", ""]) == 2
+    assert "PATH is empty" in capsys.readouterr().err
