@@ -88,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     chosen = os.environ.get("COMMITLINE_LOG_LEVEL")
     level = chosen if chosen in LOG_LEVELS else "INFO" if getattr(args, "long_running", False) else "WARNING"
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if level != "DEBUG":  # httpx logs every request (a gateway's, an OTLP export) at INFO: not news
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         return int(args.run(args))
     except (InvalidApp, InvalidDomain) as e:  # e.g. a store the domain cannot read, found at bootstrap

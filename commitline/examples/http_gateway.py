@@ -7,7 +7,8 @@ The contract a payment service (or a small bridge in front of one) implements, u
     POST /void       {"payment_key"}                                               -> 2xx
 
 Each request carries ``Idempotency-Key: <operation>/<payment_key>``, so a retried call is the same call,
-and ``Authorization: Bearer <COMMITLINE_GATEWAY_TOKEN>`` when a token is configured. Answers:
+and ``Authorization: Bearer <COMMITLINE_GATEWAY_TOKEN>`` when a token is configured (else Basic credentials when the
+URL has a user and password). Answers:
 2xx done; 402, 409 or 422 a definite refusal (``GatewayDeclined``, with the body's ``detail`` or ``title``);
 anything else, or no connection, ``GatewayUnavailable`` (nothing happened as far as we know: retried);
 no answer within ``COMMITLINE_GATEWAY_TIMEOUT_S`` after sending, ``GatewayTimeout`` (it may have happened:
@@ -35,9 +36,14 @@ def printable(value: object, limit: int) -> str:
 class HttpGateway:
     def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = 10,
                  transport: httpx.BaseTransport | None = None):
+        url = httpx.URL(base_url.rstrip("/"))
+        # A user and password in the URL are sent as Basic credentials, unless a token is configured: then the
+        # token alone (httpx would otherwise replace the Bearer header with them). Either way they leave the URL,
+        # so that no log line or error naming it shows them.
+        auth = httpx.BasicAuth(url.username, url.password) if url.userinfo and not token else None
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.client = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s,
-                                   transport=transport)
+        self.client = httpx.Client(base_url=url.copy_with(userinfo=b""), headers=headers, auth=auth,
+                                   timeout=timeout_s, transport=transport)
 
     def authorize(self, key: str, amount: Decimal, currency: str, account: str) -> str:
         return self._call("authorize", key, amount=str(amount), currency=currency, account=account)

@@ -4,6 +4,7 @@ gateway settings (timeout, attempts, back-off) and a gateway chosen by import pa
 from __future__ import annotations
 
 from collections.abc import Iterator
+from decimal import Decimal
 from uuid import UUID, uuid4
 
 import pytest
@@ -129,3 +130,26 @@ def test_http_gateway_needs_its_url() -> None:
     with pytest.raises(ConfigurationError) as refused:
         load_settings({"COMMITLINE_GATEWAY": "http", "COMMITLINE_GATEWAY_TOKEN": TOKEN})
     assert refused.value.variable == "COMMITLINE_GATEWAY_URL" and TOKEN not in str(refused.value)
+
+
+def test_credentials_in_the_gateway_url_are_sent_only_without_a_token_and_never_logged(
+        gateway_server: GatewayServer, caplog: pytest.LogCaptureFixture) -> None:
+    """A user and password in COMMITLINE_GATEWAY_URL: the configured token wins (httpx would send them as Basic
+    credentials in its place), and no log line of the calls names them."""
+    import base64
+    import logging
+
+    with_credentials = gateway_server.url.replace("http://", "http://gwuser:GwUrlPass%21@")
+    caplog.set_level(logging.DEBUG)
+    tokened = HttpGateway(with_credentials, token=TOKEN)
+    assert tokened.authorize("k-1", Decimal("5.00"), "EUR", "acct").startswith("auth-")
+    tokened.close()
+    assert gateway_server.headers_seen[-1]["authorization"] == f"Bearer {TOKEN}"
+
+    gateway_server.token = None
+    basic = HttpGateway(with_credentials)
+    basic.capture("k-1")
+    basic.close()
+    sent = gateway_server.headers_seen[-1]["authorization"]
+    assert sent == "Basic " + base64.b64encode(b"gwuser:GwUrlPass!").decode()
+    assert "GwUrlPass" not in caplog.text and "gwuser:" not in caplog.text
