@@ -28,7 +28,8 @@ from typing import Any
 from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest, make_wsgi_app
+from prometheus_client import (REGISTRY, CollectorRegistry, Counter, Histogram, disable_created_metrics,
+                               generate_latest, make_wsgi_app)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
@@ -37,6 +38,9 @@ from commitline.application.errors import ConfigurationError
 from commitline.application.processor import DispatchObserver
 
 log = logging.getLogger(__name__)
+# No ``*_created`` series beside each counter and histogram: the reference does not list them, and several serve
+# workers (multiprocess mode) never had them, so the metrics would differ with the number of workers.
+disable_created_metrics()
 MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -167,12 +171,13 @@ def _progress(prefix: str, label: str, help_texts: Mapping[str, str], rows: Iter
     return list(families.values())
 
 
-# A follower's own counters: (metric suffix, help, attribute of its ``metrics``), where it has that attribute.
+# A follower's own counters: (metric suffix, help, attribute of its ``metrics`` or of itself), where it has one.
 _FOLLOWER_COUNTERS = (
     ("events_handled", "Events this process's follower handled (published or applied)",
      ("events_published", "events_applied")),
     ("batches", "Batches this process's follower handled", ("batches",)),
-    ("errors", "Failed attempts this process's follower retried (e.g. Kafka unavailable)", ("retries",)),
+    ("errors", "Failed attempts this process's follower retried (Kafka or PostgreSQL unavailable, a handler "
+     "failing)", ("failed_attempts",)),
     ("sagas_advanced", "Saga instances this process's process-manager runner advanced", ("advanced",)),
     ("sagas_parked", "Saga instances this process's process-manager runner parked after their attempts failed",
      ("parked",)),
@@ -193,7 +198,8 @@ class FollowerCollector(Collector):
         for suffix, text, attributes in _FOLLOWER_COUNTERS:
             family = CounterMetricFamily(f"commitline_follower_{suffix}", text, labels=["follower"])
             for follower in self.followers:
-                value = next((getattr(follower.metrics, a) for a in attributes if hasattr(follower.metrics, a)), None)
+                value = next((getattr(source, a) for a in attributes for source in (follower.metrics, follower)
+                              if hasattr(source, a)), None)
                 if value is not None:
                     family.add_metric([follower.lease.name], value)
             if family.samples:

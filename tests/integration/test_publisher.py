@@ -358,3 +358,26 @@ def test_an_unknown_sslmode_is_a_configuration_error_naming_the_variable(pg_dsn:
     error = orjson.loads(done.stderr.strip().splitlines()[-1])
     assert done.returncode == 3 and error["code"] == "configuration_error", done.stderr
     assert error["details"]["variable"] == "COMMITLINE_DATABASE_URL" and "sslmode=bogus" in error["message"]
+
+
+def test_every_follower_counts_its_retried_attempts_in_its_metrics(pg_dsn: str, schema: str) -> None:
+    """``commitline_follower_errors_total``: the publisher's attempts against a broker that is down, counted as
+    they fail; a projector exposes the counter too (at 0 while nothing failed)."""
+    from prometheus_client.core import CollectorRegistry
+    from prometheus_client.exposition import generate_latest
+
+    from commitline.infrastructure.metrics import FollowerCollector
+
+    settings = settings_for(pg_dsn, schema, kafka_bootstrap_servers="127.0.0.1:1", kafka_idempotence=False)
+    with bootstrap(settings) as app:
+        writer_workload(app, writers=1, commands_each=2, tag="down")
+        with FollowerThread(app.publisher) as publisher, FollowerThread(lambda: app.projector("payment_states")) as \
+                projector:
+            projector.wait_until_at(app.recorder.max_notification_id() or 0)
+            wait_for(lambda: publisher.follower.failed_attempts >= 2, "two failed attempts against the broker")
+            registry = CollectorRegistry()
+            registry.register(FollowerCollector([publisher.follower, projector.follower]))
+            text = generate_latest(registry).decode()
+    counted = {line.split("{")[1].split("}")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("commitline_follower_errors_total{")}
+    assert counted['follower="kafka-publisher"'] >= 2 and counted['follower="payment_states"'] == 0, text

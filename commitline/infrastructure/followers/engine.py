@@ -115,6 +115,12 @@ class Follower(OwnedSlots):
     def log(self, log: BucketLog | None) -> None:
         self.reader.log = log
 
+    @property
+    def failed_attempts(self) -> int:
+        """Attempts that failed and were retried since this follower started: a handler's (the broker down, say)
+        and PostgreSQL's (``commitline_follower_errors_total``)."""
+        return self.outage.total_failures + self.store_outage.total_failures
+
     # -- what a follower supplies ------------------------------------------------------
 
     async def handle(self, batch: Sequence[Notification], position: int) -> Handled:

@@ -26,7 +26,8 @@ class Outage:
         self.log = log
         self.subject = subject
         self.max_backoff = max_backoff
-        self.failures = 0
+        self.failures = 0  # in this outage
+        self.total_failures = 0  # in every outage since the follower started (its metrics)
         self._since = 0.0
         self._wait = wait_random_exponential(multiplier=FIRST_BACKOFF_SECONDS, max=max_backoff)
 
@@ -37,6 +38,7 @@ class Outage:
             self.log.error("%s unavailable (%s)%s; retrying with back-off up to %.1f s", self.subject,
                            described(error), where, self.max_backoff)
         self.failures += 1
+        self.total_failures += 1
         state = RetryCallState(None, None, (), {})
         state.attempt_number = self.failures
         return self._wait(state)
