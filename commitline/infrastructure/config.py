@@ -147,7 +147,7 @@ class Settings(BaseSettings):
     project_batch_size: int = Field(5000, ge=1, le=100_000, validation_alias="COMMITLINE_PROJECT_BATCH_SIZE")
     """events applied per projection transaction (live and rebuild)"""
     metrics_interval_s: float = Field(30, gt=0, validation_alias="COMMITLINE_METRICS_INTERVAL_S")
-    """how often followers log their metrics"""
+    """how often `commitline publish` logs its metrics (events published, batches, position), as JSON"""
     status_max_lag_events: int = Field(10_000, ge=0, validation_alias="COMMITLINE_STATUS_MAX_LAG_EVENTS")
     """`status --check` fails when a live follower is more events than this behind the log head"""
     status_max_lag_s: float = Field(60, ge=0, validation_alias="COMMITLINE_STATUS_MAX_LAG_S")

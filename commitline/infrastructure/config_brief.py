@@ -46,7 +46,7 @@ BRIEFS: dict[str, str] = {
     "COMMITLINE_PUBLISH_MAX_BACKOFF_MS": "longest pause on broker errors",
     "COMMITLINE_PUBLISH_BUCKETS": "buckets `publish` instances share",
     "COMMITLINE_PROJECT_BATCH_SIZE": "events per projection transaction",
-    "COMMITLINE_METRICS_INTERVAL_S": "how often followers log metrics",
+    "COMMITLINE_METRICS_INTERVAL_S": "how often `publish` logs metrics",
     "COMMITLINE_STATUS_MAX_LAG_EVENTS": "`status --check` lag limit, events",
     "COMMITLINE_STATUS_MAX_LAG_S": "`status --check` lag limit, seconds",
     "COMMITLINE_MAX_EVENT_BYTES": "largest stored event",
