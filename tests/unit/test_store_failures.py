@@ -41,3 +41,13 @@ def test_store_failures_become_store_unavailable_without_the_password(error: Exc
 def test_a_closed_pool_and_other_errors_pass_unchanged(error: Exception) -> None:
     with pytest.raises(type(error)), store_failures(PARTS):
         raise error
+
+
+def test_a_multi_host_url_is_named_host_by_host() -> None:
+    from commitline.infrastructure.store.datastore import describe_failure
+
+    parts = {**PARTS, "host": "db1.example,db2.example", "port": "5432,5433"}
+    assert describe_failure(OSError("refused"), parts).startswith(
+        "cannot use PostgreSQL at db1.example:5432,db2.example:5433/ledger as app: ")
+    one_port = describe_failure(OSError("refused"), {**parts, "port": "6432"})
+    assert "at db1.example:6432,db2.example:6432/ledger" in one_port and "hunter2" not in one_port

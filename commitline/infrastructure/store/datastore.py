@@ -70,8 +70,18 @@ def describe_failure(error: BaseException, parts: Mapping[str, Any]) -> str:
         if parts.get(secret):
             text = text.replace(str(parts[secret]), "***")
     tls = f" (sslmode={parts['sslmode']})" if parts.get("sslmode") else ""
-    return (f"cannot use PostgreSQL at {parts['host']}:{parts['port']}/{parts['dbname']} as {parts['user']}{tls}: "
-            f"{text}")
+    return f"cannot use PostgreSQL at {_servers(parts)}/{parts['dbname']} as {parts['user']}{tls}: {text}"
+
+
+def _servers(parts: Mapping[str, Any]) -> str:
+    """``host:port``, or each ``host:port`` of a multi-host URL (libpq gives ``a,b`` and ``5432,5433``; one port
+    for every host when only one is given)."""
+    hosts, ports = str(parts.get("host")).split(","), str(parts.get("port")).split(",")
+    if len(ports) == 1:
+        ports *= len(hosts)
+    if len(ports) != len(hosts):
+        return f"{parts.get('host')}:{parts.get('port')}"
+    return ",".join(f"{h}:{p}" for h, p in zip(hosts, ports))
 
 
 @contextmanager
