@@ -109,17 +109,19 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     scope.add_argument("--all", action="store_true", help="verify every stream (with progress)")
     averify.add_argument("--json", action="store_true", help="machine-readable report")
     ahistory = asub.add_parser("history", help="every event of an aggregate with its transition and the state after")
-    ahistory.add_argument("aggregate_id", type=aggregate_id, metavar="ID")
+    ahistory.add_argument("aggregate_id", type=aggregate_id, metavar="ID", help="the aggregate (its stream's id)")
     ahistory.add_argument("--json", action="store_true", help="machine-readable, with full states")
     astate = asub.add_parser("state", help="the aggregate's state at a version or as of a time (replayed)")
-    astate.add_argument("aggregate_id", type=aggregate_id, metavar="ID")
+    astate.add_argument("aggregate_id", type=aggregate_id, metavar="ID", help="the aggregate (its stream's id)")
     when = astate.add_mutually_exclusive_group(required=True)
-    when.add_argument("--at-version", type=int, metavar="N")
+    when.add_argument("--at-version", type=int, metavar="N", help="the state after its Nth event (0: before the first)")
     when.add_argument("--as-of", type=timestamp, metavar="TIMESTAMP", help="ISO 8601 with offset")
     adiff = asub.add_parser("diff", help="what changed between two versions")
-    adiff.add_argument("aggregate_id", type=aggregate_id, metavar="ID")
-    adiff.add_argument("--from", dest="from_version", type=int, required=True, metavar="N")
-    adiff.add_argument("--to", dest="to_version", type=int, required=True, metavar="M")
+    adiff.add_argument("aggregate_id", type=aggregate_id, metavar="ID", help="the aggregate (its stream's id)")
+    adiff.add_argument("--from", dest="from_version", type=int, required=True, metavar="N",
+                       help="the version compared from (0: before the first event)")
+    adiff.add_argument("--to", dest="to_version", type=int, required=True, metavar="M",
+                       help="the version compared to, after N")
     for parser_ in (astate, adiff):  # they always print JSON; the flag is accepted like everywhere else
         parser_.add_argument("--json", action="store_true", help="machine-readable (the only output)")
     for parser_ in (averify, ahistory, astate, adiff):

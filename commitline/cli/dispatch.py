@@ -271,7 +271,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     expire = isub.add_parser("expire", help="delete idempotency records older than the retention period",
                              description="Records are kept until this job removes them. Choose a period longer "
                              "than any client's retry window: a retry after its record expired is a new command.")
-    expire.add_argument("--older-than-days", type=int, required=True, metavar="DAYS")
+    expire.add_argument("--older-than-days", type=int, required=True, metavar="DAYS",
+                        help="delete the records older than DAYS days (1 or more)")
     expire.add_argument("--dry-run", action="store_true", help="only count what would be deleted")
     expire.add_argument("--json", action="store_true", help="machine-readable output")
     expire.set_defaults(run=cmd_expire)

@@ -152,7 +152,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                                description="Readers keep the old complete view until the rebuilt one replaces it "
                                "in one transaction. Interrupt it and run it again to resume. Several projections "
                                "(or --all) are rebuilt reading the log once, each swapped in on its own.")
-    prebuild.add_argument("names", metavar="NAME", type=_projection_name, nargs="*")
+    prebuild.add_argument("names", metavar="NAME", type=_projection_name, nargs="*",
+                          help="the projections to rebuild (or --all)")
     prebuild.add_argument("--all", action="store_true", help="rebuild every projection (reading the log once per "
                           "process)")
     prebuild.add_argument("--jobs", type=int, metavar="N", help="rebuild several projections in N processes, each "
@@ -170,13 +171,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     prebuild.add_argument("--json", action="store_true", help="each rebuild's result as JSON on stdout")
     prebuild.set_defaults(run=cmd_projections_rebuild)
     pskip = psub.add_parser("skip", help="pass over the poison event a projection stopped at (explicit, logged)")
-    pskip.add_argument("name", metavar="NAME", type=_projection_name)
+    pskip.add_argument("name", metavar="NAME", type=_projection_name, help="the projection stopped at the event")
     pskip.add_argument("--position", type=int, required=True, help="the poison event's position, as status shows it")
     pskip.add_argument("--reason", default="", help="why it is safe to skip it (kept in the intervention log)")
     pskip.add_argument("--json", action="store_true", help="machine-readable output")
     pskip.set_defaults(run=cmd_intervene, action="skip")
     pretry = psub.add_parser("retry", help="let a projection stopped at a poison event try it again")
-    pretry.add_argument("name", metavar="NAME", type=_projection_name)
+    pretry.add_argument("name", metavar="NAME", type=_projection_name, help="the projection stopped at the event")
     pretry.add_argument("--json", action="store_true", help="machine-readable output")
     pretry.set_defaults(run=cmd_intervene, action="retry")
 

@@ -141,12 +141,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     srun.set_defaults(long_running=True)
     sshow = ssub.add_parser("show", help="the steps an instance took and their outcomes")
     sshow.add_argument("instance_id", type=aggregate_id, metavar="ID", help="the instance (the examples: the order)")
-    sshow.add_argument("--json", action="store_true")
+    sshow.add_argument("--json", action="store_true", help="machine-readable output")
     slist = ssub.add_parser("list", help="instances and their state (from the process manager's read model)")
     slist.add_argument("--stuck", "--failed", dest="stuck", action="store_true",
                        help="only those waiting for a person: STUCK (a compensation kept failing) or PARKED "
                        "(advancing kept failing), with the reason")
-    slist.add_argument("--json", action="store_true")
+    slist.add_argument("--json", action="store_true", help="machine-readable output")
     sretry = ssub.add_parser("retry", help="after fixing the cause: resume a PARKED instance where it stopped, or "
                              "retry the compensations of a STUCK one")
     sretry.add_argument("instance_id", type=aggregate_id, metavar="ID", help="the instance (the examples: the order)")

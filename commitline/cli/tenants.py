@@ -72,7 +72,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add = tsub.add_parser("add", help="make a new API key for tenant NAME and print it (once)",
                           description="NAME: 1-64 letters, digits, '.', '_' or '-'. The key decides the tenant of "
                           "every request made with it. A tenant may hold several keys.")
-    add.add_argument("name", metavar="NAME")
+    add.add_argument("name", metavar="NAME", help="the tenant the key is for")
     add.add_argument("--admin", action="store_true", help="an administrative key: it may also erase the tenant's "
                      "data subjects over HTTP (POST /v1/erasures)")
     add.add_argument("--json", action="store_true", help='print {"tenant", "key_id", "admin", "api_key", ...}')
@@ -80,7 +80,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     listing.add_argument("name", metavar="NAME", nargs="?", help="only this tenant's keys")
     listing.add_argument("--json", action="store_true", help="machine-readable output")
     revoke = tsub.add_parser("revoke", help="revoke tenant NAME's keys (or one of them); refused from the next request")
-    revoke.add_argument("name", metavar="NAME")
+    revoke.add_argument("name", metavar="NAME", help="the tenant whose keys to revoke")
     revoke.add_argument("--key", metavar="KEY_ID", help="revoke only this key: its id, as `tenants list` shows (or "
                         "the whole key: only its id is read)")
     revoke.add_argument("--json", action="store_true", help="machine-readable output")
