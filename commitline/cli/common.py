@@ -4,6 +4,7 @@ process runs (``--app`` / ``COMMITLINE_APP``, chosen once by ``main``) with ``bo
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Callable, Mapping
 from datetime import datetime
@@ -53,7 +54,21 @@ def bootstrap(*, long_running: bool = False, **options: Any) -> Commitline:
     if not long_running and "settings" not in options:
         settings = load_settings()
         options["settings"] = settings.model_copy(update={"pool_size": min(settings.pool_size, ONE_SHOT_POOL)})
-    return boot(domain=domain(), **options)
+    app = boot(domain=domain(), **options)
+    if long_running:
+        warn_of_new_store(app)
+    return app
+
+
+def warn_of_new_store(app: Commitline) -> None:
+    """A long-running process (``serve``, ``publish``, ``project``, ``sagas run``) that made the store of a
+    configured database just now warns in its log: a mistyped COMMITLINE_SCHEMA would otherwise run a second,
+    empty store beside the real one, healthy in every check. (An embedded database's first store is no news.)"""
+    if app.created_store and app.settings.database_url is not None:
+        logging.getLogger("commitline").warning(
+            "schema %s held no commitline store: an empty one was made now (is COMMITLINE_SCHEMA, or the "
+            "database, the one you meant? this process reads and writes that new store; `commitline migrate` "
+            "makes a store without this warning)", app.settings.schema_name)
 
 
 def note_new_store(app: Commitline) -> None:

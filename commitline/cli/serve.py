@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
-from commitline.cli.common import APP_SPEC, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, domain
+from commitline.cli.common import APP_SPEC, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, domain, warn_of_new_store
 
 UNRESOLVED = "the host does not resolve"
 MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"  # = infrastructure.metrics.MULTIPROC_DIR, which must not be imported yet
@@ -101,6 +101,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # One worker dispatches here, on a CPU of its own; several claim theirs in their own processes.
         with bootstrap(settings, domain=chosen, dispatch_cpu="auto" if workers == 1 else "off") as app, \
                 ExitStack() as operators:
+            warn_of_new_store(app)
             if operator_port is not None:
                 try:
                     operators.enter_context(OperatorListener(app, operator_host, operator_port,

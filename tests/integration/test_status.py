@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -374,3 +375,32 @@ def test_a_pool_the_server_will_not_fill_is_reported_with_the_servers_own_refusa
             conn.execute(f"REVOKE CREATE ON DATABASE {conn.info.dbname} FROM {role}")
             conn.execute(f"DROP OWNED BY {role}")
             conn.execute(f"DROP ROLE {role}")
+
+
+def test_a_long_running_process_that_made_the_store_warns_of_a_mistyped_schema(pg_dsn: str) -> None:
+    """``project`` (as ``serve``, ``publish`` and ``sagas run``) on a schema holding no store makes an empty one and
+    would run healthy beside the real store: it says so in its log, once, naming the schema."""
+    typo = f"t_{uuid4().hex[:12]}"
+    process = subprocess.Popen([*CLI, "project"], env=environment(pg_dsn, typo), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    watchdog = threading.Timer(120, process.kill)  # a process that never says it ends the read below (EOF)
+    watchdog.start()
+    try:
+        assert process.stderr is not None
+        said = ""
+        for line in process.stderr:  # read until the warning, which comes before any follower starts
+            said += line
+            if "held no commitline store" in line:
+                break
+        assert f"WARNING commitline schema {typo} held no commitline store: an empty one was made now" in said, said
+    finally:
+        watchdog.cancel()
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{typo}" CASCADE')
+    with_store = subprocess.run([*CLI, "--log-level", "INFO", "migrate"], env=environment(pg_dsn, typo),
+                                capture_output=True, text=True, timeout=120)
+    assert with_store.returncode == 0 and "held no commitline store" not in with_store.stderr, with_store.stderr
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{typo}" CASCADE')
