@@ -41,7 +41,9 @@ from commitline.application.catalog import Handler, Stream
 from commitline.framework.declared import Declared, derived_id, shown_path
 from commitline.projections.base import Projection, Table
 from commitline.projections.reads import Reads
+from commitline.infrastructure.migrations import STORE_TABLES
 from commitline.infrastructure.schema_names import schema_name_problem
+from commitline.projections.storage import REBUILD_SUFFIX
 
 
 class Domain(Protocol):
@@ -72,6 +74,8 @@ class Domain(Protocol):
     def registry(self) -> EventRegistry: ...
 
 NAME = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
+MAX_TABLE_NAME = 63 - len(REBUILD_SUFFIX)
+TABLE_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,%d}$" % (MAX_TABLE_NAME - 1))
 #: codes commitline itself answers with; a domain error may not take one
 CORE_CODES = frozenset({
     "error", "domain_error", "illegal_transition", "invalid_value", "invalid_command", "unknown_command_type",
@@ -423,15 +427,37 @@ def _read_models(domain: Domain, events: dict[type[Event], type[Aggregate]], say
         if name in names:
             say(where, f"two read models are named {name} (also {names[name]})")
         names.setdefault(name, where)
-        for table in getattr(cls, "tables", ()):
+        if name in CORE_FOLLOWERS:
+            say(where, f"read model {cls.__name__} is named {name!r}, a name another follower uses")
+        declared = getattr(cls, "tables", ())
+        if not declared:
+            say(where, f"read model {name} declares no table (tables = (Table(...), ...))")
+        for table in declared:
             if table.name in tables:
                 say(where, f"read model {name} declares the table {table.name}, as {tables[table.name]} does")
             tables.setdefault(table.name, name)
+            if (wrong := _table_name_problem(table.name)) is not None:
+                say(where, f"read model {name}'s table {table.name!r} {wrong}")
+                continue
             _table(name, table, where, say)
         for event in cls._handlers:
             if event not in events:
                 say(where, f"read model {name} handles {getattr(event, '__name__', event)}, which no aggregate of "
                     "the domain emits")
+
+
+def _table_name_problem(name: Any) -> str | None:
+    """Why a read model's table cannot have this name; None when it can. A rebuild writes ``<name>__next`` and
+    swaps it in, dropping ``<name>``: the name must leave room for the suffix within PostgreSQL's 63 bytes, and
+    must never be one of the store's own tables."""
+    if not isinstance(name, str) or not TABLE_NAME.fullmatch(name):
+        return (f"must be lowercase letters, digits or '_', starting with a letter or '_', at most "
+                f"{MAX_TABLE_NAME} characters (a rebuild adds {REBUILD_SUFFIX!r})")
+    if name.endswith(REBUILD_SUFFIX):
+        return f"ends with {REBUILD_SUFFIX!r}, the suffix of a rebuild's tables"
+    if name in STORE_TABLES:
+        return "is one of the store's own tables: a rebuild would drop it; choose another name (rm_...)"
+    return None
 
 
 def _table(read_model: str, table: Table, where: str, say: Any) -> None:

@@ -85,6 +85,12 @@ MIGRATIONS: tuple[Migration, ...] = (
               "subject was erased", data_keys.master_key_statements),
 )
 LATEST = MIGRATIONS[-1].version
+#: Every table a migrated store holds (a test compares it with a fresh store's): a read model's table must have
+#: another name, since a rebuild drops its tables and swaps new ones in (the domain check refuses these).
+STORE_TABLES = frozenset({
+    MIGRATIONS_TABLE, "events", "idempotency_keys", "snapshots", "follower_positions", "follower_interventions",
+    "api_keys", "audit_runs", "event_versions", "data_keys", "erasures", "store_generations", "master_keys",
+})
 
 
 class NoStore(ConfigurationError):

@@ -351,3 +351,56 @@ def test_two_aggregates_of_one_name_in_one_file_are_each_named_at_their_own_line
     assert first is not Ticket and len(lines) == 2
     assert f"test_domain_checks.py:{lines[1]}: two aggregates are named Ticket (also " in problem, problem
     assert f"test_domain_checks.py:{lines[0]}): the name is the stored aggregate type" in problem, problem
+
+
+def test_a_read_model_table_a_rebuild_would_drop_or_cannot_name_is_refused() -> None:
+    """A rebuild drops a read model's tables and swaps ``<name>__next`` in: a table named like one of the store's own
+    (``data_keys``, ``api_keys``, ``events``) would lose the store's rows, and a name too long for the suffix would
+    be truncated back to the live table's by PostgreSQL."""
+    from commitline import Projection, Table, on
+
+    domain = Domain("lamps")
+
+    class Lit(Event):
+        pass
+
+    @domain.aggregate
+    class Lamp(Aggregate):
+        EVENTS = (Lit,)
+
+        def _evolve(self, event: Event) -> None:
+            pass
+
+    def read_model(name: str, table: str) -> None:
+        @domain.read_model
+        class Model(Projection):
+            tables = (Table(table, {"id": "uuid"}, key=("id",)),)
+
+            @on(Lit)
+            def lit(self, changes: object, recorded: object) -> None:
+                pass
+
+        Model.name = name
+
+    read_model("stolen_keys", "data_keys")
+    read_model("long", "x" * 58)
+    read_model("suffixed", "rm_lamps__next")
+    read_model("sagas", "rm_sagas")
+    with pytest.raises(InvalidDomain) as refused:
+        domain.check()
+    said = str(refused.value)
+    assert "read model stolen_keys's table 'data_keys' is one of the store's own tables" in said
+    assert f"read model long's table '{'x' * 58}' must be lowercase letters" in said and "at most 57" in said
+    assert "ends with '__next', the suffix of a rebuild's tables" in said
+    assert "is named 'sagas', a name another follower uses" in said
+
+
+def test_every_table_of_a_fresh_store_is_among_those_read_models_may_not_name() -> None:
+    from commitline.infrastructure import migrations
+
+    created = set()
+    for migration in migrations.MIGRATIONS:
+        for statement in migration.statements("s"):
+            text = statement.as_string(None) if hasattr(statement, "as_string") else str(statement)
+            created |= set(re.findall(r'CREATE TABLE IF NOT EXISTS "?s"?\."?([a-z_]+)"?', text))
+    assert created and created <= migrations.STORE_TABLES, created - migrations.STORE_TABLES
