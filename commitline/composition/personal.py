@@ -10,6 +10,7 @@ batch of erasures, and the report names the read models and the command that rec
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import overload
@@ -17,12 +18,14 @@ from typing import overload
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from commitline.application.boundary import check_tenant
-from commitline.application.errors import ConfigurationError
+from commitline.application.errors import ConfigurationError, StoreUnavailable
 from commitline.domain.errors import InvalidValue
 from commitline.infrastructure.personal.keys import DataKeys, Erasure, Rotation
 from commitline.infrastructure.personal.master import MasterKey
-from commitline.projections.rebuild import Progress, RebuildResult, RebuildRunning
+from commitline.projections.rebuild import Progress, RebuildError, RebuildResult, RebuildRunning
 from commitline.projections.storage import rebuild_command
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -108,7 +111,13 @@ class PersonalDataOperations:
                            stop=stop_after_delay(ERASURE_REBUILD_WAIT_S),
                            wait=wait_exponential(multiplier=0.05, max=1.0), reraise=True)
         rebuild = self.rebuild_many  # type: ignore[attr-defined]
-        return waiting(rebuild, holding, progress=progress, fresh=True)  # type: ignore[no-any-return]
+        try:
+            return waiting(rebuild, holding, progress=progress, fresh=True)  # type: ignore[no-any-return]
+        except (RebuildError, StoreUnavailable, KeyboardInterrupt):
+            raise
+        except Exception as e:  # a read model's write that fails (a defect of its code): told as a failed rebuild
+            log.exception("recomputing the read models after an erasure failed")
+            raise RebuildError(f"recomputing {', '.join(sorted(holding))} failed: {type(e).__name__}: {e}") from e
 
     def erasures(self, tenant: str | None = None) -> list[Erasure]:
         return self.data_keys().erased(check_tenant(tenant) if tenant is not None else None)

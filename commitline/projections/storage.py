@@ -16,7 +16,8 @@ with ``information_schema.columns`` (``check_shape``); the projector then refuse
 with ``ProjectionNeedsRebuild``, which names the differences and the rebuild command.
 
 A personal value whose subject was erased reaches a handler as ``ERASED``; copied into a row it is written
-as ``{"erased": true}`` in a text or JSON column, and as no value (NULL) in a column of any other type.
+as ``{"erased": true}`` in a text or JSON column, and as no value (NULL) in a column of any other type; a row
+whose key holds it is not written at all (``_erased_key``).
 """
 
 from __future__ import annotations
@@ -168,7 +169,9 @@ def load_rows(conn: psycopg.Connection[Any], schema: str, table: Table, keys: se
               ) -> dict[Key, dict[str, Any]]:
     """The stored rows of ``keys`` (the keys given as one JSON document, or as arrays if JSON cannot carry them)."""
     key_columns = SQL(", ").join(map(Identifier, table.key))
-    ordered = list(keys)
+    ordered = [k for k in keys if not _erased_key(k)]  # never written (write_changes): no row to find
+    if not ordered:
+        return {}
     try:
         document = orjson.dumps([dict(zip(table.key, k)) for k in ordered], default=_json_value).decode()
         wanted = SQL("SELECT * FROM json_to_recordset(%s::json) AS r({})").format(
@@ -186,6 +189,8 @@ def load_rows(conn: psycopg.Connection[Any], schema: str, table: Table, keys: se
 
 def write_changes(conn: psycopg.Connection[Any], schema: str, changes: Changes, suffix: str = "") -> None:
     for name, rows in changes.rows.items():
+        if any(_erased_key(k) for k in rows):
+            rows = {k: row for k, row in rows.items() if not _erased_key(k)}
         if rows:
             table = changes.tables[name]
             try:
@@ -193,6 +198,12 @@ def write_changes(conn: psycopg.Connection[Any], schema: str, changes: Changes, 
             except _NotJson:
                 statement, params = _upsert_arrays(schema, table, rows, suffix)
             conn.execute(statement, params)
+
+
+def _erased_key(key: Key) -> bool:
+    """A row keyed by a personal value whose subject was erased is not stored: its key would be the erased
+    value, which every such row shares (they would merge into one), and it names no one any more."""
+    return any(isinstance(part, Erased) for part in key)
 
 
 def _base_type(sql_type: str) -> str:

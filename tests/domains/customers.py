@@ -86,13 +86,17 @@ class CustomerContacts(Projection):
 
     name = "customer_contacts"
     tables = (Table("rm_customer_contacts", {"customer": "uuid", "tenant": "text", "customer_id": "text",
-                                             "email": "text", "state": "text"}, key=("customer",)),)
+                                             "email": "text", "state": "text"}, key=("customer",)),
+              # keyed by the personal value itself: an erased subject's row must go, not merge with others'
+              Table("rm_customers_by_email", {"tenant": "text", "email": "text", "customer": "uuid"},
+                    key=("tenant", "email")))
 
     @on(CustomerRegistered)
     def registered(self, changes: Changes, r: RecordedEvent) -> None:
         e = r.event
         changes.put("rm_customer_contacts", (e.aggregate_id,), tenant=r.tenant, customer_id=e.customer_id,
                     email=e.email, state=CustomerState.ACTIVE.value)
+        changes.put("rm_customers_by_email", (r.tenant, e.email), customer=e.aggregate_id)
 
     @on(CustomerClosed)
     def closed(self, changes: Changes, r: RecordedEvent) -> None:

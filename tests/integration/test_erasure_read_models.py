@@ -65,6 +65,15 @@ def test_erase_rebuilds_the_read_model_that_copies_the_subjects_email(customers_
     assert [r.projection for r in report.rebuilt] == ["customer_contacts"] and report.recompute is None
     assert contacts(pg_dsn, schema) == {("acme", "c-1"): ERASED_TEXT, ("acme", "c-2"): "bob@acme.test",
                                         ("globex", "c-1"): "ann@globex.test"}
+    with psycopg.connect(pg_dsn) as conn:  # the row keyed by the erased email is gone, the others stay
+        by_email = conn.execute(f'SELECT tenant, email FROM "{schema}".rm_customers_by_email').fetchall()
+    assert sorted(by_email) == [("acme", "bob@acme.test"), ("globex", "ann@globex.test")]
+
+    register(app, (("acme", "c-3", "cy@acme.test"),))
+    app.erase("acme", "c-3", by="the test")  # a second erased subject's row does not merge with the first's
+    assert contacts(pg_dsn, schema)[("acme", "c-3")] == ERASED_TEXT
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute(f'SELECT count(*) FROM "{schema}".rm_customers_by_email').fetchone() == (2,)
 
 
 def test_without_the_rebuild_the_erasure_names_what_may_still_hold_the_values(customers_app: Commitline,
@@ -175,3 +184,21 @@ def contacts_or_none(pg_dsn: str, schema: str) -> dict[tuple[str, str], str | No
         return contacts(pg_dsn, schema)
     except psycopg.errors.UndefinedTable:  # the projector has not created its table yet
         return {}
+
+
+def test_a_recompute_that_fails_unexpectedly_is_a_failed_rebuild_not_a_crash(customers_app: Commitline,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read model's write failing for a reason of its own code: the erasure stands, and the failure comes as a
+    ``RebuildError`` (the CLI's exit 1 with the command to run again, HTTP's 503 ``erasure_incomplete``)."""
+    from commitline.composition import RebuildError
+
+    app = customers_app
+    register(app)
+
+    def failing(*args: object, **kwargs: object) -> None:
+        raise TypeError("cannot adapt type 'Erased'")
+
+    monkeypatch.setattr(app, "rebuild_many", failing)
+    with pytest.raises(RebuildError, match="recomputing customer_contacts failed: TypeError: cannot adapt"):
+        app.erase("acme", "c-1", by="the test")
+    assert [(e.tenant, e.subject) for e in app.erasures("acme")] == [("acme", "c-1")]  # the erasure itself stands
