@@ -137,6 +137,24 @@ def test_a_snapshot_of_an_erased_subject_is_passed_over(pg_dsn: str, schema: str
     assert count_rows(pg_dsn, schema)["snapshots"] == 1  # the one from before the erasure, unreadable now
 
 
+def test_a_plain_snapshot_of_a_type_whose_snapshots_are_sealed_is_never_used(pg_dsn: str, schema: str) -> None:
+    """A snapshot row replaced by hand with a plain state (a forged one: another state, the account in clear) is
+    not decided on: the stream is replayed from its events, as the log holds them."""
+    with bootstrap(settings_for(pg_dsn, schema, snapshot_interval=2)) as app:
+        pid = create(app)
+        app.dispatch({"type": "submit_payment", "payment_id": str(pid)}, idempotency_key="submit")
+        assert app.store.flush_snapshots(60) and count_rows(pg_dsn, schema)["snapshots"] == 1
+    forged = orjson.dumps({"id": str(pid), "version": 2, "state": "FAILED", "amount": "12.50", "currency": "EUR",
+                           "account": "PLANTED", "attempts": 5, "failure_reason": "forged"})
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute(f'UPDATE "{schema}".snapshots SET state = %s WHERE aggregate_id = %s', (forged, pid))
+    with bootstrap(settings_for(pg_dsn, schema, snapshot_interval=2)) as fresh:  # nothing cached
+        payment = fresh.load(PaymentTransaction, pid)
+        assert (payment.state, payment.account, payment.version) == (PaymentState.PENDING, ACCOUNT, 2)
+        done = fresh.dispatch({"type": "complete_payment", "payment_id": str(pid)}, idempotency_key="complete")
+        assert done.version == 3 and fresh.load(PaymentTransaction, pid).state is PaymentState.COMPLETED
+
+
 def test_erase_and_audit_from_the_command_line(app: Commitline, pg_dsn: str, schema: str) -> None:
     pid = create(app)
     erased = cli(pg_dsn, schema, "erase", "--tenant", "default", "--subject", str(pid), "--json")

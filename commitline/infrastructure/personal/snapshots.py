@@ -52,9 +52,10 @@ def seal(personal: PersonalData, tenant: str, aggregate: Aggregate, subjects: tu
 
 
 def open_state(personal: PersonalData | None, tenant: str, aggregate_id: object, version: int,
-               state: bytes) -> bytes | None:
-    """A stored snapshot's state as ``encode_snapshot`` wrote it; None once its subject was erased."""
+               state: bytes, *, sealed: bool = False) -> bytes | None:
+    """A stored snapshot's state as ``encode_snapshot`` wrote it; None once its subject was erased, and None for
+    a plain state where the type's snapshots are ``sealed`` (written by hand, or from before: never trusted)."""
     if not state.startswith(MARK) or personal is None:
-        return state if not state.startswith(MARK) else None
+        return state if not state.startswith(MARK) and not sealed else None
     opened = personal.open(tenant, _context(aggregate_id, version), FIELD, orjson.loads(state)["pd"])
     return None if isinstance(opened, Erased) else orjson.dumps(opened)

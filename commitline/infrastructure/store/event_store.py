@@ -211,9 +211,14 @@ class PostgresEventStore:
             raise WrongAggregateType(snapshot.aggregate_id, cls.__name__, name)
         if shape != self._shape(cls):
             return None
+        sealed = cls in self._personal_aggregates
         state = snapshots.open_state(self.codec.personal, owner or "", snapshot.aggregate_id, snapshot.version,
-                                     snapshot.state)
+                                     snapshot.state, sealed=sealed)
         if state is None:
+            if sealed and not snapshot.state.startswith(snapshots.MARK):
+                log.error("the snapshot of %s %s at version %d is not sealed, as every snapshot of %s is: not used "
+                          "(replayed from the first event); run `commitline audit verify --aggregate %s`",
+                          cls.__name__, snapshot.aggregate_id, snapshot.version, cls.__name__, snapshot.aggregate_id)
             return None
         try:
             return decode_snapshot(cls, state)  # type: ignore[return-value]
