@@ -12,6 +12,7 @@ nobody uses. ``verify()`` of the whole store is the operator's check and covers 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -220,7 +221,9 @@ class Auditor:
         if moment.tzinfo is None:
             raise AuditQueryError("the time must carry a UTC offset, e.g. 2026-11-21T05:42:00+00:00", time=moment)
         cls, stored = self._events(aggregate_id, tenant)
-        prefix = [s for s in stored if s.event.occurred_at <= moment]
+        # The events up to the first one after the moment, in version order: each event's time is its deciding
+        # process's clock, so two processes' clocks apart may record a version earlier than the one before it.
+        prefix = list(itertools.takewhile(lambda s: s.event.occurred_at <= moment, stored))
         if not prefix:
             raise BeforeCreation(f"{aggregate_id} did not exist yet at {moment.isoformat()}; "
                                  f"it was created at {stored[0].event.occurred_at.isoformat()}",

@@ -6,6 +6,8 @@ from __future__ import annotations
 from enum import Enum
 from uuid import uuid4
 
+import pytest
+
 from commitline import Aggregate, Event
 from commitline.application.audit import state_of
 
@@ -37,3 +39,29 @@ def test_a_set_of_enum_members_prints_in_one_order_and_numbers_in_theirs() -> No
     one.scores = other.scores = frozenset([10, 9, 100])
     assert state_of(one)["tiers"] == state_of(other)["tiers"] == [3, 1, 2]  # BRONZE, GOLD, SILVER: by name
     assert state_of(one)["scores"] == [9, 10, 100]
+
+
+def test_the_state_as_of_a_time_is_the_events_up_to_the_first_later_one_whatever_the_clocks() -> None:
+    """An event's time is its deciding process's clock: two processes' clocks apart may record version 2 before
+    version 1. The state as of a moment is then the versions before the first one later than it, never a
+    replay with a version left out."""
+    from datetime import datetime, timedelta, timezone
+
+    from commitline.application.audit import Auditor, StoredHistoryEvent
+    from commitline.application.errors import BeforeCreation
+
+    member = uuid4()
+    at = datetime(2026, 11, 30, 10, 0, 5, tzinfo=timezone.utc)
+    times = (at, at - timedelta(seconds=1), at + timedelta(seconds=1))  # v2 is recorded a second before v1
+    events = [Promoted(event_id=uuid4(), aggregate_id=member, version=v, occurred_at=t, tier=v)
+              for v, t in enumerate(times, start=1)]
+
+    class Source:
+        def stream(self, aggregate_id: object) -> list[StoredHistoryEvent]:
+            return [StoredHistoryEvent(e, "Member", "default") for e in events]
+
+    auditor = Auditor(Source(), {"Member": Member}, lambda *args: "default")  # type: ignore[arg-type]
+    with pytest.raises(BeforeCreation):  # after v2's time, before v1's: v1 decided later, so nothing yet
+        auditor.state_as_of(member, at - timedelta(seconds=0.5))
+    assert auditor.state_as_of(member, at).version == 2  # v1 at, v2 before it: both; v3 after
+    assert auditor.state_as_of(member, at + timedelta(seconds=2)).version == 3
