@@ -31,6 +31,8 @@ from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from typing import Any, Literal, Protocol, get_args, get_origin, get_type_hints
 from uuid import UUID
 
+from pydantic import TypeAdapter
+
 from commitline.application.commands import Command
 from commitline.application.process import ProcessManager
 from commitline.domain.aggregate import Aggregate, Event
@@ -75,6 +77,7 @@ class Domain(Protocol):
 
 NAME = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
 MAX_TABLE_NAME = 63 - len(REBUILD_SUFFIX)
+QUERY_PATH = re.compile(r"(?:[A-Za-z0-9_.~-]+|{[A-Za-z_]\w*})(?:/(?:[A-Za-z0-9_.~-]+|{[A-Za-z_]\w*}))*")
 TABLE_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,%d}$" % (MAX_TABLE_NAME - 1))
 #: codes commitline itself answers with; a domain error may not take one
 CORE_CODES = frozenset({
@@ -519,16 +522,37 @@ def _ports_and_queries(domain: Domain, say: Any) -> None:
     paths: dict[str, str] = {}
     for d in domain.queries:
         path = d.value.path
-        if path in paths and paths[path] != d.where:
-            say(d.where, f"two queries are served at /v1/read-models/{path} (also {paths[path]})")
-        paths.setdefault(path, d.where)
-        parameters = list(inspect.signature(d.value.function).parameters)
+        function = d.value.function.__name__
+        if not isinstance(path, str) or not QUERY_PATH.fullmatch(path):
+            say(d.where, f"query {function}'s path {path!r} must be segments separated by '/', each letters, digits, "
+                "'_', '-', '.' or '~', or a {parameter} (no leading or trailing '/', no '?')")
+            continue
+        shape = re.sub(r"{\w+}", "{}", path)  # paths of one shape answer the same URLs: the first would win
+        if shape in paths and paths[shape] != d.where:
+            say(d.where, f"two queries are served at /v1/read-models/{path} (also {paths[shape]})")
+        paths.setdefault(shape, d.where)
+        signature = inspect.signature(d.value.function)
+        parameters = list(signature.parameters)
         if parameters[:2] != ["reads", "tenant"]:
-            say(d.where, f"query {d.value.function.__name__} must take (reads, tenant, ...) first, not "
-                f"({', '.join(parameters[:2])})")
-        for placeholder in re.findall(r"{(\w+)}", path):
+            say(d.where, f"query {function} must take (reads, tenant, ...) first, not ({', '.join(parameters[:2])})")
+        placeholders = re.findall(r"{(\w+)}", path)
+        for placeholder in dict.fromkeys(placeholders):
+            if placeholders.count(placeholder) > 1:
+                say(d.where, f"query {function}'s path names {{{placeholder}}} twice")
             if placeholder not in parameters:
-                say(d.where, f"query {d.value.function.__name__} has no parameter {placeholder!r} for its path")
+                say(d.where, f"query {function} has no parameter {placeholder!r} for its path")
+        try:
+            hints = get_type_hints(d.value.function)
+        except Exception:  # an annotation that does not resolve: FastAPI will say so when it serves the route
+            hints = {}
+        for name in parameters[2:]:
+            if name not in hints:
+                continue
+            try:
+                TypeAdapter(hints[name])
+            except Exception as e:  # pydantic's refusal: the route could not be served
+                say(d.where, f"query {function}'s parameter {name!r} has a type no request can give: "
+                    f"{type(e).__name__}: {str(e).splitlines()[0]}")
     readers = _unique_declared(domain.readers)
     for d in readers:
         if not (isinstance(d.value, type) and issubclass(d.value, Reads)):

@@ -404,3 +404,37 @@ def test_every_table_of_a_fresh_store_is_among_those_read_models_may_not_name() 
             text = statement.as_string(None) if hasattr(statement, "as_string") else str(statement)
             created |= set(re.findall(r'CREATE TABLE IF NOT EXISTS "?s"?\."?([a-z_]+)"?', text))
     assert created and created <= migrations.STORE_TABLES, created - migrations.STORE_TABLES
+
+
+class NotAType:
+    """No request parameter can be one (pydantic has no schema for it)."""
+
+
+def test_a_query_path_no_request_can_reach_as_declared_is_refused() -> None:
+    """Unbalanced braces, spaces, an empty path or a '?' were served as they stood (or not at all); two paths of one
+    shape answered the same URLs (the first won); a placeholder named twice, or a parameter type pydantic cannot
+    read, failed only when ``serve`` started."""
+    domain = Domain("shelves")
+
+    def read(reads: object, tenant: str, shelf_id: str = "", a: str = "", other: str = "") -> None:
+        return None
+
+    def odd(reads: object, tenant: str, shelf_id: NotAType) -> None:
+        return None
+
+    domain.query("shelves/{shelf_id")(read)
+    domain.query("has space/x")(read)
+    domain.query("")(read)
+    domain.query("a?b=1")(read)
+    domain.query("y/{a}/{a}")(read)
+    domain.query("shelves/{shelf_id}")(read)
+    domain.query("shelves/{other}")(read)
+    domain.query("odd/{shelf_id}")(odd)
+    with pytest.raises(InvalidDomain) as refused:
+        domain.check()
+    said = str(refused.value)
+    for path in ("shelves/{shelf_id", "has space/x", "", "a?b=1"):
+        assert f"path {path!r} must be segments separated by '/'" in said, path
+    assert "path names {a} twice" in said
+    assert "two queries are served at /v1/read-models/shelves/{other}" in said
+    assert "query odd's parameter 'shelf_id' has a type no request can give" in said
