@@ -77,6 +77,9 @@ class Domain(Protocol):
 
 NAME = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
 MAX_TABLE_NAME = 63 - len(REBUILD_SUFFIX)
+NOT_NUMBERS = frozenset({"text", "varchar", "character varying", "char", "character", "uuid", "boolean", "bool",
+                         "json", "jsonb", "date", "timestamp", "timestamptz", "time", "timetz", "interval", "bytea",
+                         "inet", "cidr"})  # column types a counter cannot add to
 QUERY_PATH = re.compile(r"(?:[A-Za-z0-9_.~-]+|{[A-Za-z_]\w*})(?:/(?:[A-Za-z0-9_.~-]+|{[A-Za-z_]\w*}))*")
 TABLE_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,%d}$" % (MAX_TABLE_NAME - 1))
 #: codes commitline itself answers with; a domain error may not take one
@@ -443,6 +446,11 @@ def _read_models(domain: Domain, events: dict[type[Event], type[Aggregate]], say
                 say(where, f"read model {name}'s table {table.name!r} {wrong}")
                 continue
             _table(name, table, where, say)
+        own = {getattr(t, "name", None) for t in declared}
+        for table in getattr(cls, "prefetch", {}):
+            if table not in own:
+                say(where, f"read model {name} prefetches rows of {table!r}, not one of its tables "
+                    f"({', '.join(sorted(map(str, own)))})")
         for event in cls._handlers:
             if event not in events:
                 say(where, f"read model {name} handles {getattr(event, '__name__', event)}, which no aggregate of "
@@ -478,6 +486,10 @@ def _table(read_model: str, table: Table, where: str, say: Any) -> None:
                 f"columns ({columns})")
         elif column in table.key:
             say(where, f"read model {read_model}'s table {table.name}: {column!r} is a key column and a counter")
+        elif isinstance(table.columns[column], str) and table.columns[column].split("(")[0].strip().lower() \
+                in NOT_NUMBERS:  # a type PostgreSQL does not know is told at start, by the database's check
+            say(where, f"read model {read_model}'s table {table.name}: counter {column!r} is of type "
+                f"{table.columns[column]!r}, which cannot be added to (a number type: bigint, numeric, ...)")
     for column, sql_type in table.columns.items():
         if not isinstance(sql_type, str) or not sql_type.strip():
             say(where, f"read model {read_model}'s table {table.name}: column {column!r} needs an SQL type, "

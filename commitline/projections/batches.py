@@ -4,7 +4,8 @@ The handlers run in memory; then the changes and the new position are written in
 transaction, so a crash at any point either keeps the whole batch or none of it. A
 handler that raises marks a poison event: the events before it are committed, the
 position stops just before it, and the error, the event and its position are recorded
-for ``commitline status``; the error's text withholds the event's personal values
+for ``commitline status``. So does an event whose rows cannot be written (a value of another type than its
+column): found by bisecting the batch with trial writes that are rolled back; the error's text withholds the event's personal values
 (``<personal FIELD>`` in their place). Nothing is ever skipped without an operator saying so.
 """
 
@@ -122,12 +123,70 @@ def apply_batch(conn: psycopg.Connection[Any], schema: str, projection: Projecti
             # The failing handler may have half-recorded its changes: redo the batch up to it.
             changes = _replay_until(projection, changes, decoded, relevant, i)
             break
-    with conn.transaction():
-        if not synchronous:
-            conn.execute("SET LOCAL synchronous_commit = off")
-        write_changes(conn, schema, changes, suffix)
-        Positions(schema).save(conn, follower, position, poison=poison, generation=generation)
+    # ``applied`` events of ``relevant`` made ``changes`` (a poison event after them stopped the batch)
+
+    def commit(changes: Changes, position: int, poison: dict[str, Any] | None) -> None:
+        with conn.transaction():
+            if not synchronous:
+                conn.execute("SET LOCAL synchronous_commit = off")
+            write_changes(conn, schema, changes, suffix)
+            Positions(schema).save(conn, follower, position, poison=poison, generation=generation)
+
+    try:
+        commit(changes, position, poison)
+    except UNWRITABLE:
+        # The rows the handlers made cannot be written (a value of another type than its column, say): the event
+        # that made them unwritable is poison, as a handler's error is; the events before it are committed.
+        found = _first_unwritable(conn, schema, projection, decoded, relevant[:applied], changes.loaded, suffix)
+        if found is None:  # the batch's rows write now: the failure was not theirs
+            raise
+        k, error = found
+        i = relevant[k]
+        poison = _poison(notifications[i], error, codec, decoded[i])
+        position = notifications[i - 1].id if i > 0 else start_position
+        commit(_replay_until(projection, changes, decoded, relevant, i), position, poison)
+        return BatchOutcome(position, k, poison)
     return BatchOutcome(position, applied, poison)
+
+
+#: Errors of writing a batch's rows that its rows cause (not the store's outage): the batch holds a poison event.
+UNWRITABLE = (psycopg.DataError, psycopg.IntegrityError, psycopg.ProgrammingError)
+
+
+class _RolledBack(Exception):
+    """Ends a trial write's transaction (``_first_unwritable``): nothing of it is kept."""
+
+
+def _first_unwritable(conn: psycopg.Connection[Any], schema: str, projection: Projection, decoded: Sequence[Any],
+                      relevant: list[int], loaded: Any, suffix: str) -> tuple[int, Exception] | None:
+    """The index (in ``relevant``) of the first event whose changes cannot be written, with the error, found by
+    bisection over trial writes that are rolled back: the changes of ``relevant[:lo]`` write, those of
+    ``relevant[:hi]`` do not, until ``hi == lo + 1``. None when all of them write."""
+    def trial(count: int) -> Exception | None:
+        changes = projection.new_changes()
+        changes.loaded = loaded
+        for i in relevant[:count]:
+            projection.apply(changes, decoded[i])
+        try:
+            with conn.transaction():
+                write_changes(conn, schema, changes, suffix)
+                raise _RolledBack
+        except _RolledBack:
+            return None
+        except UNWRITABLE as e:
+            return e
+
+    lo, hi = 0, len(relevant)
+    error = trial(hi)
+    if error is None:
+        return None
+    while hi - lo > 1:
+        middle = (lo + hi) // 2
+        if (found := trial(middle)) is None:
+            lo = middle
+        else:
+            hi, error = middle, found
+    return lo, error
 
 
 def _replay_until(projection: Projection, spoiled: Changes, decoded: Sequence[Any], relevant: list[int],

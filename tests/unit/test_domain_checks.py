@@ -438,3 +438,36 @@ def test_a_query_path_no_request_can_reach_as_declared_is_refused() -> None:
     assert "path names {a} twice" in said
     assert "two queries are served at /v1/read-models/shelves/{other}" in said
     assert "query odd's parameter 'shelf_id' has a type no request can give" in said
+
+
+def test_a_counter_of_text_and_a_prefetch_of_another_table_are_refused() -> None:
+    """Both failed at the first batch, in the write (a traceback that stopped every read model of the process)."""
+    from commitline import Projection, Table, on
+
+    domain = Domain("tallies")
+
+    class Counted(Event):
+        pass
+
+    @domain.aggregate
+    class Tally(Aggregate):
+        EVENTS = (Counted,)
+
+        def _evolve(self, event: Event) -> None:
+            pass
+
+    @domain.read_model
+    class Tallies(Projection):
+        name = "tallies"
+        tables = (Table("rm_tallies", {"id": "uuid", "n": "text"}, key=("id",), counters=("n",)),)
+        prefetch = {"rm_typo": lambda recorded: (recorded.event.aggregate_id,)}
+
+        @on(Counted)
+        def counted(self, changes: object, recorded: object) -> None:
+            pass
+
+    with pytest.raises(InvalidDomain) as refused:
+        domain.check()
+    said = str(refused.value)
+    assert "counter 'n' is of type 'text', which cannot be added to" in said
+    assert "read model tallies prefetches rows of 'rm_typo', not one of its tables (rm_tallies)" in said
