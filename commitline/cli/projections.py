@@ -7,22 +7,18 @@ import sys
 
 from rich.table import Table
 
-from commitline.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, actions, console, declared, print_json
+from commitline.cli.common import EXIT_OK, EXIT_USAGE, actions, console, declared, print_json
 from commitline.cli.followers import add_metrics_options, cmd_intervene
 
 
 def cmd_project(args: argparse.Namespace) -> int:
     from commitline.cli.common import bootstrap
-    from commitline.composition import ProjectionNeedsRebuild
 
+    # A projection whose tables need a rebuild waits for it (logged, and failed in status) while the others run.
     with bootstrap(long_running=True) as app:
         projectors = app.projectors(args.names)
-        try:
-            with app.metrics_endpoint(args.metrics_host, args.metrics_port, projectors):
-                app.run_until_signalled(*projectors)
-        except ProjectionNeedsRebuild as e:
-            print(str(e), file=sys.stderr)
-            return EXIT_REFUSED
+        with app.metrics_endpoint(args.metrics_host, args.metrics_port, projectors):
+            app.run_until_signalled(*projectors)
     return EXIT_OK
 
 

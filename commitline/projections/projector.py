@@ -4,8 +4,9 @@ While it holds the projection's lease it reads the gap-safe log after its positi
 applies each batch and moves the position in one transaction on the lease's own
 connection (so a lost lease cannot write). A second instance waits for the lease. When a
 rebuild is waiting to swap its tables in, the projector yields the lease and takes it
-back afterwards. Tables found with another shape than declared stop it at start with
-``ProjectionNeedsRebuild`` (it never writes into them). At a poison event it stops and waits
+back afterwards. Tables found with another shape than declared stop it at start: its status is ``failed``
+with ``ProjectionNeedsRebuild``'s message and command, it never writes into them, and it waits (the process's
+other projectors going on) until a rebuild swaps tables of its shape in, then goes on by itself. At a poison event it stops and waits
 for ``projections retry`` or ``projections skip``; it never passes the event by itself.
 """
 
@@ -18,7 +19,7 @@ from typing import Any
 
 from eventsourcing.persistence import Notification
 
-from commitline.infrastructure.followers.engine import Follower, Handled
+from commitline.infrastructure.followers.engine import Follower, Handled, WaitingForOperator
 from commitline.infrastructure.store.codec import EventCodec
 from commitline.infrastructure.store.recorder import EventRecorder
 from commitline.projections.base import Projection
@@ -47,8 +48,9 @@ class Projector(Follower):
         self.metrics = ProjectorMetrics()
 
     async def on_owner(self) -> None:
-        """Create the tables on a first start; refuse (``ProjectionNeedsRebuild``) when they exist with another
-        shape than declared, recording it as the follower's error so ``status`` and ``projections list`` show it."""
+        """Create the tables on a first start; when they exist with another shape than declared, record
+        ``ProjectionNeedsRebuild`` as the follower's error (``status`` and ``projections list`` show it) and wait
+        for the rebuild (``WaitingForOperator``)."""
 
         def prepare(conn: Any) -> list[str]:
             with conn.transaction():
@@ -66,7 +68,7 @@ class Projector(Follower):
             await asyncio.to_thread(self.lease.set_status, "failed", {
                 "message": str(refused), "position": position, "needs_rebuild": differences,
                 "command": refused.command})
-            raise refused
+            raise WaitingForOperator(str(refused)) from refused
 
     async def handle(self, batch: Sequence[Notification], position: int) -> Handled:
         outcome = await asyncio.to_thread(self.lease.run, lambda conn: apply_batch(

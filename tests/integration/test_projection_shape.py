@@ -1,8 +1,13 @@
-"""A projection whose tables have another shape than it declares refuses to start, naming the differences
-and the rebuild command; after that rebuild it runs again."""
+"""A projection whose tables have another shape than it declares writes nothing into them: it records the
+differences and the rebuild command, and waits, while the other projections of its process run; once that
+rebuild swapped tables of its shape in, it goes on by itself."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from decimal import Decimal
 from uuid import uuid4
 
@@ -11,7 +16,7 @@ import psycopg
 import pytest
 
 from commitline.composition import Commitline
-from commitline.projections.storage import ProjectionNeedsRebuild
+from commitline.composition.status import FollowerStatus
 from tests.integration.test_cli import commitline
 from tests.support import FollowerThread, wait_for
 
@@ -51,12 +56,16 @@ def project_everything(app: Commitline) -> None:
         thread.wait_until_at(head(app))
 
 
-def refused(app: Commitline) -> ProjectionNeedsRebuild:
-    thread = projector(app).start()
-    wait_for(lambda: thread.error is not None, "the projector to refuse")
-    with pytest.raises(ProjectionNeedsRebuild) as info:
-        thread.stop()
-    return info.value
+def follower(app: Commitline, name: str = NAME) -> FollowerStatus | None:
+    return next((s for s in app.status().followers if s.name == name), None)
+
+
+def refused(app: Commitline) -> dict:
+    """The error a projector records when its tables need a rebuild (it then waits, writing nothing)."""
+    with projector(app):
+        status = wait_for(lambda: (s := follower(app)) is not None and s.status == "failed" and s.error and
+                          s.error.get("needs_rebuild") and s, "the projector to refuse its tables")
+    return status.error
 
 
 @pytest.mark.parametrize("change, difference", [
@@ -76,12 +85,9 @@ def test_a_projection_whose_tables_changed_shape_refuses_to_start_until_rebuilt(
     pay(app, "3.00")
 
     error = refused(app)
-    assert error.projection == NAME and difference in error.differences
-    assert difference in str(error) and f"`{COMMAND}`" in str(error)
+    assert difference in error["needs_rebuild"] and difference in error["message"]
+    assert f"`{COMMAND}`" in error["message"] and error["command"] == COMMAND
     assert (columns(pg_dsn, schema, "rm_payments"), columns(pg_dsn, schema, "rm_payment_totals")) == shape_before
-    (status,) = [s for s in app.status().followers if s.name == NAME]
-    assert status.status == "failed" and status.error is not None
-    assert status.error["command"] == COMMAND and difference in status.error["message"]
     listed = commitline(["projections", "list", "--json"], pg_dsn, schema)
     assert listed.returncode == 0, listed.stderr
     (row,) = [r for r in orjson.loads(listed.stdout)["projections"] if r["name"] == NAME]
@@ -89,22 +95,27 @@ def test_a_projection_whose_tables_changed_shape_refuses_to_start_until_rebuilt(
     assert row["rebuild_command"] == COMMAND
     table = commitline(["projections", "list"], pg_dsn, schema)
     assert "needs rebuild" in table.stdout and NAME in table.stdout, table.stdout + table.stderr
-    project = commitline(["project", NAME], pg_dsn, schema)  # the CLI refuses in words, not a traceback
-    assert project.returncode == 1 and COMMAND in project.stderr and "Traceback" not in project.stderr
-    # beside another projection: that one stops as on SIGTERM, handing its lease back (never left 'dead')
-    project = commitline(["project", NAME, "inventory_levels"], pg_dsn, schema)
-    assert project.returncode == 1 and COMMAND in project.stderr and "Traceback" not in project.stderr
-    (other,) = [s for s in app.status().followers if s.name == "inventory_levels"]
-    assert other.status == "stopped", other
-
-    rebuilt = commitline(["projections", "rebuild", NAME], pg_dsn, schema)
-    assert rebuilt.returncode == 0, rebuilt.stdout + rebuilt.stderr
-    pay(app, "4.00")
-    with projector(app) as thread:
-        thread.wait_until_at(head(app))
+    # `commitline project` runs the other projection meanwhile, and goes on with this one after the rebuild
+    env = {**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn, "COMMITLINE_SCHEMA": schema}
+    project = subprocess.Popen([sys.executable, "-m", "commitline.cli", "project", NAME, "inventory_levels"],
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: (s := follower(app, "inventory_levels")) is not None and s.status == "running" and
+                 s.position == head(app), "the other projection to run up to the head")
+        assert follower(app).status == "failed"  # still waiting, its tables untouched
+        assert (columns(pg_dsn, schema, "rm_payments"), columns(pg_dsn, schema, "rm_payment_totals")) == \
+            shape_before
+        rebuilt = commitline(["projections", "rebuild", NAME], pg_dsn, schema)  # while the process runs
+        assert rebuilt.returncode == 0, rebuilt.stdout + rebuilt.stderr
+        pay(app, "4.00")
+        wait_for(lambda: (s := follower(app)) is not None and s.status == "running" and s.position == head(app),
+                 "the projection to go on by itself after the rebuild")
+    finally:
+        project.send_signal(signal.SIGTERM)
+        _, stderr = project.communicate(timeout=120)
+    assert project.returncode == 0 and COMMAND in stderr and "Traceback" not in stderr, stderr[-3000:]
     assert totals(pg_dsn, schema) == [("PENDING", 3, Decimal("9.00"))]
-    (status,) = [s for s in app.status().followers if s.name == NAME]
-    assert status.error is None
+    assert follower(app).error is None
     listed = commitline(["projections", "list", "--json"], pg_dsn, schema)
     (row,) = [r for r in orjson.loads(listed.stdout)["projections"] if r["name"] == NAME]
     assert row["needs_rebuild"] == [] and row["status"] != "needs rebuild"

@@ -59,6 +59,14 @@ from commitline.infrastructure.store.recorder import EventRecorder
 
 log = logging.getLogger(__name__)
 OPERATOR_POLL_SECONDS = 1.0  # how often a follower looks at what an operator or a waiting rebuild asks
+WAITING_POLL_SECONDS = 5.0  # how often a follower waiting for an operator (``WaitingForOperator``) looks again
+
+
+class WaitingForOperator(Exception):
+    """Raised by ``on_owner``: this follower cannot go on until an operator acts (its status and error, recorded
+    before, say what). It lets go of its ownership, so that what the operator runs may take it (a rebuild's
+    swap), looks again every ``WAITING_POLL_SECONDS``, and goes on once it can; the process's other followers
+    run meanwhile."""
 GAP_POLL_SECONDS = 0.05
 IDLE_SAVE_SECONDS = 1.0  # positions moved past other slots' events only are saved at most this often
 
@@ -193,6 +201,13 @@ class Follower(OwnedSlots):
                     delay = self.store_outage.failed(e)
                     await self._leave("retrying", "running")
                     await wait_or_stop(stop, delay)
+                except WaitingForOperator as e:
+                    if str(e) != waiting_because:
+                        self.logger.error("%s: %s; the other followers go on, and this one once it can", self.name,
+                                          e)
+                    waiting_because = str(e)
+                    await self._leave("failed", "failed")  # its recorded status and error stay as they are
+                    await wait_or_stop(stop, WAITING_POLL_SECONDS)
         finally:
             await self._leave("stopped", "stopped")
             await self.on_stop()
