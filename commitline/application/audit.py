@@ -25,7 +25,8 @@ from pydantic_core import to_jsonable_python
 
 from commitline.application.boundary import check_tenant
 from commitline.application.chain import GENESIS, stream_prefix
-from commitline.application.errors import AggregateNotFound, AuditQueryError, BeforeCreation, VersionBeyondHead
+from commitline.application.errors import (AggregateNotFound, AuditQueryError, BeforeCreation, HistoryBroken,
+                                          VersionBeyondHead)
 from commitline.domain import Aggregate, Event
 
 
@@ -180,9 +181,17 @@ class Auditor:
 
     def _events(self, aggregate_id: UUID, tenant: str) -> tuple[type[Aggregate], list[StoredHistoryEvent]]:
         check_tenant(tenant)
-        stored = self.source.stream(aggregate_id)
+        try:
+            stored = self.source.stream(aggregate_id)
+        except ValueError as e:  # an event that does not decode (a sealed field changed in place, say)
+            raise HistoryBroken(aggregate_id, f"an event does not decode: {e}") from None
         if not stored or stored[0].tenant != tenant:
             raise AggregateNotFound("aggregate", aggregate_id)
+        versions = [s.event.version for s in stored]
+        if versions != list(range(1, len(stored) + 1)):  # replayed, it would fail at the first one out of place
+            expected = next(v for v, found in enumerate(versions, start=1) if found != v)
+            raise HistoryBroken(aggregate_id, f"version {expected} is not where it belongs (stored versions: "
+                                f"{', '.join(map(str, versions[:20]))}{', ...' if len(versions) > 20 else ''})")
         return self.aggregate_types[stored[0].aggregate_type], stored
 
     def history(self, aggregate_id: UUID, *, compact: bool = True, tenant: str = "default") -> AggregateHistory:

@@ -270,6 +270,17 @@ class BeforeCreation(AuditQueryError):
     code = "before_creation"
 
 
+class HistoryBroken(CommitlineError):
+    """A stream's stored events cannot be replayed as a history (a version missing or out of place, an event
+    that does not decode): a fault of the store, not of the question; ``audit verify`` names what is wrong."""
+
+    code = "history_broken"
+    fields = ("aggregate_id", "reason")
+    text_fields = ("aggregate_id",)
+    message = ("the stored history of {aggregate_id} cannot be replayed: {reason}; run `commitline audit verify "
+               "--aggregate {aggregate_id}`")
+
+
 __all__ = [
     "AggregateAlreadyExists",
     "AggregateNotFound",
@@ -280,6 +291,7 @@ __all__ = [
     "ConfigurationError",
     "DomainError",
     "EventTooLarge",
+    "HistoryBroken",
     "IdempotencyKeyReused",
     "IllegalTransition",
     "InvalidApp",

@@ -14,7 +14,7 @@ from uuid import UUID
 import orjson
 from rich.console import Console
 
-from commitline.application.errors import CommitlineError, ConfigurationError, StoreUnavailable
+from commitline.application.errors import CommitlineError, ConfigurationError, HistoryBroken, StoreUnavailable
 
 if TYPE_CHECKING:
     from commitline.composition import Commitline, Domain
@@ -93,7 +93,8 @@ def error_exit(e: CommitlineError, code: int) -> int:
     """Print ``e``; return ``code``, or EXIT_UNAVAILABLE when the store could not be used (retry then) or the
     configuration is wrong (a master key that opens nothing, say): neither is the command's fault."""
     print_error(e)
-    return EXIT_UNAVAILABLE if isinstance(e, (StoreUnavailable, ConfigurationError)) else code
+    # a history the store cannot replay is the store's fault too, one a retry does not mend
+    return EXIT_UNAVAILABLE if isinstance(e, (StoreUnavailable, ConfigurationError, HistoryBroken)) else code
 
 
 def console() -> Console:

@@ -67,6 +67,7 @@ STATUS: dict[str, int] = {
     "invalid_app": 503,
     "invalid_domain": 503,
     "internal_error": 500,
+    "history_broken": 500,
 }
 DEFAULT_STATUS = 422
 

@@ -211,6 +211,13 @@ def test_cli_audit_commands_and_their_errors(app: Commitline, pg_dsn: str, schem
     assert orjson.loads(broken.stdout)["broken"][0]["tenant"] == "default"  # the next command needs it: -t default
     table = cli(["audit", "verify", "--all"], pg_dsn, schema)
     assert f"BROKEN {pid} (tenant default): link at version 3" in table.stdout, table.stdout
+    for args in (["audit", "history", pid], ["audit", "state", pid, "--at-version", "4"],
+                 ["audit", "diff", pid, "--from", "1", "--to", "3"]):  # the stream verify flags: a typed answer
+        out = cli(args, pg_dsn, schema)
+        error = orjson.loads(out.stderr)
+        assert out.returncode == 3 and error["code"] == "history_broken" and "Traceback" not in out.stderr, out
+        assert "version 2 is not where it belongs" in error["message"] and f"audit verify --aggregate {pid}" in \
+            error["message"]
 
 
 def test_the_read_ahead_stops_with_its_reader_and_hands_over_its_errors(app: Commitline, schema: str) -> None:
