@@ -83,6 +83,8 @@ MIGRATIONS: tuple[Migration, ...] = (
               api_keys.change_notice_statements),
     Migration(16, "personal data: the master keys in use (ids only), so a wrong one is refused even when every "
               "subject was erased", data_keys.master_key_statements),
+    Migration(17, "audit verification runs are append-only (triggers reject UPDATE, DELETE and TRUNCATE)",
+              audit_runs.append_only_statements),
 )
 LATEST = MIGRATIONS[-1].version
 #: Every table a migrated store holds (a test compares it with a fresh store's): a read model's table must have

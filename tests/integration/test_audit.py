@@ -248,3 +248,16 @@ def test_the_read_ahead_stops_with_its_reader_and_hands_over_its_errors(app: Com
     with pytest.raises(ProgrammingError, match="no_such_table"):
         list(source.chain_pages(None))
     assert not [t for t in threading.enumerate() if t.name == "commitline-audit-read"]
+
+
+def test_the_record_of_verification_runs_is_append_only(app: Commitline, pg_dsn: str, schema: str) -> None:
+    """A BROKEN run deleted or rewritten would leave the status page an earlier OK one to show."""
+    run_commands(app, "runs")
+    verified = cli(["audit", "verify", "--all"], pg_dsn, schema)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    for change in (f'UPDATE "{schema}".audit_runs SET ok = true', f'DELETE FROM "{schema}".audit_runs',
+                   f'TRUNCATE "{schema}".audit_runs'):
+        with psycopg.connect(pg_dsn) as conn, pytest.raises(psycopg.errors.RestrictViolation):
+            conn.execute(change)
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute(f'SELECT count(*) FROM "{schema}".audit_runs').fetchone() == (1,)

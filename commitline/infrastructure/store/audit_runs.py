@@ -38,6 +38,21 @@ def create_statements(schema: str) -> list[Composed]:
                 " seconds double precision NOT NULL)").format(Identifier(schema, AUDIT_RUNS_TABLE))]
 
 
+def append_only_statements(schema: str) -> list[Composed]:
+    """Triggers that reject UPDATE, DELETE and TRUNCATE on the runs table (a schema migration): a BROKEN run
+    removed would show the status page an earlier OK one."""
+    names = {"t": Identifier(schema, AUDIT_RUNS_TABLE), "reject": Identifier(schema, "reject_audit_run_change")}
+    return [SQL(text).format(**names) for text in (
+        "CREATE OR REPLACE FUNCTION {reject}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "RAISE EXCEPTION 'audit runs are append-only: % on %.% rejected', TG_OP, TG_TABLE_SCHEMA, "
+        "TG_TABLE_NAME USING ERRCODE = 'restrict_violation'; END $$",
+        "CREATE OR REPLACE TRIGGER audit_runs_append_only BEFORE UPDATE OR DELETE ON {t} "
+        "FOR EACH ROW EXECUTE FUNCTION {reject}()",
+        "CREATE OR REPLACE TRIGGER audit_runs_no_truncate BEFORE TRUNCATE ON {t} "
+        "FOR EACH STATEMENT EXECUTE FUNCTION {reject}()",
+    )]
+
+
 @dataclass(frozen=True)
 class AuditRun:
     run_id: int
