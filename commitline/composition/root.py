@@ -113,7 +113,9 @@ class Commitline(Followers, Projections, Sagas, Operations, PersonalDataOperatio
                                             include=lambda name: parse_bucket_name(name) is None)
         limits = Thresholds(self.settings.status_max_lag_events, self.settings.status_max_lag_s)
         publisher = group_status(self.recorder, PUBLISHER, self.settings.publish_buckets, head)
-        return StatusReport(head, followers, self.stuck_sagas(), limits, publisher, sagas)
+        last, last_all = self.last_verifications()
+        broken = next((run for run in (last, last_all) if run is not None and not run.ok), None)
+        return StatusReport(head, followers, self.stuck_sagas(), limits, publisher, sagas, broken)
 
     # -- lifecycle ---------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from commitline.infrastructure.followers.status import FollowerStatus
 from commitline.infrastructure.followers.went_back import is_went_back
 from commitline.infrastructure.followers.group import UNOWNED_GRACE_SECONDS
 from commitline.infrastructure.kafka.publisher import PUBLISHER
+from commitline.infrastructure.store.audit_runs import ALL, AuditRun
 
 __all__ = ["FOLLOWER_ALIASES", "PUBLISHER", "FollowerStatus", "StatusReport", "UnknownFollower"]
 
@@ -40,6 +41,7 @@ class StatusReport:
     thresholds: Thresholds
     publisher: GroupStatus | None = None  # the publish instances and their buckets
     sagas: tuple[str, ...] = ()  # the process managers' follower names
+    broken_audit: AuditRun | None = None  # the last verification, or the last of every stream, if it found breaks
 
     def follower_names(self, names: Iterable[str]) -> list[str]:
         """``names`` (or an alias: publisher, sagas) as follower names; UnknownFollower names any other."""
@@ -61,7 +63,15 @@ class StatusReport:
         told once per instance (and reason), naming its buckets, instead of once per bucket."""
         buckets = self.bucket_problems() if only is None or PUBLISHER in only else []
         followers = [s for s in self.followers if not (buckets and s.name == PUBLISHER)]  # its row sums them up
-        return judge(followers, self.stuck, self.thresholds, only=only, unattended={PUBLISHER}) + buckets
+        audit = [] if only is not None or self.broken_audit is None else [self.audit_problem(self.broken_audit)]
+        return judge(followers, self.stuck, self.thresholds, only=only, unattended={PUBLISHER}) + buckets + audit
+
+    @staticmethod
+    def audit_problem(run: AuditRun) -> Problem:
+        scope = "every stream" if run.scope == ALL else f"aggregate {run.aggregate_id}"
+        return Problem("audit", f"the verification of {scope} at {run.finished_at:%Y-%m-%d %H:%M:%S %Z} found "
+                       f"{run.broken} broken stream{'s' if run.broken != 1 else ''}: `commitline audit verify --all` "
+                       "names them (healthy again once a verification finds none)")
 
     def bucket_problems(self) -> list[Problem]:
         if self.publisher is None:

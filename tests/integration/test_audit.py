@@ -211,6 +211,9 @@ def test_cli_audit_commands_and_their_errors(app: Commitline, pg_dsn: str, schem
     assert orjson.loads(broken.stdout)["broken"][0]["tenant"] == "default"  # the next command needs it: -t default
     table = cli(["audit", "verify", "--all"], pg_dsn, schema)
     assert f"BROKEN {pid} (tenant default): link at version 3" in table.stdout, table.stdout
+    checked = cli(["status", "--check"], pg_dsn, schema)  # a scheduled health check sees the broken chain
+    assert checked.returncode == 1 and "audit: the verification of every stream at " in checked.stdout + \
+        checked.stderr and "found 1 broken stream:" in checked.stdout + checked.stderr, checked
     for args in (["audit", "history", pid], ["audit", "state", pid, "--at-version", "4"],
                  ["audit", "diff", pid, "--from", "1", "--to", "3"]):  # the stream verify flags: a typed answer
         out = cli(args, pg_dsn, schema)
