@@ -114,6 +114,8 @@ def test_a_projection_whose_tables_changed_shape_refuses_to_start_until_rebuilt(
         project.send_signal(signal.SIGTERM)
         _, stderr = project.communicate(timeout=120)
     assert project.returncode == 0 and COMMAND in stderr and "Traceback" not in stderr, stderr[-3000:]
+    told = [line for line in stderr.splitlines() if "the other followers go on" in line]
+    assert len(told) == 1, told  # once, not at every look while it waited
     assert totals(pg_dsn, schema) == [("PENDING", 3, Decimal("9.00"))]
     assert follower(app).error is None
     listed = commitline(["projections", "list", "--json"], pg_dsn, schema)

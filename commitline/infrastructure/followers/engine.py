@@ -173,6 +173,7 @@ class Follower(OwnedSlots):
         gc.freeze()
         await self.on_start()
         waiting_because = None
+        told_operator = None  # what this follower waits for an operator about, logged once (not every look)
         try:
             while not stop.is_set():
                 try:
@@ -186,6 +187,7 @@ class Follower(OwnedSlots):
                         continue
                     waiting_because = None
                     await self._own_until(stop)
+                    told_operator = None
                 except GenerationChanged as e:
                     self.logger.warning("%s: joining again under the new one", e)
                     await self._leave("stopped", "running")
@@ -202,10 +204,10 @@ class Follower(OwnedSlots):
                     await self._leave("retrying", "running")
                     await wait_or_stop(stop, delay)
                 except WaitingForOperator as e:
-                    if str(e) != waiting_because:
+                    if str(e) != told_operator:
                         self.logger.error("%s: %s; the other followers go on, and this one once it can", self.name,
                                           e)
-                    waiting_because = str(e)
+                    told_operator = str(e)
                     await self._leave("failed", "failed")  # its recorded status and error stay as they are
                     await wait_or_stop(stop, WAITING_POLL_SECONDS)
         finally:
