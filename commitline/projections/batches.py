@@ -5,8 +5,9 @@ transaction, so a crash at any point either keeps the whole batch or none of it.
 handler that raises marks a poison event: the events before it are committed, the
 position stops just before it, and the error, the event and its position are recorded
 for ``commitline status``. So does an event whose rows cannot be written (a value of another type than its
-column): found by bisecting the batch with trial writes that are rolled back; the error's text withholds the event's personal values
-(``<personal FIELD>`` in their place). Nothing is ever skipped without an operator saying so.
+column): found by bisecting the batch with trial writes that are rolled back. The error's text withholds the
+event's personal values (``<personal FIELD>`` in their place). Nothing is ever skipped without an operator
+saying so.
 """
 
 from __future__ import annotations
