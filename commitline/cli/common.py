@@ -122,6 +122,13 @@ def declared(what: str, of: Callable[[Domain], Mapping[str, Any]]) -> Callable[[
     return name
 
 
+def tcp_port(text: str) -> int:
+    """An argument naming a TCP port to listen on (1-65535)."""
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1-65535)")
+    return int(text)
+
+
 def aggregate_id(text: str) -> UUID:
     try:
         return UUID(text)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from commitline.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, actions, console, print_json
+from commitline.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, actions, console, print_json, tcp_port
 
 if TYPE_CHECKING:
     from commitline.composition import StatusReport
@@ -19,14 +19,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _metrics_port(text: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1-65535)")
-    return int(text)
-
-
 def add_metrics_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--metrics-port", type=_metrics_port, metavar="PORT",
+    parser.add_argument("--metrics-port", type=tcp_port, metavar="PORT",
                         help="serve Prometheus metrics at http://HOST:PORT/metrics: every follower's position and "
                         "lag (read from PostgreSQL at each scrape) and this process's own counters; and "
                         "/healthz: 200 while this process's followers run (its liveness, for a container health "
@@ -39,10 +33,10 @@ def cmd_publish(args: argparse.Namespace) -> int:
     from commitline.cli.common import bootstrap, domain
     from commitline.composition import check_publishing, load_settings
 
-    check_publishing(load_settings().for_domain(domain().schema))  # before the store is opened (or made)
+    # A configured database without KAFKA_BOOTSTRAP_SERVERS: ConfigurationError before the store is opened (or
+    # made), nothing published or saved; ``main`` prints it and exits 3.
+    check_publishing(load_settings().for_domain(domain().schema))
     with bootstrap(long_running=True) as app:
-        # A configured database without KAFKA_BOOTSTRAP_SERVERS raises ConfigurationError here, before
-        # anything is published or saved; ``main`` prints it and exits 3.
         publisher = app.publisher()
         if app.settings.kafka_bootstrap_servers is None:
             log.warning("no KAFKA_BOOTSTRAP_SERVERS and no COMMITLINE_DATABASE_URL: publishing the embedded "

@@ -24,7 +24,8 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
-from commitline.cli.common import APP_SPEC, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, domain, warn_of_new_store
+from commitline.cli.common import (APP_SPEC, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, domain, tcp_port,
+                                   warn_of_new_store)
 
 UNRESOLVED = "the host does not resolve"
 MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"  # = infrastructure.metrics.MULTIPROC_DIR, which must not be imported yet
@@ -146,12 +147,6 @@ def _port(text: str) -> int:
     return int(text)
 
 
-def _operator_port(text: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1-65535)")
-    return int(text)
-
-
 def _workers(text: str) -> int:
     if not text.isdigit() or not 1 <= int(text) <= 64:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of workers (1-64)")
@@ -167,7 +162,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     serve.add_argument("--port", type=_port, help="port to listen on (default COMMITLINE_HTTP_PORT, 8080)")
     serve.add_argument("--workers", type=_workers, metavar="N",
                        help="worker processes sharing the database (default COMMITLINE_HTTP_WORKERS, 1)")
-    serve.add_argument("--operator-port", type=_operator_port, metavar="PORT",
+    serve.add_argument("--operator-port", type=tcp_port, metavar="PORT",
                        help="serve the operators' views (the status page at /, /v1/status, /metrics; no API key, "
                        "every tenant's followers and stuck sagas) only on this port, apart from the API's, which "
                        "then answers them 404 (default COMMITLINE_HTTP_OPERATOR_PORT; unset: on the API's port)")

@@ -45,7 +45,7 @@ from commitline.projections.base import Projection, Table
 from commitline.projections.reads import Reads
 from commitline.infrastructure.migrations import STORE_TABLES
 from commitline.infrastructure.schema_names import schema_name_problem
-from commitline.projections.storage import REBUILD_SUFFIX
+from commitline.projections.storage import REBUILD_SUFFIX, base_type
 
 
 class Domain(Protocol):
@@ -486,8 +486,8 @@ def _table(read_model: str, table: Table, where: str, say: Any) -> None:
                 f"columns ({columns})")
         elif column in table.key:
             say(where, f"read model {read_model}'s table {table.name}: {column!r} is a key column and a counter")
-        elif isinstance(table.columns[column], str) and table.columns[column].split("(")[0].strip().lower() \
-                in NOT_NUMBERS:  # a type PostgreSQL does not know is told at start, by the database's check
+        elif isinstance(table.columns[column], str) and base_type(table.columns[column]) in NOT_NUMBERS:
+            # (a type PostgreSQL does not know is told at start, by the database's check)
             say(where, f"read model {read_model}'s table {table.name}: counter {column!r} is of type "
                 f"{table.columns[column]!r}, which cannot be added to (a number type: bigint, numeric, ...)")
     for column, sql_type in table.columns.items():

@@ -164,10 +164,7 @@ def _first_unwritable(conn: psycopg.Connection[Any], schema: str, projection: Pr
     bisection over trial writes that are rolled back: the changes of ``relevant[:lo]`` write, those of
     ``relevant[:hi]`` do not, until ``hi == lo + 1``. None when all of them write."""
     def trial(count: int) -> Exception | None:
-        changes = projection.new_changes()
-        changes.loaded = loaded
-        for i in relevant[:count]:
-            projection.apply(changes, decoded[i])
+        changes = _changes_of(projection, loaded, decoded, relevant[:count])
         try:
             with conn.transaction():
                 write_changes(conn, schema, changes, suffix)
@@ -193,10 +190,13 @@ def _first_unwritable(conn: psycopg.Connection[Any], schema: str, projection: Pr
 def _replay_until(projection: Projection, spoiled: Changes, decoded: Sequence[Any], relevant: list[int],
                   stop_at: int) -> Changes:
     """The changes of the batch's events before index ``stop_at`` (every one of them applied cleanly)."""
+    return _changes_of(projection, spoiled.loaded, decoded, [i for i in relevant if i < stop_at])
+
+
+def _changes_of(projection: Projection, loaded: Any, decoded: Sequence[Any], indexes: Sequence[int]) -> Changes:
+    """The changes the events at ``indexes`` make, over the rows ``loaded`` before the batch."""
     changes = projection.new_changes()
-    changes.loaded = spoiled.loaded
-    for i in relevant:
-        if i >= stop_at:
-            break
+    changes.loaded = loaded
+    for i in indexes:
         projection.apply(changes, decoded[i])
     return changes

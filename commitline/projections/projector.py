@@ -6,8 +6,8 @@ connection (so a lost lease cannot write). A second instance waits for the lease
 rebuild is waiting to swap its tables in, the projector yields the lease and takes it
 back afterwards. Tables found with another shape than declared stop it at start: its status is ``failed``
 with ``ProjectionNeedsRebuild``'s message and command, it never writes into them, and it waits (the process's
-other projectors going on) until a rebuild swaps tables of its shape in, then goes on by itself. At a poison event it stops and waits
-for ``projections retry`` or ``projections skip``; it never passes the event by itself.
+other projectors going on) until a rebuild swaps tables of its shape in, then goes on by itself. At a poison
+event it stops and waits for ``projections retry`` or ``projections skip``; it never passes the event by itself.
 """
 
 from __future__ import annotations

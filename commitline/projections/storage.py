@@ -206,14 +206,14 @@ def _erased_key(key: Key) -> bool:
     return any(isinstance(part, Erased) for part in key)
 
 
-def _base_type(sql_type: str) -> str:
+def base_type(sql_type: str) -> str:
     """A declared column type without its modifiers, in lower case (``VARCHAR(40)`` -> ``varchar``)."""
     return sql_type.split("(")[0].strip().lower()
 
 
 def _stored(value: Any, sql_type: str) -> Any:
     if isinstance(value, Erased):
-        return _ERASED_TEXT if _base_type(sql_type) in _TEXT_TYPES else None
+        return _ERASED_TEXT if base_type(sql_type) in _TEXT_TYPES else None
     return value
 
 
@@ -233,7 +233,7 @@ def _json_value(value: Any) -> Any:
 
 
 def _is_json_type(sql_type: str) -> bool:
-    return _base_type(sql_type) in ("json", "jsonb")
+    return base_type(sql_type) in ("json", "jsonb")
 
 
 def _upsert_json(schema: str, table: Table, rows: dict[Key, dict[str, Any]],

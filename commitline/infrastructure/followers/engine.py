@@ -60,6 +60,8 @@ from commitline.infrastructure.store.recorder import EventRecorder
 log = logging.getLogger(__name__)
 OPERATOR_POLL_SECONDS = 1.0  # how often a follower looks at what an operator or a waiting rebuild asks
 WAITING_POLL_SECONDS = 5.0  # how often a follower waiting for an operator (``WaitingForOperator``) looks again
+GAP_POLL_SECONDS = 0.05
+IDLE_SAVE_SECONDS = 1.0  # positions moved past other slots' events only are saved at most this often
 
 
 class WaitingForOperator(Exception):
@@ -67,8 +69,6 @@ class WaitingForOperator(Exception):
     before, say what). It lets go of its ownership, so that what the operator runs may take it (a rebuild's
     swap), looks again every ``WAITING_POLL_SECONDS``, and goes on once it can; the process's other followers
     run meanwhile."""
-GAP_POLL_SECONDS = 0.05
-IDLE_SAVE_SECONDS = 1.0  # positions moved past other slots' events only are saved at most this often
 
 
 @dataclass(frozen=True)
