@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Self, dataclass_transform
 from uuid import UUID
 
 from commitline.domain.errors import IllegalTransition
+from commitline.domain.frozen import frozen
 from commitline.domain.fsm import TransitionTable
 from commitline.domain.ids import new_id
 
@@ -47,11 +48,35 @@ class Event:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("__post_init__")
+        if own is not None:  # a subclass's own: the payload frozen before it runs, as for every other event
+            def __post_init__(self: Event, *args: Any) -> None:
+                self._freeze_payload()
+                own(self, *args)
+
+            cls.__post_init__ = __post_init__  # type: ignore[method-assign]
         dataclass(frozen=True, kw_only=True)(cls)
+
+    def __post_init__(self) -> None:
+        self._freeze_payload()
+
+    def _freeze_payload(self) -> None:
+        """Each list and dict of the payload replaced by a read-only copy (``frozen.py`` says why), as the event
+        is made: emitted by a command, decoded from the store or written by a test."""
+        fields = self.__dict__
+        for name in _payload_fields(type(self)):
+            value = fields.get(name)
+            if type(value) in _THAWED:
+                fields[name] = frozen(value)
 
     @classmethod
     def type_name(cls) -> str:
         return cls.__name__
+
+    @classmethod
+    def payload_fields(cls) -> tuple[str, ...]:
+        """The names of the payload's fields (every field but the envelope's)."""
+        return _payload_fields(cls)
 
     def payload(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in _payload_fields(type(self))}
@@ -85,6 +110,9 @@ class Event:
                 return []
             since = declared[0]
         return [f"upcast_v{v}_v{v + 1}" for v in range(since, cls.class_version) if v not in declared]
+
+
+_THAWED = (list, dict)
 
 
 @functools.cache
