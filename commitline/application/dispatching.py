@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import Protocol
+from typing import Any, Protocol
 from uuid import UUID, uuid5
 
 import orjson
@@ -101,19 +101,34 @@ class Observer(Protocol):
 
 
 def fingerprint(command: Command) -> bytes:
-    """SHA-256 of the request as its sender meant it, in canonical JSON: its type and every field whose value is
-    not the field's default. Same request, same fingerprint, across releases of the domain too: a field the
-    command gains later with a default (or a default that changes) leaves the fingerprint of every request sent
-    before alone, so a retry after the deploy still replays its first answer."""
-    sent = command.model_dump(mode="json", exclude_defaults=True)
+    """SHA-256 of the request as its sender sent it, in canonical JSON: its type and every field it set, at
+    whatever value (a field left out is not in it). Same request, same fingerprint, across releases of the domain
+    too: a field the command gains later with a default, or a default that changes, leaves the fingerprint of a
+    request sent again byte for byte alone, so a retry after the deploy still replays its first answer.
+    ``replay`` also takes a retry that sets a field at its default where the first request left it out."""
+    sent = command.model_dump(mode="json", exclude_unset=True)
     sent["type"] = command.type  # a default too (the class's own), and what tells two commands' fields apart
-    return hashlib.sha256(orjson.dumps(sent, option=orjson.OPT_SORT_KEYS)).digest()
+    return _digest(sent)
+
+
+def defaults_left_out_fingerprint(command: Command) -> bytes:
+    """The fingerprint of the request with every field at its default left out, whether sent or not: what records
+    written before ``fingerprint`` kept the fields as sent hold, and what a retry that sends a field at its default
+    has in common with a first request that left it out. Only ever compared with a stored one ``fingerprint`` does
+    not match."""
+    sent = command.model_dump(mode="json", exclude_defaults=True)
+    sent["type"] = command.type
+    return _digest(sent)
 
 
 def full_fingerprint(command: Command) -> bytes:
-    """The fingerprint of records written before ``fingerprint`` left defaults out: every field, defaults
+    """The fingerprint of records written before fingerprints left defaults out: every field, defaults
     included. Only ever compared with a stored one that ``fingerprint`` does not match."""
-    return hashlib.sha256(orjson.dumps(command.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)).digest()
+    return _digest(command.model_dump(mode="json"))
+
+
+def _digest(fields: dict[str, Any]) -> bytes:
+    return hashlib.sha256(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)).digest()
 
 
 def _same(stored: bytes, digest: bytes) -> bool:
@@ -128,7 +143,8 @@ def derived_id(tenant: str, key: object) -> UUID:
 def replay(record: IdempotencyRecord, digest: bytes, command: Command) -> DispatchResult:
     """Rule 7: what a key already produced, as the answer to ``command`` (whose fingerprint is ``digest``)."""
     stored = record.fingerprint
-    if not _same(stored, digest) and not _same(stored, full_fingerprint(command)):
+    if not (_same(stored, digest) or _same(stored, defaults_left_out_fingerprint(command))
+            or _same(stored, full_fingerprint(command))):
         raise IdempotencyKeyReused(record.tenant, record.key, record.command_type, command.type)
     if record.answer is not None:
         return record.answer()

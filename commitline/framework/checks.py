@@ -608,7 +608,8 @@ def stored_problems(domain: Domain, pairs: Iterable[tuple[str, int]], schema: st
         if cls is None:
             found.append(f"{where}: holds {topic} events (version {version}), a type the domain {domain.name!r} does "
                          "not declare: a store holds one domain's events (choose another COMMITLINE_SCHEMA, or "
-                         "declare the type again)")
+                         "declare the type again: a renamed event class keeps its stored name with a type_name "
+                         f"classmethod returning {topic!r})")
         elif version > cls.class_version:
             found.append(f"{where}: holds {cls.__name__} events at version {version}, newer than its class_version "
                          f"{cls.class_version} here (a newer release of the domain wrote them)")

@@ -20,6 +20,7 @@ import orjson
 import psycopg
 from eventsourcing.persistence import Notification
 
+from commitline.application.errors import ConfigurationError
 from commitline.domain.personal import Erased, error_text, personal_values
 from commitline.infrastructure.store.codec import EventCodec, RecordedEvent
 from commitline.infrastructure.followers.positions import Positions
@@ -94,12 +95,17 @@ def _opened(codec: EventCodec, n: Notification) -> dict[str, Any]:
 def apply_batch(conn: psycopg.Connection[Any], schema: str, projection: Projection, codec: EventCodec,
                 follower: str, start_position: int, notifications: Sequence[Notification],
                 suffix: str = "", generation: int | None = None, *, decoded: Sequence[Any] | None = None,
-                synchronous: bool = True, through: int | None = None) -> BatchOutcome:
+                synchronous: bool = True, through: int | None = None, waits_for_release: bool = False) -> BatchOutcome:
     """Apply ``notifications`` (``decoded``: what ``decode_batch`` made of them, if done already) and save
     the position, in one transaction: the last notification's id, or ``through`` when the log was read up to
     there (events after the last notification that nobody here handles). ``synchronous=False`` (a rebuild's
     ``__next`` tables): the commit does not wait for its WAL flush; a crash may lose the last batches, rows and
-    position together (never one without the other), and the rebuild resumes from the position that survived."""
+    position together (never one without the other), and the rebuild resumes from the position that survived.
+
+    ``waits_for_release`` (the live projector): an event this process cannot decode for want of the right release
+    or key (a ``ConfigurationError``: a class version newer than its code, a type it does not declare, a data key
+    its master key cannot open) is not poison: the error is raised, nothing of the batch is written, and the
+    projector retries it until a process that can read it (the next release, the new key) does."""
     decoded, relevant = _relevant(projection, codec, notifications, decoded)
     changes = projection.new_changes()
     if projection.prefetch:
@@ -112,6 +118,8 @@ def apply_batch(conn: psycopg.Connection[Any], schema: str, projection: Projecti
     apply = projection.apply
     for i in relevant:
         recorded = decoded[i]
+        if waits_for_release and isinstance(recorded, ConfigurationError):
+            raise recorded
         try:
             if isinstance(recorded, Exception):
                 raise recorded

@@ -8,6 +8,8 @@ back afterwards. Tables found with another shape than declared stop it at start:
 with ``ProjectionNeedsRebuild``'s message and command, it never writes into them, and it waits (the process's
 other projectors going on) until a rebuild swaps tables of its shape in, then goes on by itself. At a poison
 event it stops and waits for ``projections retry`` or ``projections skip``; it never passes the event by itself.
+An event it cannot read for want of the right release or master key is no poison event: it retries it, its
+status ``retrying`` with the error, until a process that can read it takes over (a rolling upgrade's next one).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 from eventsourcing.persistence import Notification
 
+from commitline.application.errors import ConfigurationError
 from commitline.infrastructure.followers.engine import Follower, Handled, WaitingForOperator
 from commitline.infrastructure.store.codec import EventCodec
 from commitline.infrastructure.store.recorder import EventRecorder
@@ -37,6 +40,9 @@ class ProjectorMetrics:
 
 class Projector(Follower):
     yields_to_waiters = True  # a rebuild waiting to swap its tables in gets the lease
+    #: an event this process cannot read (a newer release's, one under a master key it lacks) is not poison: the
+    #: batch is retried, its status ``retrying`` with the error, until the process is redeployed (``apply_batch``)
+    retry_on = (ConfigurationError,)
 
     def __init__(self, projection: Projection, codec: EventCodec, recorder: EventRecorder, conninfo: dict, *,
                  batch_size: int = 2000, poll_interval: float = 1.0, owner: str | None = None):
@@ -73,7 +79,7 @@ class Projector(Follower):
     async def handle(self, batch: Sequence[Notification], position: int) -> Handled:
         outcome = await asyncio.to_thread(self.lease.run, lambda conn: apply_batch(
             conn, self.schema, self.projection, self.codec, self.projection.name, position, batch,
-            generation=self.lease.generation))
+            generation=self.lease.generation, waits_for_release=True))
         self.metrics.events_applied += outcome.applied
         self.metrics.batches += 1
         if outcome.poison is not None:

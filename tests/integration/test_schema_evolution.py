@@ -196,3 +196,94 @@ def test_the_cli_refuses_a_store_it_cannot_read_naming_the_app(pg_dsn: str, sche
     assert done.stderr.startswith("commitline: --app 'tests.domains.evolution.v1:domain': domain 'notes' cannot be "
                                   "used: 1 problem:"), done.stderr
     assert "holds NoteWritten events at version 2, newer than its class_version 1" in done.stderr
+
+
+def test_an_event_field_renamed_with_a_default_is_refused_rather_than_read_as_the_default(
+        pg_dsn: str, schema: str) -> None:
+    """``text`` renamed ``body`` with a default and no upcaster: the stored notes hold ``text`` and lack ``body``.
+    Read as they are they would load as empty notes (the stored text dropped without a word); they are refused,
+    naming both fields and the upcaster to write, and nothing is written on the stream."""
+    from tests.domains.evolution import v1_field_renamed
+
+    notebook = uuid4()
+    with bootstrap(settings_for(pg_dsn, schema), domain=v1.domain) as old:
+        old.dispatch({"type": "write_note", "notebook_id": str(notebook), "text": "Groceries"}, idempotency_key="n-1")
+    with bootstrap(settings_for(pg_dsn, schema), domain=v1_field_renamed.domain) as new:
+        for attempt in (lambda: new.load(v1_field_renamed.Notebook, notebook),
+                        lambda: new.dispatch({"type": "write_note", "notebook_id": str(notebook), "text": "u"},
+                                             idempotency_key="n-2"),
+                        lambda: new.auditor().history(notebook)):
+            with pytest.raises(ConfigurationError) as refused:
+                attempt()
+            message = str(refused.value)
+            assert message.startswith(f"the domain: the NoteWritten event at version 1 of stream {notebook}, stored "
+                                      "at class_version 1, holds text, which tests.domains.evolution."
+                                      "v1_field_renamed.NoteWritten (class_version 1) does not declare, and lacks "
+                                      "its body"), message
+            assert "upcast_v1_v2" in message
+    assert count_rows(pg_dsn, schema)["events"] == 1
+    # the same events read by release 2, whose upcaster moves the field
+    with bootstrap(settings_for(pg_dsn, schema), domain=v2.domain) as upcast:
+        assert upcast.load(v2.Notebook, notebook).titles == ["Groceries"]
+
+
+def test_a_request_sent_again_byte_for_byte_replays_after_its_field_s_default_changed(
+        pg_dsn: str, schema: str) -> None:
+    """Two requests set ``pinned`` explicitly, one at the default of the time and one not; the next release flips
+    the default. Each sent again as it was is the same request (the fingerprint holds the fields as sent), while
+    leaving ``pinned`` out now means the new default: for the request that set it False, another request."""
+    from commitline.application.errors import IdempotencyKeyReused
+    from tests.domains.evolution import v1_command_default_changed, v1_command_option
+
+    notebook = uuid4()
+    at_default = {"type": "write_note", "notebook_id": str(notebook), "text": "a", "pinned": False}
+    off_default = {"type": "write_note", "notebook_id": str(notebook), "text": "b", "pinned": True}
+    with bootstrap(settings_for(pg_dsn, schema), domain=v1_command_option.domain) as old:
+        first = {key: old.dispatch(sent, idempotency_key=key)
+                 for key, sent in (("d-1", at_default), ("d-2", off_default))}
+    rows = count_rows(pg_dsn, schema)
+    with bootstrap(settings_for(pg_dsn, schema), domain=v1_command_default_changed.domain) as new:
+        for key, sent in (("d-1", at_default), ("d-2", off_default)):
+            again = new.dispatch(sent, idempotency_key=key)
+            assert again.replayed and again.version == first[key].version, key
+        left_out = {k: v for k, v in at_default.items() if k != "pinned"}  # pinned=True now: not what d-1 was
+        with pytest.raises(IdempotencyKeyReused):
+            new.dispatch(left_out, idempotency_key="d-1")
+    assert count_rows(pg_dsn, schema) == rows
+
+
+def test_a_read_model_of_the_older_release_waits_for_the_newer_one_instead_of_poisoning_its_event(
+        pg_dsn: str, schema: str) -> None:
+    """A rolling upgrade: release 2 writes a NoteWritten at class_version 2 while release 1's projector still runs.
+    Release 1 cannot read it; that is no defect of the event, so it is not recorded as poison (which would stop
+    the read model until an operator's ``projections retry``): the projector retries it, its status ``retrying``
+    with the error, and release 2's projector, once it takes over, goes on from there by itself."""
+    from commitline.infrastructure.followers.thread import FollowerThread
+    from tests.support import wait_for
+
+    notebook = uuid4()
+    with bootstrap(settings_for(pg_dsn, schema), domain=v1.domain) as old, \
+            FollowerThread(lambda: old.projector("titles", poll_interval=0.2)):
+        old.dispatch({"type": "write_note", "notebook_id": str(notebook), "text": "Groceries"}, idempotency_key="n-1")
+        with bootstrap(settings_for(pg_dsn, schema), domain=v2.domain) as new:
+            new.dispatch({"type": "write_note", "notebook_id": str(notebook), "title": "Plan"}, idempotency_key="n-2")
+            head = new.recorder.max_notification_id()
+
+        def titles_status() -> object:
+            (status,) = [s for s in old.status().followers if s.name == "titles"]
+            return status
+
+        wait_for(lambda: titles_status().status == "retrying", "release 1's projector to retry the newer event")
+        status = titles_status()
+        assert status.error is not None and status.error["position"] == head, status.error
+        assert "newer than this release's 1" in status.error["message"]
+        assert status.position == head - 1, "the event before it applied, the newer one not passed"
+    with bootstrap(settings_for(pg_dsn, schema), domain=v2.domain) as new, \
+            FollowerThread(lambda: new.projector("titles", poll_interval=0.2)):
+        wait_for(lambda: [s for s in new.status().followers if s.name == "titles"][0].position == head,
+                 "release 2's projector to go on by itself")
+        with psycopg.connect(pg_dsn) as conn:
+            titles = conn.execute(f"SELECT title FROM {schema}.rm_titles ORDER BY version").fetchall()
+        assert [t for (t,) in titles] == ["Groceries", "Plan"]
+        (status,) = [s for s in new.status().followers if s.name == "titles"]
+        assert status.status == "running" and status.error is None

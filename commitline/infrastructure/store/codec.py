@@ -140,7 +140,7 @@ class EventCodec:
     def __init__(self, registry: EventRegistry, personal: PersonalData | None = None):
         self.registry = registry
         self.personal = personal
-        self._decoders: dict[str, tuple[type[Event], Any]] = {}  # by stored type name (``_decoder``)
+        self._decoders: dict[str, tuple[type[Event], Any, frozenset[str]]] = {}  # by stored type name (``_decoder``)
 
     def encode(self, event: Event, tenant: str, traceparent: str | None = None,
                aggregate: Aggregate | None = None, new_keys: NewKeys | None = None) -> StoredEvent:
@@ -186,7 +186,7 @@ class EventCodec:
         decoder = self._decoders.get(topic)
         if decoder is None:
             decoder = self._decoder(topic)
-        cls, validate = decoder
+        cls, validate, fields = decoder
         version = int(stored["v"]) if "v" in stored else 1  # the class version it was written at
         if version > cls.class_version:  # written by a newer release: reading it as this one would drop fields
             raise ConfigurationError("COMMITLINE_APP", f"{topic} event {originator_id} v{originator_version} was stored "
@@ -195,6 +195,9 @@ class EventCodec:
         data = self.opened(stored) if "pd" in stored else stored["data"]
         if version != cls.class_version or cls.upcast.__func__ is not _EVENT_UPCAST:  # type: ignore[attr-defined]
             data = cls.upcast(data, version)
+        if data.keys() != fields:
+            check_renames(cls, topic, originator_id, originator_version, version, data.keys() - fields,
+                          fields - data.keys())
         if data is stored["data"]:  # the parsed state's own dict, nobody else's: filled in place
             data["event_id"], data["aggregate_id"] = stored["id"], originator_id
             data["version"], data["occurred_at"] = originator_version, stored["at"]
@@ -206,14 +209,32 @@ class EventCodec:
         except ValidationError as e:
             raise unfitting(cls, topic, originator_id, originator_version, version, e) from None
 
-    def _decoder(self, topic: str) -> tuple[type[Event], Any]:
-        """(event class, its validator) of a stored type name."""
+    def _decoder(self, topic: str) -> tuple[type[Event], Any, frozenset[str]]:
+        """(event class, its validator, its payload's field names) of a stored type name."""
         cls = self.registry.event_class(topic)
         if cls is None:
             raise UnknownEventType(topic)
-        decoder = (cls, _adapter(cls).validator.validate_python)
+        decoder = (cls, _adapter(cls).validator.validate_python, frozenset(cls.payload_fields()))
         self._decoders[topic] = decoder
         return decoder
+
+
+def check_renames(cls: type[Event], topic: str, originator_id: UUID, originator_version: int, version: int,
+                  undeclared: set[str], missing: set[str]) -> None:
+    """Refuse a stored payload (after any upcasting) that holds fields its class does not declare while it lacks
+    some the class does: most likely a field renamed, which would be read as its new name's default while the
+    stored value is dropped. Only one of the two is fine: an undeclared field alone is one a later release added or
+    this one removed (ignored), a missing one alone is a field added since (its default, or ``unfitting``)."""
+    if not undeclared or not missing:
+        return
+    raise ConfigurationError(
+        "the domain", f"the {topic} event at version {originator_version} of stream {originator_id}, stored at "
+        f"class_version {version}, holds {', '.join(sorted(undeclared))}, which {cls.__module__}.{cls.__qualname__} "
+        f"(class_version {cls.class_version}) does not declare, and lacks its {', '.join(sorted(missing))}: read "
+        f"as it is, a renamed field would take its default and the stored value would be lost. A field renamed or "
+        f"replaced needs the class a new class_version and an upcaster that moves the stored value "
+        f"(upcast_v{cls.class_version}_v{cls.class_version + 1}); a field removed while another was added, an "
+        f"upcaster that drops it")
 
 
 def unfitting(cls: type[Event], topic: str, originator_id: UUID, originator_version: int, version: int,
