@@ -55,9 +55,15 @@ def cmd_erase(args: argparse.Namespace) -> int:
             with reporter as progress:
                 report = app.erase(args.tenant, args.subject, by=_operator(), rebuild=rebuild, progress=progress)
         except RebuildError as e:
-            print(f"the erasure of subject {args.subject} of tenant {args.tenant} is recorded, but recomputing the "
-                  f"read models {', '.join(holding)} failed: {e}. Until they are rebuilt they may still show its "
-                  f"values: run `{recompute}`", file=sys.stderr)
+            done = (f"the erasure of subject {args.subject} of tenant {args.tenant} is recorded" if e.erased else
+                    f"tenant {args.tenant} has no data key for subject {args.subject} (it never had one, or it was "
+                    "erased before): nothing was erased now")
+            print(f"{done}, but recomputing the read models {', '.join(holding)} failed: {e}. Until they are "
+                  f"rebuilt they may still show its values: run `{recompute}`", file=sys.stderr)
+            if args.json:
+                print_json({"tenant": args.tenant, "subject": args.subject,
+                            "erased": [_erasure(erasure) for erasure in e.erased], "rebuilt": [],
+                            "error": str(e), "recompute": recompute})
             return EXIT_REFUSED
         except KeyboardInterrupt:
             print(f"interrupted: the erasure is recorded, but the read models {', '.join(holding)} may still show "

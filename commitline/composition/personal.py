@@ -18,7 +18,7 @@ from typing import overload
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from commitline.application.boundary import check_tenant
-from commitline.application.errors import ConfigurationError, StoreUnavailable
+from commitline.application.errors import CommitlineError, ConfigurationError, StoreUnavailable
 from commitline.domain.errors import InvalidValue
 from commitline.infrastructure.personal.keys import DataKeys, Erasure, Rotation
 from commitline.infrastructure.personal.master import MasterKey
@@ -99,7 +99,11 @@ class PersonalDataOperations:
         self.store.forget(e.key_id for e in done)  # type: ignore[attr-defined]
         rebuilt: list[RebuildResult] = []
         if rebuild and holding:
-            rebuilt = self._rebuild_after_erasure(holding, progress)
+            try:
+                rebuilt = self._rebuild_after_erasure(holding, progress)
+            except RebuildError as e:
+                e.erased = tuple(done)
+                raise
         return ErasureReport(tenant, subject, tuple(done), holding, tuple(rebuilt))
 
     def _rebuild_after_erasure(self, holding: dict[str, object], progress: Progress | None) -> list[RebuildResult]:
@@ -115,9 +119,11 @@ class PersonalDataOperations:
             return waiting(rebuild, holding, progress=progress, fresh=True)  # type: ignore[no-any-return]
         except (RebuildError, StoreUnavailable, KeyboardInterrupt):
             raise
+        except CommitlineError as e:  # typed: it says what is wrong (a master key that opens only some keys, say)
+            raise RebuildError(str(e)) from e
         except Exception as e:  # a read model's write that fails (a defect of its code): told as a failed rebuild
             log.exception("recomputing the read models after an erasure failed")
-            raise RebuildError(f"recomputing {', '.join(sorted(holding))} failed: {type(e).__name__}: {e}") from e
+            raise RebuildError(f"{type(e).__name__}: {e}") from e
 
     def erasures(self, tenant: str | None = None) -> list[Erasure]:
         return self.data_keys().erased(check_tenant(tenant) if tenant is not None else None)

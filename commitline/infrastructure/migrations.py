@@ -85,6 +85,8 @@ MIGRATIONS: tuple[Migration, ...] = (
               "subject was erased", data_keys.master_key_statements),
     Migration(17, "audit verification runs are append-only (triggers reject UPDATE, DELETE and TRUNCATE)",
               audit_runs.append_only_statements),
+    Migration(18, "personal data: a data key wrapped under a master key a rotation retired is refused (a process "
+              "that still has the old key alone writes nothing)", data_keys.retired_master_statements),
 )
 LATEST = MIGRATIONS[-1].version
 #: Every table a migrated store holds (a test compares it with a fresh store's): a read model's table must have

@@ -72,7 +72,8 @@ log = logging.getLogger(__name__)
 
 
 class RebuildError(RuntimeError):
-    pass
+    #: raised by an erasure's recomputation: the erasures it had recorded before (none when the subject had no key)
+    erased: tuple[object, ...] = ()
 
 
 class RebuildRunning(RebuildError):

@@ -145,6 +145,35 @@ def test_a_process_left_with_the_old_key_alone_after_the_rotation_is_refused(app
         assert count_rows(pg_dsn, schema) == before and key_rows(pg_dsn, schema) == keys_before
 
 
+def test_a_process_that_kept_running_with_the_old_key_alone_makes_no_data_key_under_it_after_the_rotation(
+        app: Commitline, pg_dsn: str, schema: str) -> None:
+    """``app`` checked its key before the rotation and keeps it: a new data subject's key wrapped under the
+    retired key would be one the processes with the new key cannot open and the next rotation refuses. The
+    store refuses it (the command writes nothing), and a process started later with the old key is refused
+    too, without giving the retired key back its place."""
+    create(app, "before")
+    new = generate()
+    done = rotate(pg_dsn, schema, master=OLD, previous=None, stdin=new)
+    assert done.returncode == 0, done.stderr
+    before, keys_before = count_rows(pg_dsn, schema), key_rows(pg_dsn, schema)
+    old_id = MasterKey.parse(OLD).key_id
+    with pytest.raises(WrongMasterKey) as refused:
+        create(app, "after")
+    assert f"the master key {old_id} this process wraps new data keys under was retired by a rotation" in \
+        str(refused.value)
+    assert not secrets_in(str(refused.value), OLD, new)
+    with pytest.raises(WrongMasterKey, match="it was retired by a rotation at .*configure the key it was rotated to"):
+        with bootstrap(settings_for(pg_dsn, schema)) as restarted:
+            create(restarted, "restarted")
+    assert count_rows(pg_dsn, schema) == before and key_rows(pg_dsn, schema) == keys_before
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute(f'SELECT retired_at IS NOT NULL FROM "{schema}".master_keys WHERE master_key_id = %s',
+                            (old_id,)).fetchone() == (True,)
+    with bootstrap(settings_for(pg_dsn, schema, master_key=new)) as rolled:  # the new key writes on
+        create(rolled, "rolled")
+    assert set(wrapped_by(pg_dsn, schema).values()) == {MasterKey.parse(new).key_id}
+
+
 def test_keys_rotate_given_no_key_and_no_previous_key_names_what_to_configure(app: Commitline, pg_dsn: str,
                                                                                schema: str) -> None:
     create(app, "before")

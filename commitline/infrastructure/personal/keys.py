@@ -49,6 +49,35 @@ def master_key_statements(schema: str) -> list[Composed]:
         Identifier(schema, MASTER_KEYS_TABLE))]
 
 
+#: The SQLSTATE of a data key refused because a rotation retired the master key that wrapped it
+#: (``retired_master_statements``).
+RETIRED_MASTER_KEY = "CLK01"
+
+
+def retired_master_statements(schema: str) -> list[Composed]:
+    """The DDL (a schema migration) of a trigger refusing a data key wrapped under a master key a rotation retired:
+    a process started with the old key alone before the rotation would otherwise go on making keys that the
+    processes with the new key cannot open, and that the next rotation refuses. Its SQLSTATE is
+    ``RETIRED_MASTER_KEY``; inside an append it refuses that command alone."""
+    names = {"keys": Identifier(schema, DATA_KEYS_TABLE), "masters": Identifier(schema, MASTER_KEYS_TABLE),
+             "refuse": Identifier(schema, "refuse_retired_master_key")}
+    return [SQL(text).format(**names) for text in (
+        "CREATE OR REPLACE FUNCTION {refuse}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "IF EXISTS (SELECT FROM {masters} WHERE master_key_id = NEW.master_key_id AND retired_at IS NOT NULL) THEN "
+        "RAISE EXCEPTION 'the master key % was retired by a rotation: no data key is wrapped under it any more', "
+        "NEW.master_key_id USING ERRCODE = '" + RETIRED_MASTER_KEY + "'; END IF; RETURN NEW; END $$",
+        "CREATE OR REPLACE TRIGGER data_keys_under_a_retired_master BEFORE INSERT ON {keys} "
+        "FOR EACH ROW EXECUTE FUNCTION {refuse}()",
+    )]
+
+
+def retired_master(master_key_id: str) -> WrongMasterKey:
+    """The error of a data key refused by ``retired_master_statements``' trigger."""
+    return WrongMasterKey(reason=f"the master key {master_key_id} this process wraps new data keys under was retired "
+                          "by a rotation: restart it with the key it was rotated to in COMMITLINE_MASTER_KEY; nothing "
+                          "was written")
+
+
 def create_statements(schema: str) -> list[Composed]:
     """The DDL of both tables (a schema migration)."""
     names = {"keys": Identifier(schema, DATA_KEYS_TABLE), "erasures": Identifier(schema, ERASURES_TABLE),
@@ -118,16 +147,24 @@ class DataKeys(SmallTable):
 
     def find_or_add(self, new: KeyRow) -> KeyRow:
         """The subject's key: ``new`` inserted if it has none, else the one it has (one round trip, usually)."""
-        rows = self._run(
+        try:
+            rows = self._added(new)
+        except psycopg.Error as e:
+            if e.sqlstate == RETIRED_MASTER_KEY:
+                raise retired_master(new.master_key_id) from None
+            raise
+        if not rows:  # another process added it after this statement's snapshot was taken
+            rows = self._run("SELECT " + _COLUMNS + " FROM {t} WHERE tenant = %s AND subject = %s",
+                             (new.tenant, new.subject))
+        return _row(rows[0])
+
+    def _added(self, new: KeyRow) -> list[tuple]:  # type: ignore[type-arg]
+        return self._run(
             "WITH added AS (INSERT INTO {t} (" + _COLUMNS + ") VALUES (%s, %s, %s, %s, %s) "
             "ON CONFLICT (tenant, subject) DO NOTHING RETURNING " + _COLUMNS + ") "
             "SELECT " + _COLUMNS + " FROM added UNION ALL "
             "SELECT " + _COLUMNS + " FROM {t} WHERE tenant = %s AND subject = %s AND NOT EXISTS (SELECT FROM added)",
             (new.key_id, new.tenant, new.subject, new.wrapped, new.master_key_id, new.tenant, new.subject))
-        if not rows:  # another process added it after this statement's snapshot was taken
-            rows = self._run("SELECT " + _COLUMNS + " FROM {t} WHERE tenant = %s AND subject = %s",
-                             (new.tenant, new.subject))
-        return _row(rows[0])
 
     def find(self, tenant: str, subject: str) -> KeyRow | None:
         """The subject's key, if it has one (a read: nothing is written)."""
@@ -139,8 +176,9 @@ class DataKeys(SmallTable):
         mid-rotation) against the store; when they pass, record the current one as in use and return None, else
         return why not. They pass when a data key is wrapped under one of them, or when there is no data key and
         the store has recorded no master key in use but them (none at all on a new store, or one from before
-        this record). In one transaction holding the record's lock, so two processes with different keys on an
-        empty store cannot both pass."""
+        this record), and the current one was not retired by a rotation (a process given the old key again would
+        make keys the others cannot open). In one transaction holding the record's lock, so two processes with
+        different keys on an empty store cannot both pass."""
         ids = list(master_key_ids)
         try:
             return self._claim(ids, lock=True)
@@ -152,19 +190,22 @@ class DataKeys(SmallTable):
             cur = conn.cursor(row_factory=tuple_row)
             if lock:
                 cur.execute(SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(self.master_keys))
-            ((mine, any_key, known),) = cur.execute(SQL(
+            ((mine, any_key, known, retired),) = cur.execute(SQL(
                 "SELECT EXISTS (SELECT FROM {t} WHERE master_key_id = ANY(%s)), EXISTS (SELECT FROM {t}), "
-                "ARRAY(SELECT master_key_id FROM {m} WHERE retired_at IS NULL ORDER BY first_used_at)").format(
-                t=self.table, m=self.master_keys), (ids,)).fetchall()
+                "ARRAY(SELECT master_key_id FROM {m} WHERE retired_at IS NULL ORDER BY first_used_at), "
+                "(SELECT retired_at FROM {m} WHERE master_key_id = %s)").format(
+                t=self.table, m=self.master_keys), (ids, ids[0])).fetchall()
+            if retired is not None:
+                return (f"it was retired by a rotation at {retired:%Y-%m-%d %H:%M:%S %Z}; configure the key it was "
+                        "rotated to")
             if any_key and not mine:
                 return "no data key is wrapped under it"
             if not any_key and known and not set(ids) & set(known):
                 return (f"the store's data keys were wrapped under {' and '.join(known)} (every one since erased, "
                         "so none is left to open)")
             if lock:
-                cur.execute(SQL("INSERT INTO {} (master_key_id) VALUES (%s) ON CONFLICT (master_key_id) DO UPDATE "
-                                "SET retired_at = NULL WHERE {}.retired_at IS NOT NULL").format(
-                    self.master_keys, self.master_keys), (ids[0],))
+                cur.execute(SQL("INSERT INTO {} (master_key_id) VALUES (%s) ON CONFLICT (master_key_id) DO NOTHING")
+                            .format(self.master_keys), (ids[0],))
         return None
 
     def get(self, key_id: UUID) -> KeyRow | None:
@@ -227,6 +268,9 @@ class DataKeys(SmallTable):
                 rewrapped += len(rows)
         with self._connection() as conn, conn.transaction():  # the record: the new key in use, the old retired
             cur = conn.cursor(row_factory=tuple_row)
+            # keys being added under the old one (a process that still has it alone) are committed, and counted
+            # below, before it is retired; those added after are refused by the trigger (``retired_master``)
+            cur.execute(SQL("LOCK TABLE {} IN SHARE MODE").format(self.table))
             cur.execute(SQL("INSERT INTO {m} (master_key_id) VALUES (%s) ON CONFLICT (master_key_id) DO UPDATE "
                             "SET retired_at = NULL").format(m=self.master_keys), (new.key_id,))
             cur.execute(SQL("UPDATE {m} SET retired_at = now() WHERE master_key_id = %s AND retired_at IS NULL "

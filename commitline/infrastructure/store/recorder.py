@@ -44,6 +44,7 @@ from typing_extensions import Self
 from commitline.application.chain import chain_streams
 from commitline.application.errors import StoreUnavailable
 from commitline.application.ports import IdempotencyRecord, KeyAlreadyRecorded, PredecessorMissing, StreamMoved
+from commitline.infrastructure.personal.keys import RETIRED_MASTER_KEY, retired_master
 from commitline.infrastructure.store import pipelined
 from commitline.infrastructure.store.datastore import StoreDatastore
 from commitline.infrastructure.store.log import NotificationLog, Scan, first_id
@@ -198,6 +199,8 @@ class EventRecorder(StreamReads, PostgresApplicationRecorder):
         violation is the append functions' refusal of an event that does not prove its predecessor)."""
         if isinstance(error, pg_errors.UniqueViolation):
             return self._taken(error.diag.constraint_name or "")
+        if error.sqlstate == RETIRED_MASTER_KEY:
+            return self._refused(RETIRED_MASTER_KEY, error.diag.message_primary or "")
         if isinstance(error, pg_errors.ForeignKeyViolation):
             return PredecessorMissing(str(error))
         if isinstance(error, (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)):
@@ -270,6 +273,8 @@ class EventRecorder(StreamReads, PostgresApplicationRecorder):
         else the message) means for the command, as ``_refusal`` says for a raised one."""
         if sqlstate == "23505":  # unique_violation: ``detail`` is the constraint
             return self._taken(detail)
+        if sqlstate == RETIRED_MASTER_KEY:
+            return retired_master(detail.split()[3] if detail.startswith("the master key ") else "?")
         try:
             kind = pg_errors.lookup(sqlstate)
         except KeyError:  # a code psycopg does not know (a custom one raised by a trigger, a newer server's)
