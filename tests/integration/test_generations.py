@@ -138,6 +138,44 @@ def test_a_new_generation_stops_followers_until_an_operator_resets_each(pg_dsn: 
             n for n in follower_rows(pg_dsn, schema, PUBLISHER) if n != PUBLISHER)}
 
 
+def test_no_record_goes_out_under_the_old_generation_once_the_new_one_began_while_commands_arrive(
+        pg_dsn: str, schema: str, kafka_bootstrap: str) -> None:
+    """A new generation started with the publisher running and commands arriving (step 1 of the procedure says to
+    stop them; an operator may not): consumers drop records of the old generation above the new one's head as
+    void, so not one event written after it began may go out under the old one. Each is published under the new
+    generation once the publisher is reset, none lost."""
+    import threading
+
+    settings = kafka_settings(pg_dsn, schema, kafka_bootstrap, publish_buckets=4)
+    with bootstrap(settings) as app:
+        receive(app, 5, "before")
+        stop, sent = threading.Event(), []
+
+        def writer() -> None:
+            while not stop.is_set():
+                sent.extend(receive(app, 1, f"w{len(sent)}"))
+
+        with FollowerThread(app.publisher):
+            thread = threading.Thread(target=writer)
+            thread.start()
+            try:
+                wait_for(lambda: len(sent) >= 20, "commands to arrive")
+                started = app.new_generation("a restore drill with the fleet running")
+                wait_for(lambda: app.recorder.max_notification_id() >= started.head + 20, "commands after it")
+                wait_for(lambda: stopped_went_back(pg_dsn, schema, PUBLISHER), "the publisher's buckets to stop")
+            finally:
+                stop.set()
+                thread.join(30)
+            last = app.recorder.max_notification_id()
+            app.reset_follower("publisher", "keep", reason="the drill")
+            wait_for(lambda: publisher_at(pg_dsn, schema, last), "the publisher to publish the rest")
+    records = consume_everything(kafka_bootstrap, settings.kafka_topic_prefix)
+    published = no_id_reused_within_a_generation(records)
+    late = sorted(n for (g, n) in published if g == 1 and n > started.head)
+    assert not late, f"events written after generation 2 began went out under generation 1: {late[:10]}"
+    assert {n for (_, n) in published} == set(range(1, last + 1)), "every event published"
+
+
 def test_a_projection_reset_from_a_position_reapplies_from_there_unless_its_counters_would_count_twice(
         pg_dsn: str, schema: str) -> None:
     """``--from N`` below a projection's position applies the events after N again: right for a read model of
@@ -287,7 +325,26 @@ def test_the_cli_shows_and_starts_generations_and_refuses_bad_resets(pg_dsn: str
             app.reset_follower("payment_states", "keep")
         with pytest.raises(InterventionRefused, match="reason"):
             app.new_generation("  ")
+        # a row beyond the head (a restore put the log back under it): kept there, it would pass over what
+        # is written up to it, so --keep is refused as --from beyond the head is, and nothing changes
+        with psycopg.connect(pg_dsn) as conn:
+            conn.execute(f"UPDATE {schema}.follower_positions SET position = 30 WHERE name = %s", (PROJECTION,))
+        with pytest.raises(InterventionRefused, match=f"{PROJECTION} at 30, beyond the store's log \\(its head 3\\)"):
+            app.reset_follower(PROJECTION, "keep", reason="restored")
+        assert rows(pg_dsn, schema, f"SELECT position FROM {schema}.follower_positions WHERE name = %s",
+                    PROJECTION) == [(30,)]
+        with psycopg.connect(pg_dsn) as conn:  # ids 4 and 5 drawn by appends rolled back: a follower may pass them
+            with pytest.raises(psycopg.errors.QueryCanceled), conn.transaction():
+                conn.execute(f"INSERT INTO {schema}.events (originator_id, originator_version, topic, state, "
+                             "prev_hash, event_hash) SELECT gen_random_uuid(), 1, 'x', '', '', '' FROM generate_series(1, 2)")
+                conn.execute("SET LOCAL statement_timeout = 1; SELECT pg_sleep(1)")
+            conn.execute(f"UPDATE {schema}.follower_positions SET position = 5 WHERE name = %s", (PROJECTION,))
+        assert "kept at its position" in app.reset_follower(PROJECTION, "keep", reason="past the rolled-back ids")
+        with psycopg.connect(pg_dsn) as conn:
+            conn.execute(f"UPDATE {schema}.follower_positions SET position = 3 WHERE name = %s", (PROJECTION,))
 
+    decided = interventions(pg_dsn, schema)
+    assert [(name, kind, at, how["choice"]) for name, kind, at, how in decided] == [(PROJECTION, "reset", 5, "keep")]
     shown = commitline(pg_dsn, schema, "store", "generation")
     assert shown.returncode == 0 and shown.stdout.startswith("generation 1 since "), shown
     refused = [
@@ -300,7 +357,7 @@ def test_the_cli_shows_and_starts_generations_and_refuses_bad_resets(pg_dsn: str
     ]
     for result, code, said in refused:
         assert (result.returncode, said in result.stderr) == (code, True), (result.args, result.stderr)
-    assert interventions(pg_dsn, schema) == [], "a refused reset writes nothing"
+    assert interventions(pg_dsn, schema) == decided, "a refused reset writes nothing"
     assert rows(pg_dsn, schema, "SELECT count(*) FROM {schema}.store_generations") == [(1,)]
 
     started = commitline(pg_dsn, schema, "store", "new-generation", "--reason", "restore of 03:00", "--json")

@@ -86,6 +86,10 @@ class Follower(OwnedSlots):
     yields_to_waiters = False
     read_ahead = False  # read (and prepare) the next page while this one is handled
     supervise_seconds = OPERATOR_POLL_SECONDS
+    #: whether each page is handled only after the store's generation is read again (it is otherwise read at each
+    #: supervision tick): a follower that writes where the generation is part of what it writes (the publisher's
+    #: records) must not handle a page read after a new generation began as the old one's
+    checks_generation_each_page = False
     metrics: Any  # has .position (a one-slot follower's; see ``moved``)
 
     def __init__(self, recorder: EventRecorder, conninfo: dict[str, Any], name: str, *, batch_size: int,
@@ -313,6 +317,8 @@ class Follower(OwnedSlots):
                                   if slot.status != "failed" and (slot.position != slot.saved or slot.status != "running")])
             return bool(moved) and page.full
         await self._prove_session()
+        if self.checks_generation_each_page:
+            await asyncio.to_thread(self.lease.check_generation)  # GenerationChanged: join again under the new one
         try:
             handled = await self.handle_page(page, active)
         except StoreUnavailable:
@@ -337,15 +343,18 @@ class Follower(OwnedSlots):
                 slot.status = "running" if h.poison is None else "failed"
         await self._save([(s, h.position, h.poison) for s, h in outcome.items() if not h.saved and (
             h.poison is not None or h.position != self.slots[s].saved or self.slots[s].status != "running")])
+        went_back: dict[str, list[str]] = {}  # one line per reason, naming every slot it stopped
         for s, h in outcome.items():
             self.slots[s].position = h.position
             if h.poison is not None:
                 self._stopped.add(s)
                 if is_went_back(h.poison):
-                    self.logger.critical("%s stopped: %s", self.lease.names[s], h.poison["message"])
+                    went_back.setdefault(h.poison["message"], []).append(self.lease.names[s])
                 else:
                     self.logger.critical("%s stopped at poison event %s: %s", self.lease.names[s],
                                          h.poison["position"], h.poison["message"])
+        for message, names in went_back.items():
+            self.logger.critical("%s stopped: %s", ", ".join(names), message)
         self.moved()
         return True
 

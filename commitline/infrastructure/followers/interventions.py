@@ -12,11 +12,13 @@ import logging
 from typing import Any
 
 from eventsourcing.postgres import PostgresDatastore
+from psycopg.rows import tuple_row
 
 from commitline.infrastructure.followers.positions import Positions
 from commitline.infrastructure.followers.status import lease_holders
 from commitline.infrastructure.followers.went_back import is_went_back, what_to_do
 from commitline.infrastructure.store.generations import current_and_head
+from commitline.infrastructure.store.schema import EVENTS_TABLE
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +64,20 @@ def retry(datastore: PostgresDatastore, name: str) -> str:
 RESET_CHOICES = ("from-head", "from", "keep")
 
 
+def last_drawn_id(conn: Any, schema: str) -> int:
+    """The last notification id the events table's identity has handed out (committed or rolled back)."""
+    row = conn.cursor(row_factory=tuple_row).execute(
+        "SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence(%s, 'notification_id')::regclass), 0)",
+        (f'"{schema}"."{EVENTS_TABLE}"',)).fetchone()
+    return int(row[0]) if row else 0
+
+
 def reset(datastore: PostgresDatastore, name: str, choice: str, position: int | None = None, reason: str = "") -> str:
     """Set the follower ``name`` (with every bucket of it, for the publisher group) to the log head
     (``from-head``), to ``position`` (``from``) or where it is (``keep``), in the store's current generation,
     no longer stopped, and record the decision. InterventionRefused, nothing written, for a choice that is not
-    one of those, a position outside the log, a follower without a row, or one a live instance runs that is not
-    stopped (stop it first: it would overwrite the reset)."""
+    one of those, a position outside the log (given, or kept by ``keep``), a follower without a row, or one a live
+    instance runs that is not stopped (stop it first: it would overwrite the reset)."""
     if choice not in RESET_CHOICES:
         raise InterventionRefused(f"{name}: choose how to reset it: --from-head, --from N or --keep")
     if (choice == "from") != (position is not None):
@@ -80,6 +90,17 @@ def reset(datastore: PostgresDatastore, name: str, choice: str, position: int | 
         rows = positions.group_rows(conn, name)
         if not rows:
             raise InterventionRefused(f"{name} has never run: nothing to reset")
+        # past the head is fine up to the last id drawn: a follower proves the ids of rolled-back appends too
+        beyond = [(n, was) for n, was, *_ in rows if was > head] if choice == "keep" else []
+        if beyond:
+            drawn = last_drawn_id(conn, datastore.schema)
+            beyond = [(n, was) for n, was in beyond if was > drawn]
+        if beyond:  # kept there, it would pass over every event written up to it: the store went back
+            shown = ", ".join(f"{n} at {was}" for n, was in beyond)
+            raise InterventionRefused(f"{name}: {shown}, beyond the store's log (its head {head}): kept there, it "
+                                      "would pass over the events written up to that position; reset it --from a "
+                                      "position within the log (or --from-head), or rebuild a read model "
+                                      "(`commitline projections rebuild NAME`)")
         held = lease_holders(conn, datastore.schema, [n for n, *_ in rows])
         # A group's own row is held by every member: its buckets tell whether an instance works on them.
         worked = [r for r in rows if r[0] != name] or rows

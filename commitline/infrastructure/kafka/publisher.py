@@ -111,6 +111,7 @@ class Publisher(Follower):
     """One ``commitline publish`` instance: a member of the publisher group, publishing every bucket it owns."""
 
     retry_on = (KafkaError,)
+    checks_generation_each_page = True  # every record carries the generation: never the old one after a new began
     outage_subject = "kafka"
     read_ahead = True
     supervise_seconds = REBALANCE_SECONDS

@@ -109,6 +109,10 @@ def new_generation(conn: Connection, schema: str, reason: str) -> Generation:
     timeline, system = _server_identity(conn)
     with conn.transaction():
         conn.execute(SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(_table(schema)))
+        # Appends under way finish first and the next wait for this commit: every event above the head read here
+        # commits after the new generation does, so a publisher that reads one and then the generation sees the
+        # new one (``Follower.checks_generation_each_page``), and never sends it under the old.
+        conn.execute(SQL("LOCK TABLE {} IN SHARE MODE").format(Identifier(schema, EVENTS_TABLE)))
         row = conn.cursor(row_factory=tuple_row).execute(SQL(
             "INSERT INTO {t} (generation, reason, head, timeline, system_identifier) "
             "SELECT coalesce(max(generation), 0) + 1, %s, (SELECT coalesce(max(notification_id), 0) FROM {events}), "
