@@ -110,14 +110,16 @@ _Request = tuple[int, Any, Any, Any]  # line number, command (or the line's erro
 def _stdin_requests(namespace: str | None, tenant: str, stream: BinaryIO,
                     limits: CommandLimits) -> Iterator[_Request]:
     """Each non-blank line is a command (its key is ``derived_key``), or an envelope {"command",
-    "idempotency_key", "tenant"} (its own key). Lines are bytes checked by the boundary, so invalid UTF-8
+    "idempotency_key", "tenant"} (its own key): a line with no ``type`` whose ``command`` is an object. Lines are bytes checked by the boundary, so invalid UTF-8
     or JSON, or a line too long, is that line's error. The line number is only for the operator."""
     for number, line in enumerate(_lines(stream, limits.max_bytes), start=1):
         if not line.strip():
             continue
         try:
             data = read_json(line, limits)
-            envelope = isinstance(data, dict) and "command" in data
+            # a command names its type; a line that does not but holds a "command" object is an envelope (so a
+            # command may have a field called command)
+            envelope = isinstance(data, dict) and "type" not in data and isinstance(data.get("command"), dict)
             if envelope and (extra := sorted(data.keys() - set(ENVELOPE))):
                 raise InvalidCommand(None, [problem([key], f"an envelope has only {', '.join(ENVELOPE)}",
                                                     "extra_forbidden") for key in extra])
