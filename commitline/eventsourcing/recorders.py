@@ -32,8 +32,17 @@ from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
-from eventsourcing.persistence import ProcessRecorder, ProgrammingError, StoredEvent, Tracking
+import psycopg
+from eventsourcing.persistence import (
+    InterfaceError,
+    OperationalError,
+    ProcessRecorder,
+    ProgrammingError,
+    StoredEvent,
+    Tracking,
+)
 from eventsourcing.postgres import PostgresAggregateRecorder, PostgresDatastore, PostgresTrackingRecorder
+from eventsourcing.utils import retry
 from psycopg import errors as pg_errors
 from psycopg.rows import dict_row, tuple_row
 from psycopg.sql import SQL, Composed
@@ -47,6 +56,11 @@ from commitline.infrastructure.store.schema import EventTables, lock_schema
 _REMEMBERED_HEADS = 100_000
 GAP_WAIT_S = 2.0  # appends are short transactions: one below a read's ids ends well within this
 GAP_POLL_S = 0.01
+GAP_POLL_MAX_S = 0.2
+#: As eventsourcing's own recorders: a connection the server dropped (a restart, a failover, an idle timeout)
+#: fails its call, and the call is made again on another, up to ten times, 0.2 s apart.
+_reconnecting = retry((InterfaceError, OperationalError, psycopg.InterfaceError, psycopg.OperationalError),
+                      max_attempts=10, wait=0.2)
 
 
 def _create_tables(recorder: PostgresAggregateRecorder) -> None:
@@ -72,14 +86,21 @@ class CommitlineApplicationRecorder(EventRecorder):
     def _connection(self) -> Any:
         return self.datastore.get_connection()
 
+    @_reconnecting
     def select_notifications(self, start: int | None, limit: int, stop: int | None = None,
                              topics: Sequence[str] = (), *, inclusive_of_start: bool = True) -> Sequence[Any]:
         deadline = time.monotonic() + GAP_WAIT_S
+        pause = GAP_POLL_S
         while True:
             found, blocked = self.log.read(first_id(start, inclusive_of_start), limit, stop, topics)
             if blocked is None or time.monotonic() >= deadline:
                 return found
-            time.sleep(GAP_POLL_S)
+            time.sleep(pause)
+            pause = min(pause * 2, GAP_POLL_MAX_S)  # each look reads the page again: fewer the longer it waits
+
+    @_reconnecting
+    def max_notification_id(self) -> int | None:
+        return super().max_notification_id()
 
     def create_table(self) -> None:
         self._refuse_stock_table()
@@ -102,6 +123,7 @@ class CommitlineApplicationRecorder(EventRecorder):
 
     # -- writes -------------------------------------------------------------------
 
+    @_reconnecting
     def insert_events(self, stored_events: Sequence[StoredEvent], *, tracking: Tracking | None = None,
                       idempotency_key: str | None = None, **_: Any) -> Sequence[int] | None:
         hooks = [h for h in (self._tracking_hook(tracking), self._idempotency_hook(idempotency_key)) if h]
@@ -150,6 +172,7 @@ class CommitlineApplicationRecorder(EventRecorder):
 
     # -- per-stream reads ---------------------------------------------------------
 
+    @_reconnecting
     def select_events(self, originator_id: UUID | str, *, gt: int | None = None, lte: int | None = None,
                       desc: bool = False, limit: int | None = None) -> Sequence[StoredEvent]:
         statement: Composed = self._select_events
@@ -217,6 +240,7 @@ class CommitlineAggregateRecorder(PostgresAggregateRecorder):
     def create_table(self) -> None:
         _create_tables(self)
 
+    @_reconnecting
     def insert_events(self, stored_events: Sequence[StoredEvent], **_: Any) -> Sequence[int] | None:
         if stored_events:
             params = ([e.originator_id for e in stored_events], [e.originator_version for e in stored_events],

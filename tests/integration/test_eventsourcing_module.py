@@ -279,3 +279,32 @@ def test_an_application_whose_tables_the_stock_module_made_is_refused_at_constru
     with psycopg.connect(pg_dsn) as conn:
         made = conn.execute("SELECT to_regclass(%s)", (f"{schema}.orders_events_idempotency",)).fetchone()
     assert made == (None,)  # nothing was created beside the stock table
+
+
+def test_calls_on_connections_the_server_dropped_are_made_again_as_the_stock_module_makes_them(
+        pg_dsn: str, schema: str) -> None:
+    """A server restart, a failover or an idle timeout drops every pooled connection: each call that meets one is
+    made again on another (eventsourcing's own recorders retry the same errors, ten times, 0.2 s apart), so no
+    save or read fails for it and none is lost."""
+    from contextlib import ExitStack
+
+    app = Orders(env={**library_environment(pg_dsn, schema), "POSTGRES_POOL_SIZE": "3",
+                      "POSTGRES_MAX_OVERFLOW": "0"})
+    try:
+        counter = Counter()
+        app.save(counter)
+        datastore = recorder_of(app).datastore
+        with ExitStack() as held:  # every pooled connection at once, to learn their server processes
+            pids = [held.enter_context(datastore.get_connection()).info.backend_pid for _ in range(3)]
+        with psycopg.connect(pg_dsn, autocommit=True) as admin:
+            assert admin.execute("SELECT count(*) FROM unnest(%s::int[]) AS p WHERE pg_terminate_backend(p)",
+                                 (pids,)).fetchone() == (3,)
+        for _ in range(5):
+            loaded = app.repository.get(counter.id)
+            loaded.increment()
+            app.save(loaded)
+        assert app.repository.get(counter.id).count == 5
+        assert app.recorder.max_notification_id() == 6
+        assert len(app.recorder.select_notifications(1, 10)) == 6
+    finally:
+        app.close()
