@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Self, dataclass_transform
 from uuid import UUID
 
 from commitline.domain.errors import IllegalTransition
-from commitline.domain.frozen import frozen
+from commitline.domain.frozen import frozen, may_hold_containers
 from commitline.domain.fsm import TransitionTable
 from commitline.domain.ids import new_id
 
@@ -48,26 +48,23 @@ class Event:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        own = cls.__dict__.get("__post_init__")
-        if own is not None:  # a subclass's own: the payload frozen before it runs, as for every other event
+        if may_hold_containers(cls, cls.ENVELOPE):
+            # Each list and dict of the payload replaced by a read-only copy (``frozen.py`` says why) as the event
+            # is made: emitted by a command, decoded from the store or written by a test; before a ``__post_init__``
+            # of the class's own runs. Only where a field may hold one: the others pay nothing for it.
+            own = getattr(cls, "__post_init__", None)  # the class's own or one it inherits
+
             def __post_init__(self: Event, *args: Any) -> None:
-                self._freeze_payload()
-                own(self, *args)
+                fields = self.__dict__
+                for name in _payload_fields(type(self)):
+                    value = fields.get(name)
+                    if type(value) in _THAWED:
+                        fields[name] = frozen(value)
+                if own is not None:
+                    own(self, *args)
 
-            cls.__post_init__ = __post_init__  # type: ignore[method-assign]
+            cls.__post_init__ = __post_init__  # type: ignore[attr-defined]
         dataclass(frozen=True, kw_only=True)(cls)
-
-    def __post_init__(self) -> None:
-        self._freeze_payload()
-
-    def _freeze_payload(self) -> None:
-        """Each list and dict of the payload replaced by a read-only copy (``frozen.py`` says why), as the event
-        is made: emitted by a command, decoded from the store or written by a test."""
-        fields = self.__dict__
-        for name in _payload_fields(type(self)):
-            value = fields.get(name)
-            if type(value) in _THAWED:
-                fields[name] = frozen(value)
 
     @classmethod
     def type_name(cls) -> str:

@@ -10,7 +10,14 @@ raises ``TypeError`` at the line that tries it.
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+import typing
+from collections.abc import Collection
+from datetime import date, time, timedelta
+from decimal import Decimal
+from enum import Enum
+from types import UnionType
+from typing import Annotated, Any, ClassVar, Literal, NoReturn, Union, get_args, get_origin
+from uuid import UUID
 
 _ADVICE = "an event's payload never changes: copy it first (list(...) or dict(...)) and change the copy"
 
@@ -60,3 +67,32 @@ def frozen(value: Any) -> Any:
     if kind is dict:
         return FrozenDict({key: frozen(item) for key, item in value.items()})
     return value
+
+
+#: Types whose values hold no list or dict (datetime is a date)
+_SCALARS = (str, bytes, int, float, bool, UUID, Decimal, date, time, timedelta, Enum, type(None))
+
+
+def may_hold_containers(cls: type, envelope: Collection[str]) -> bool:
+    """Whether a field of ``cls`` (those named in ``envelope`` and class variables aside) may hold a list or a
+    dict, by its annotation; True when an annotation cannot be read yet (a name defined later in its module)."""
+    try:
+        hints = typing.get_type_hints(cls, include_extras=True)
+    except Exception:  # a forward reference, say: it may
+        return True
+    return any(_may_hold(hint) for name, hint in hints.items()
+               if name not in envelope and get_origin(hint) is not ClassVar)
+
+
+def _may_hold(hint: Any) -> bool:
+    origin = get_origin(hint)
+    if origin is Annotated:
+        return _may_hold(get_args(hint)[0])
+    if origin is Union or origin is UnionType:
+        return any(_may_hold(arg) for arg in get_args(hint))
+    if origin is Literal:
+        return False
+    if origin is None and isinstance(hint, type):
+        return not issubclass(hint, _SCALARS)
+    supertype = getattr(hint, "__supertype__", None)  # a NewType
+    return True if supertype is None else _may_hold(supertype)

@@ -94,6 +94,28 @@ def test_an_event_with_its_own_post_init_is_frozen_before_it_runs() -> None:
         checked.lines.append("c")
 
 
+class Counted(Event):
+    """Scalars alone, with a ``__post_init__``; a subclass adds a list."""
+
+    name: str
+    length: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "length", len(self.name))
+
+
+class CountedWithTags(Counted):
+    tags: list[str]
+
+
+def test_an_event_that_inherits_a_post_init_and_adds_a_list_runs_both() -> None:
+    tagged = CountedWithTags(event_id=uuid4(), aggregate_id=uuid4(), version=1, occurred_at=datetime.now(timezone.utc),
+                             name="abc", tags=["x"])
+    assert tagged.length == 3
+    with pytest.raises(TypeError, match="belongs to an event"):
+        tagged.tags.append("y")
+
+
 def emit_two(cls: type[Basket]) -> Basket:
     basket = cls.blank(uuid4())
     basket._emit(BasketOpened, items=["apple"])
