@@ -10,6 +10,7 @@ connection parameters and status."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from uuid import UUID
@@ -31,6 +32,8 @@ from commitline.infrastructure.store.datastore import describe_failure
 from commitline.infrastructure.store.retention import expire_idempotency_records
 
 READY_PROBE_TIMEOUT_S = 0.8  # /readyz answers within a second, the database up or not
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,12 @@ class Operations:
             with self.datastore.probe_connection(READY_PROBE_TIMEOUT_S) as conn:
                 missing = migrations.pending(conn, self.settings.schema_name)
         except migrations.SchemaTooNew as e:
-            return [str(e)]
+            # A newer release migrated the store while this process runs (a rolling upgrade's first step): steps
+            # only add, so it goes on serving until it is replaced; only a process starting now is refused.
+            if not getattr(self, "_told_schema_newer", False):
+                log.warning("%s; this process goes on serving (migrations only add) until it is replaced", e)
+                self._told_schema_newer = True
+            missing = []
         except StoreUnavailable as e:  # described already
             return [f"database unreachable: {e.reason}"]
         except Exception as e:

@@ -91,9 +91,15 @@ def test_commands_on_a_schema_that_lacks_the_append_function_say_to_migrate(pg_d
 
 
 def test_a_store_migrated_by_a_newer_commitline_is_refused(app: Commitline, pg_dsn: str, schema: str) -> None:
+    """Refused to a process that starts; one already running (a rolling upgrade's older processes, while the new
+    release's migrate job has run) stays ready and goes on: migration steps only add."""
+    assert app.unready() == []
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(f'INSERT INTO "{schema}".schema_migrations (version, description) VALUES (999, %s)',
                      ("from the future",))
+    assert app.unready() == []
+    assert app.dispatch({"type": "receive_stock", "item_id": str(uuid4()), "quantity": 1},
+                        idempotency_key="still-serving").version == 1
     with pytest.raises(ConfigurationError, match="version 999, newer than this commitline knows") as refused:
         bootstrap(settings_for(pg_dsn, schema))
     assert not isinstance(refused.value, StoreUnavailable)  # the database answered: retrying changes nothing
