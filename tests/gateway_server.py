@@ -3,7 +3,10 @@
 It keeps a ledger in memory, answers each ``Idempotency-Key`` with its first outcome, and misbehaves by
 tokens in the account, ``|``-separated: ``declines`` (402), ``unavailable`` (503 always),
 ``fails-once`` (503 on the first authorize), ``slow-once`` (the first authorize holds the amount, then
-answers only after ``slow_s`` seconds). ``calls`` counts requests per (operation, payment key).
+answers only after ``slow_s`` seconds), ``capture-lost`` (a capture takes the money, then answers 500 while
+``capture_lost`` is True: the answer a client never gets), ``not-a-gateway`` (every call answered 200 with a web
+page, as a server that is not the gateway would), ``trickle`` (the authorize's answer sent a byte at a time,
+``trickle_s`` apart). ``calls`` counts requests per (operation, payment key).
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ from typing import Any
 
 
 class GatewayServer:
-    def __init__(self, token: str | None = None, slow_s: float = 2.0):
+    def __init__(self, token: str | None = None, slow_s: float = 2.0, trickle_s: float = 0.3):
         self.token = token
         self.slow_s = slow_s
+        self.trickle_s = trickle_s
+        self.capture_lost = True
         self.ledger: dict[str, dict[str, Any]] = {}
         self.answers: dict[str, tuple[int, dict[str, Any]]] = {}
         self.calls: Counter[tuple[str, str]] = Counter()
@@ -51,6 +56,8 @@ class GatewayServer:
             tokens = set(account.split("|"))
             if "unavailable" in tokens:
                 return 503, {"detail": "gateway down for maintenance"}, 0
+            if "not-a-gateway" in tokens:
+                return 200, {"html": "<html>Welcome</html>"}, 0
             if operation == "authorize":
                 if entry is not None:
                     return (402, {"detail": "voided"}, 0) if entry["status"] == "VOIDED" else (
@@ -67,6 +74,8 @@ class GatewayServer:
                     return 402, {"detail": "nothing authorized"}, 0
                 if entry["status"] == "AUTHORIZED":
                     entry["status"], entry["captures"] = "CAPTURED", entry["captures"] + 1
+                if "capture-lost" in tokens and self.capture_lost:
+                    return 500, {"detail": "internal error after the capture"}, 0
                 return 200, {"reference": f"capture-{key}"}, 0
             if operation == "void":
                 if entry is None:
@@ -93,13 +102,20 @@ class GatewayServer:
                 else:
                     status, answer, delay = server._decide(self.path.strip("/"), body)
                 time.sleep(delay)
-                data = json.dumps(answer).encode()
+                tokens = set(server.accounts.get(body.get("payment_key", ""), "").split("|"))
+                data = answer["html"].encode() if "html" in answer else json.dumps(answer).encode()
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", "text/html" if "html" in answer else "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 try:
-                    self.wfile.write(data)
+                    if "trickle" in tokens and self.path.strip("/") == "authorize":
+                        for i in range(len(data)):
+                            self.wfile.write(data[i:i + 1])
+                            self.wfile.flush()
+                            time.sleep(server.trickle_s)
+                    else:
+                        self.wfile.write(data)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up waiting (a timeout the test provoked)
 

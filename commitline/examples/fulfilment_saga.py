@@ -25,7 +25,8 @@ from commitline.examples.fulfilment import (CancelOrderAfterFailure, FulfilmentR
                                             payment_id_for)
 from commitline.examples.inventory import ReleaseReservation, ReserveStock, UnknownReservation
 from commitline.examples.orders import ConfirmOrder, Order, OrderPlaced, OrderState
-from commitline.examples.payment_gateway import GatewayDeclined, GatewayUnavailable, PaymentGateway
+from commitline.examples.payment_gateway import (GatewayDeclined, GatewayMisconfigured, GatewayUnavailable,
+                                                 PaymentGateway)
 from commitline.examples.payments import (CompletePayment, CreatePayment, FailPayment, PaymentState, PaymentTransaction,
                                           SubmitPayment)
 from commitline.examples.reads import ExampleReads, FulfilmentRow
@@ -77,9 +78,9 @@ class FulfilmentSaga(ProcessManager):
             elif saga.next_step == "reserve":
                 self._reserve(order, do)
             elif saga.next_step == "charge":
-                self._charge(order, do)
+                self._charge(order, do, tenant)
             else:
-                self._confirm(order, do)
+                self._confirm(order, do, tenant)
 
     # -- steps --------------------------------------------------------------------
 
@@ -98,7 +99,7 @@ class FulfilmentSaga(ProcessManager):
         self.on_boundary("reserve:reserved")
         do(RecordFulfilmentStep(order_id=order.id, step="reserve", detail=f"{order.quantity} reserved"), "reserved")
 
-    def _charge(self, order: Order, do: Do) -> None:
+    def _charge(self, order: Order, do: Do, tenant: str) -> None:
         if isinstance(order.account, Erased):  # its holder was erased before the charge: nobody left to charge
             return do(RecordFulfilmentFailure(order_id=order.id, step="charge",
                                               reason="the account was erased before the order was charged"),
@@ -120,10 +121,12 @@ class FulfilmentSaga(ProcessManager):
                                               reason=f"gateway unavailable after {self.attempts} attempts: "
                                                      f"{told(e, order)}"),
                       "charge-failed")
+        except GatewayMisconfigured as e:  # our configuration, not the order: nothing to undo, wait for the fix
+            return self.park(order.id, told(e, order), 1, tenant)
         self.on_boundary("charge:authorized")
         do(RecordFulfilmentStep(order_id=order.id, step="charge", detail=reference), "charged")
 
-    def _confirm(self, order: Order, do: Do) -> None:
+    def _confirm(self, order: Order, do: Do, tenant: str) -> None:
         try:
             do(ConfirmOrder(order_id=order.id), "confirm")
         except IllegalTransition as e:
@@ -132,10 +135,16 @@ class FulfilmentSaga(ProcessManager):
         self.on_boundary("confirm:confirmed")
         try:
             reference = self.retrying(lambda: self.gateway.capture(self.gateway_key(order.id)), GatewayUnavailable)
-        except (GatewayDeclined, GatewayUnavailable) as e:
+        except GatewayDeclined as e:  # a definite refusal: nothing was captured, so the order is undone
             return do(RecordFulfilmentFailure(order_id=order.id, step="confirm",
                                               reason=f"capture failed: {told(e, order)}"),
                       "confirm-failed")
+        except (GatewayUnavailable, GatewayMisconfigured) as e:
+            # No definite answer: the money may have been captured (an answer lost, a gateway that captured and
+            # then failed), so nothing is undone; the saga waits, and `sagas retry` captures again under the same
+            # key, which the gateway answers with its first outcome.
+            return self.park(order.id, f"no definite answer to the capture after {self.attempts} attempts: "
+                             f"{told(e, order)}", self.attempts, tenant)
         self.on_boundary("confirm:captured")
         do(CompletePayment(payment_id=payment_id_for(order.id)), "payment-complete")
         do(RecordFulfilmentStep(order_id=order.id, step="confirm", detail=reference), "confirmed")

@@ -9,22 +9,31 @@ The contract a payment service (or a small bridge in front of one) implements, u
 Each request carries ``Idempotency-Key: <operation>/<payment_key>``, so a retried call is the same call,
 and ``Authorization: Bearer <COMMITLINE_GATEWAY_TOKEN>`` when a token is configured (else Basic credentials when the
 URL has a user and password). Answers:
-2xx done; 402, 409 or 422 a definite refusal (``GatewayDeclined``, with the body's ``detail`` or ``title``);
-anything else, or no connection, ``GatewayUnavailable`` (nothing happened as far as we know: retried);
-no answer within ``COMMITLINE_GATEWAY_TIMEOUT_S`` after sending, ``GatewayTimeout`` (it may have happened:
-retried under the same key, which the gateway answers with the first outcome).
+2xx done (for authorize and capture, only with a JSON object holding the ``reference``); 402, 409 or 422 a definite
+refusal (``GatewayDeclined``, with the body's ``detail`` or ``title``); 401 or 403, or a 2xx without the reference
+that authorize and capture answer, ``GatewayMisconfigured`` (the credentials, or a URL that is not the gateway's);
+anything else, or no connection, ``GatewayUnavailable`` (retried); no whole answer within
+``COMMITLINE_GATEWAY_TIMEOUT_S`` of sending (the whole call, however slowly the answer trickles in),
+``GatewayTimeout`` (it may have happened: retried under the same key, which the gateway answers with the first
+outcome).
 """
 
 from __future__ import annotations
 
+import json
+import time
 from decimal import Decimal
 from typing import Any
 
 import httpx
 
-from commitline.examples.payment_gateway import GatewayDeclined, GatewayTimeout, GatewayUnavailable
+from commitline import ConfigurationError
+from commitline.examples.payment_gateway import (GatewayDeclined, GatewayMisconfigured, GatewayTimeout,
+                                                 GatewayUnavailable)
 
 DECLINED = frozenset({402, 409, 422})
+CREDENTIALS_REFUSED = frozenset({401, 403})
+REFERENCED = frozenset({"authorize", "capture"})  # the operations whose answer holds the gateway's reference
 
 
 def printable(value: object, limit: int) -> str:
@@ -36,6 +45,12 @@ def printable(value: object, limit: int) -> str:
 class HttpGateway:
     def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = 10,
                  transport: httpx.BaseTransport | None = None):
+        if token is not None and not (token.isascii() and token.isprintable() and " " not in token and token):
+            # a header cannot carry it: every call would fail as if the gateway had dropped the connection
+            raise ConfigurationError("COMMITLINE_GATEWAY_TOKEN", "holds characters an HTTP header cannot carry "
+                                     "(a space, a line break such as a file's last newline, or a non-ASCII "
+                                     "character): give the token alone")
+        self.timeout_s = timeout_s
         url = httpx.URL(base_url.rstrip("/"))
         # A user and password in the URL are sent as Basic credentials, unless a token is configured: then the
         # token alone (httpx would otherwise replace the Bearer header with them). Either way they leave the URL,
@@ -58,34 +73,50 @@ class HttpGateway:
         self.client.close()
 
     def _call(self, operation: str, key: str, **fields: Any) -> str:
+        deadline = time.monotonic() + self.timeout_s
         try:
-            response = self.client.post(f"/{operation}", json={"payment_key": key, **fields},
-                                        headers={"Idempotency-Key": f"{operation}/{key}"})
+            with self.client.stream("POST", f"/{operation}", json={"payment_key": key, **fields},
+                                    headers={"Idempotency-Key": f"{operation}/{key}"}) as response:
+                chunks = []
+                for chunk in response.iter_bytes():  # each read is bounded by the client's timeout; the whole, here
+                    chunks.append(chunk)
+                    if time.monotonic() > deadline:
+                        raise GatewayTimeout(f"{operation}: no whole answer within {self.timeout_s} s")
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as e:
             raise GatewayUnavailable(f"{operation}: cannot reach the gateway ({type(e).__name__})") from None
         except httpx.TimeoutException:
-            raise GatewayTimeout(f"{operation}: no answer within {self.client.timeout.read} s") from None
+            raise GatewayTimeout(f"{operation}: no answer within {self.timeout_s} s") from None
         except httpx.TransportError as e:  # sent, then the connection broke: the outcome is unknown
             raise GatewayTimeout(f"{operation}: connection lost before the answer ({type(e).__name__})") from None
-        if response.is_success:
-            return str(self._json(response).get("reference", ""))
-        reason = self._reason(response)
-        if response.status_code in DECLINED:
+        status, body = response.status_code, self._json(b"".join(chunks))
+        if 200 <= status < 300:
+            reference = body.get("reference")
+            if operation not in REFERENCED:
+                return ""
+            if isinstance(reference, str) and reference:
+                return reference
+            raise GatewayMisconfigured(f"{operation}: HTTP {status} without a reference: not the gateway's answer "
+                                       "(is COMMITLINE_GATEWAY_URL the gateway?)")
+        reason = self._reason(status, body)
+        if status in DECLINED:
             raise GatewayDeclined(reason)
+        if status in CREDENTIALS_REFUSED:
+            raise GatewayMisconfigured(f"{operation}: {reason}: the gateway refused the credentials "
+                                       "(COMMITLINE_GATEWAY_TOKEN, or the user and password in the URL)")
         raise GatewayUnavailable(f"{operation}: {reason}")
 
     @staticmethod
-    def _json(response: httpx.Response) -> dict[str, Any]:
+    def _json(content: bytes) -> dict[str, Any]:
         try:
-            body = response.json()
+            body = json.loads(content)
         except ValueError:
             return {}
         return body if isinstance(body, dict) else {}
 
-    def _reason(self, response: httpx.Response) -> str:
-        body = self._json(response)
+    @staticmethod
+    def _reason(status: int, body: dict[str, Any]) -> str:
         said = body.get("detail") or body.get("title") or body.get("reason")
-        return f"HTTP {response.status_code}" + (f": {printable(said, 200)}" if said else "")
+        return f"HTTP {status}" + (f": {printable(said, 200)}" if said else "")
 
 
 def create(context: Any) -> HttpGateway:

@@ -23,6 +23,11 @@ class GatewayTimeout(GatewayUnavailable):
     """No answer: it may or may not have happened. Retrying with the same key resolves it."""
 
 
+class GatewayMisconfigured(Exception):
+    """No order's fault: the gateway refused our credentials, or what answered is not the gateway. Nothing is
+    undone for it: the saga waits (PARKED) for the configuration to be fixed and ``commitline sagas retry``."""
+
+
 class PaymentGateway(Protocol):
     def authorize(self, key: str, amount: Decimal, currency: str, account: str) -> str:
         """Hold the amount; return the authorization reference. Raise GatewayDeclined/GatewayUnavailable."""

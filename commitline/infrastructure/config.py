@@ -177,7 +177,7 @@ class Settings(BaseSettings):
     gateway_token: SecretStr | None = Field(None, validation_alias="COMMITLINE_GATEWAY_TOKEN")
     """bearer token sent to the HTTP payment gateway (secret: never printed)"""
     gateway_timeout_s: float = Field(10, gt=0, le=300, validation_alias="COMMITLINE_GATEWAY_TIMEOUT_S")
-    """longest wait for one gateway call; no answer counts as an unknown outcome, retried under the same key"""
+    """longest wait for one gateway call, its whole answer included; no whole answer by then counts as an unknown outcome, retried under the same key"""
     gateway_attempts: int = Field(5, ge=1, le=100, validation_alias="COMMITLINE_GATEWAY_ATTEMPTS")
     """attempts of a gateway call (and of a compensation) before the saga gives up on it"""
     gateway_backoff_ms: float = Field(200, ge=0, le=600_000, validation_alias="COMMITLINE_GATEWAY_BACKOFF_MS")

@@ -58,7 +58,7 @@ BRIEFS: dict[str, str] = {
     "COMMITLINE_GATEWAY": "a process manager's port adapter",
     "COMMITLINE_GATEWAY_URL": "HTTP gateway's base URL",
     "COMMITLINE_GATEWAY_TOKEN": "HTTP gateway's token (secret)",
-    "COMMITLINE_GATEWAY_TIMEOUT_S": "longest wait for a gateway call",
+    "COMMITLINE_GATEWAY_TIMEOUT_S": "longest gateway call, whole answer",
     "COMMITLINE_GATEWAY_ATTEMPTS": "attempts of a gateway call",
     "COMMITLINE_GATEWAY_BACKOFF_MS": "pause after a failed gateway call",
     "COMMITLINE_DISPATCH_CPU": "CPU of dispatching threads",

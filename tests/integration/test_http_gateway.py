@@ -153,3 +153,71 @@ def test_credentials_in_the_gateway_url_are_sent_only_without_a_token_and_never_
     sent = gateway_server.headers_seen[-1]["authorization"]
     assert sent == "Basic " + base64.b64encode(b"gwuser:GwUrlPass!").decode()
     assert "GwUrlPass" not in caplog.text and "gwuser:" not in caplog.text
+
+
+def test_a_capture_without_a_definite_answer_waits_for_a_retry_and_never_undoes_a_payment_taken(
+        pg_dsn: str, schema: str, gateway_server: GatewayServer) -> None:
+    """The gateway takes the money and then answers 500, every time: the outcome is unknown to the saga, so it
+    neither voids (the gateway would refuse: captured) nor cancels a paid order. It parks at AUTHORIZED; once the
+    gateway answers again, an operator's retry captures under the same key and gets the first outcome: one
+    capture, the order confirmed, the payment completed."""
+    with shop_app(pg_dsn, schema, gateway_server.url) as app:
+        saga = make_saga(app)
+        item = uuid4()
+        app.dispatch({"type": "receive_stock", "item_id": str(item), "quantity": 1}, idempotency_key="stock")
+        order_id = place(app, item, "acct|capture-lost")
+        assert saga.advance(order_id).value == "PARKED"
+        assert outcome(app, order_id) == ("PARKED", "CONFIRMED", "PENDING")
+        key = FulfilmentSaga.gateway_key(order_id)
+        assert gateway_server.calls[("capture", key)] == 3 and ("void", key) not in gateway_server.calls
+        parked = app.store.load(OrderFulfilment, fulfilment_id(order_id))
+        assert "no definite answer to the capture after 3 attempts: capture: HTTP 500" in (parked.stuck or "")
+
+        gateway_server.capture_lost = False
+        print(saga.retry(order_id, "default", "operator-retry-1"))
+        assert saga.advance(order_id).value == "COMPLETED"
+        assert outcome(app, order_id) == ("COMPLETED", "CONFIRMED", "COMPLETED")
+        assert gateway_server.ledger[key]["captures"] == 1
+
+
+def test_credentials_the_gateway_refuses_or_a_server_that_is_not_the_gateway_park_the_order_instead_of_cancelling(
+        pg_dsn: str, schema: str, gateway_server: GatewayServer) -> None:
+    """A 401 is no order's fault, and a 200 without a reference (a web server at the wrong URL) is no payment:
+    either parks the saga at the charge with a reason naming the configuration, voids nothing and cancels no
+    order; after the fix, a retry charges and completes it."""
+    item = uuid4()
+    with shop_app(pg_dsn, schema, gateway_server.url, gateway_token="not-the-token") as wrong:
+        wrong.dispatch({"type": "receive_stock", "item_id": str(item), "quantity": 2}, idempotency_key="stock")
+        refused = place(wrong, item, "acct")
+        assert make_saga(wrong).advance(refused).value == "PARKED"
+        assert "not-the-token" not in repr(wrong.auditor().history(fulfilment_id(refused), compact=False))
+    with shop_app(pg_dsn, schema, gateway_server.url) as fixed:
+        web_page = place(fixed, item, "acct|not-a-gateway")
+        assert make_saga(fixed).advance(web_page).value == "PARKED"
+        for order_id, said in ((refused, "authorize: HTTP 401: bad token: the gateway refused the credentials"),
+                               (web_page, "authorize: HTTP 200 without a reference: not the gateway's answer")):
+            assert outcome(fixed, order_id) == ("PARKED", "PLACED", "PENDING")
+            assert (fixed.store.load(OrderFulfilment, fulfilment_id(order_id)).stuck or "").startswith(said)
+            assert ("void", FulfilmentSaga.gateway_key(order_id)) not in gateway_server.calls
+        saga = make_saga(fixed)
+        saga.retry(refused, "default", "operator-retry-1")
+        assert saga.advance(refused).value == "COMPLETED"
+        assert outcome(fixed, refused) == ("COMPLETED", "CONFIRMED", "COMPLETED")
+
+
+def test_the_timeout_bounds_the_whole_call_and_a_token_no_header_can_carry_is_refused_at_once(
+        gateway_server: GatewayServer) -> None:
+    """An answer trickled in a byte at a time never waits the timeout for any one read, yet takes longer as a
+    whole: the call ends at the timeout, an unknown outcome. A token with a line break (a secret file's last
+    newline) or a non-ASCII character is refused when the adapter is made, naming the variable, not the token."""
+    from commitline.examples.payment_gateway import GatewayTimeout
+
+    gateway_server.trickle_s = 0.1  # 30 bytes: 3 s in all, each byte well within the timeout
+    gateway = HttpGateway(gateway_server.url, token=TOKEN, timeout_s=1.0)
+    with pytest.raises(GatewayTimeout, match="authorize: no whole answer within 1.0 s"):
+        gateway.authorize("k-trickle", Decimal("1.00"), "EUR", "acct|trickle")
+    gateway.close()
+    for token in (TOKEN + "\n", "“" + TOKEN + "”", "two words"):
+        with pytest.raises(ConfigurationError) as bad:
+            HttpGateway(gateway_server.url, token=token)
+        assert bad.value.variable == "COMMITLINE_GATEWAY_TOKEN" and TOKEN not in str(bad.value)
