@@ -23,6 +23,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from typing import Any
 
 from commitline.cli.common import (APP_SPEC, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, domain, tcp_port,
                                    warn_of_new_store)
@@ -120,8 +121,37 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 freeze_startup_heap()
                 uvicorn.run(served, **options)
             else:
-                uvicorn.run("commitline.http.app:app_from_environment", factory=True, workers=workers, **options)
+                supervisor = run_workers(uvicorn.Config("commitline.http.app:app_from_environment", factory=True,
+                                                        workers=workers, **options))
+                if not supervisor.stopped_by_signal:
+                    print("commitline serve: a worker could not start (its log above says why), and the workers "
+                          "were stopped", file=sys.stderr)
+                    return EXIT_UNAVAILABLE
     return EXIT_OK
+
+
+def run_workers(config: Any) -> Any:
+    """uvicorn's worker supervisor, as ``uvicorn.run`` starts it for several workers, telling afterwards whether a
+    signal stopped it: it also stops every worker when one fails to start, and serve must not exit 0 then."""
+    from uvicorn.supervisors.multiprocess import Multiprocess
+
+    class Supervisor(Multiprocess):
+        stopped_by_signal = False
+
+        def handle_int(self) -> None:
+            self.stopped_by_signal = True
+            super().handle_int()
+
+        def handle_term(self) -> None:
+            self.stopped_by_signal = True
+            super().handle_term()
+
+    supervisor = Supervisor(config, sockets=[config.bind_socket()])
+    try:
+        supervisor.run()
+    except KeyboardInterrupt:  # as uvicorn.run: a second Ctrl-C while stopping
+        supervisor.stopped_by_signal = True
+    return supervisor
 
 
 def _taken(host: str, port: int) -> str | None:

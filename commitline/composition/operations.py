@@ -32,6 +32,7 @@ from commitline.infrastructure.store.datastore import describe_failure
 from commitline.infrastructure.store.retention import expire_idempotency_records
 
 READY_PROBE_TIMEOUT_S = 0.8  # /readyz answers within a second, the database up or not
+UNREACHABLE = "database unreachable"  # how ``unready`` begins the reason of a database it cannot use
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +67,9 @@ class Operations:
                 self._told_schema_newer = True
             missing = []
         except StoreUnavailable as e:  # described already
-            return [f"database unreachable: {e.reason}"]
+            return [f"{UNREACHABLE}: {e.reason}"]
         except Exception as e:
-            return [f"database unreachable: {describe_failure(e, self.conninfo)}"]
+            return [f"{UNREACHABLE}: {describe_failure(e, self.conninfo)}"]
         if missing:
             return [f"schema {self.settings.schema_name} lacks migration {m.version} ({m.description}); "
                     "run commitline migrate" for m in missing]

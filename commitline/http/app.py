@@ -12,8 +12,10 @@ from __future__ import annotations
 import gc
 import logging
 import multiprocessing
+import os
 import re
 import signal
+import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -24,7 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from commitline.application.boundary import at_most
-from commitline.application.errors import CommitlineError
+from commitline.application.errors import CommitlineError, StoreUnavailable
 from commitline.composition import Commitline, Domain, bootstrap, load_domain, load_settings
 from commitline.composition.observability import tracing_from_environment
 from commitline.composition.orphans import end_with_parent
@@ -41,6 +43,10 @@ from commitline.http.problems import (
 )
 
 log = logging.getLogger(__name__)
+#: A worker that cannot use PostgreSQL as it starts ends with this code after this pause, and serve starts
+#: another: not uvicorn's STARTUP_FAILURE (3), after which serve would stop every worker.
+WORKER_RESTARTED = 75
+WORKER_RESTART_PAUSE_S = 2.0
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 def _instance(request: Request) -> str:
@@ -188,8 +194,17 @@ def app_from_environment() -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        holder["app"] = app.state.commitline = bootstrap(domain=domain, apply_migrations=False,
-                                                         dispatch_cpu="auto")
+        try:
+            holder["app"] = app.state.commitline = bootstrap(domain=domain, apply_migrations=False,
+                                                             dispatch_cpu="auto")
+        except StoreUnavailable as e:
+            # A failed start is uvicorn's sign of a broken app, and it would stop serve and every other worker
+            # with it; PostgreSQL away is no such thing: this worker ends otherwise, and serve starts another.
+            log.error("this worker cannot use PostgreSQL as it starts (%s): it ends, and serve starts another in "
+                      "%.0f s; the other workers go on", e.reason, WORKER_RESTART_PAUSE_S)
+            time.sleep(WORKER_RESTART_PAUSE_S)  # a restart every few seconds, not a storm, while the outage lasts
+            logging.shutdown()
+            os._exit(WORKER_RESTARTED)
         holder["app"].dispatch_cpu.enter()  # the event loop too, and the threads it starts: the whole worker
         note_readiness(app.state, holder["app"].unready())
         freeze_startup_heap()

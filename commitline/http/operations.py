@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from commitline.application.errors import joined
 from commitline.composition.observability import observe_request
+from commitline.composition.operations import UNREACHABLE
 from commitline.http.problems import PROBLEM_JSON, HttpProblem, problem_response
 
 log = logging.getLogger(__name__)
@@ -58,9 +59,11 @@ async def healthz() -> dict[str, str]:
 )
 def readyz(request: Request) -> Response:
     reasons = request.app.state.commitline.unready()
-    note_readiness(request.app.state, reasons)
+    note_readiness(request.app.state, reasons)  # the log has every reason whole
     if reasons:
-        return problem_response(NotReady(reasons), request.url.path, {"Retry-After": READY_RETRY_AFTER_S})
+        told = [f"{UNREACHABLE} (the server's log names the cause)" if r.startswith(UNREACHABLE) else r
+                for r in reasons]
+        return problem_response(NotReady(told), request.url.path, {"Retry-After": READY_RETRY_AFTER_S})
     return JSONResponse({"status": "ready"})
 
 

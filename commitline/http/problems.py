@@ -10,6 +10,8 @@ reproduces, both together.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Any
@@ -17,8 +19,11 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
-from commitline.application.errors import CommitlineError, ConfigurationError, InvalidCommand, at_location, joined
+from commitline.application.errors import (CommitlineError, ConfigurationError, InvalidCommand, StoreUnavailable,
+                                           at_location, joined)
 from commitline.http.access_log import without_keys
+
+log = logging.getLogger(__name__)
 
 PROBLEM_JSON = "application/problem+json"
 TYPE_PREFIX = "urn:commitline:problem:"
@@ -194,11 +199,38 @@ class InternalError(HttpProblem):
                                  if path.rstrip("/") == "/v1/commands" else self.OTHER)
 
 
+#: What a caller is told when PostgreSQL cannot be used: where it is and as whom stays in the server's log
+STORE_UNAVAILABLE_TO_CALLERS = ("PostgreSQL could not be reached or used; retry with the same key (the server's log "
+                                "names the cause)")
+
+
+class OncePerCause:
+    """Logs a cause of failure when it first comes, or comes back after ``quiet_s``: once per outage, not once per
+    request that meets it."""
+
+    def __init__(self, quiet_s: float = 60.0):
+        self.quiet_s = quiet_s
+        self._last: tuple[str, float] | None = None
+
+    def note(self, cause: str) -> None:
+        now = time.monotonic()
+        if self._last is None or self._last[0] != cause or now - self._last[1] > self.quiet_s:
+            log.warning("answering 503 store_unavailable: %s", cause)
+            self._last = (cause, now)
+
+
+_outage_told = OncePerCause()
+
+
 def as_http_error(error: CommitlineError) -> CommitlineError:
-    """A command that is not JSON at all is a malformed request (400), not an invalid command (422)."""
+    """A command that is not JSON at all is a malformed request (400), not an invalid command (422); a store that
+    cannot be used is told without the database's address and user (logged instead)."""
     if isinstance(error, InvalidCommand) and error.errors and all(
             e["type"] in ("json_invalid", "json_invalid_utf8") for e in error.errors):
         return MalformedJson(error.errors)
+    if isinstance(error, StoreUnavailable) and error.reason != STORE_UNAVAILABLE_TO_CALLERS:
+        _outage_told.note(error.reason)
+        return StoreUnavailable(STORE_UNAVAILABLE_TO_CALLERS)
     return error
 
 

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
+import httpx
 import psycopg
 import pytest
 
@@ -58,6 +59,14 @@ def test_a_two_minute_outage_under_load_loses_nothing_and_every_process_recovers
             server.stop()
             stopped = time.monotonic()
             wait_for(lambda: fleet.ready() == 503, "/readyz to answer 503", timeout=60)
+            # callers, with a key or none, learn that PostgreSQL is away, not where it is nor as whom
+            answers = [httpx.get(f"{fleet.base_url}/readyz", timeout=30),
+                       httpx.post(f"{fleet.base_url}/v1/commands", timeout=30, json={
+                           "type": "receive_stock", "item_id": str(uuid.uuid4()), "quantity": 1},
+                           headers={"Authorization": f"Bearer {key}", "Idempotency-Key": "during-the-outage"})]
+            for answer in answers:
+                assert answer.status_code == 503 and "the server's log names the cause" in answer.text, answer.text
+                assert "cannot use PostgreSQL" not in answer.text and "127.0.0.1" not in answer.text, answer.text
             wait_for(lambda: fleet.cli("status").returncode == 3, "commitline status to exit 3", timeout=60)
             refused = len(load.failed())
             time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - stopped)))  # the outage itself
@@ -71,6 +80,9 @@ def test_a_two_minute_outage_under_load_loses_nothing_and_every_process_recovers
             assert any("not ready: database unreachable: cannot use PostgreSQL at" in line for line in said) and \
                 "ready again" in said[-1], said  # in serve's log, not only in the 503s
             assert not any("event store unavailable" in line for line in said), said  # described once
+            told = [line for line in fleet.processes["serve"].output().splitlines()
+                    if "answering 503 store_unavailable: cannot use PostgreSQL at" in line]
+            assert 1 <= len(told) <= 10 < len(load.failed()), told  # in the log once per cause, not per request
             wait_for(lambda: published_beyond(server.dsn, SCHEMA, head), "an event stored after the outage to be "
                      "published", timeout=180)
             published = time.monotonic()

@@ -398,3 +398,57 @@ def test_project_metrics_port_reports_positions_reaching_the_log_head(served: Se
                 project.kill()
                 project.wait()
             log.close()
+
+
+def answers(url: str) -> int | None:
+    """The status ``url`` answers with, None if it does not answer in time (a loaded machine)."""
+    try:
+        return httpx.get(url, timeout=10).status_code
+    except httpx.TransportError:
+        return None
+
+
+def test_a_worker_that_cannot_start_during_an_outage_is_started_again_and_the_others_serve_on(
+        tmp_path: Path) -> None:
+    """serve --workers 2 on its own PostgreSQL, which stops; a worker is lost meanwhile. Its replacement cannot use
+    the store as it starts: uvicorn takes a failed start for a broken app and would stop serve and the other worker
+    with it (exiting 0). Instead the replacement ends, serve starts another until the store is back, and every
+    worker is ready again once PostgreSQL is."""
+    from commitline.infrastructure.embedded.postgres import EmbeddedPostgres
+
+    pg = EmbeddedPostgres(tmp_path / "pg")  # its own server: the session-wide one must never stop
+    pg.start()
+    server = None
+    try:
+        server = start_server(pg.dsn, "outage", tmp_path / "serve.log", "--workers", "2")
+        supervisor = psutil.Process(server.process.pid)
+
+        def workers() -> set[int]:
+            found = set()
+            for child in supervisor.children():
+                with contextlib.suppress(psutil.Error):
+                    if "resource_tracker" not in " ".join(child.cmdline()):
+                        found.add(child.pid)
+            return found
+
+        started = wait_for(lambda: w if len(w := workers()) == 2 else None, "two workers", timeout=120)
+        wait_for(lambda: answers(f"{server.base_url}/readyz") == 200, "serve to be ready", timeout=60)
+        pg.stop()
+        psutil.Process(min(started)).kill()
+        replacements: set[int] = set()
+
+        def replaced_twice() -> bool:  # a replacement met the outage, ended, and serve started another
+            assert server.process.poll() is None, server.output()[-3000:]
+            replacements.update(workers() - started)
+            return len(replacements) >= 2
+
+        wait_for(replaced_twice, "serve to start a worker again after one met the outage", timeout=90)
+        assert server.process.poll() is None, "serve runs on"
+        assert "cannot use PostgreSQL as it starts" in server.output()
+        pg.start()
+        wait_for(lambda: all(answers(f"{server.base_url}/readyz") == 200 for _ in range(6)),
+                 "every worker to be ready again", timeout=120)
+    finally:
+        if server is not None:
+            assert server.stop() == 0, server.output()[-3000:]
+        pg.stop()
