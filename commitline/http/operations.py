@@ -112,10 +112,11 @@ class RequestMetrics:
         try:
             await self.app(scope, receive, sending)
         finally:
-            observe_request(method, _route(scope), status, time.perf_counter() - started)
+            observe_request(method, route_of(scope), status, time.perf_counter() - started)
 
 
-def _route(scope: dict[str, Any]) -> str:
+def route_of(scope: dict[str, Any]) -> str:
+    """The template of the route that answered (``UNMATCHED`` when none did)."""
     route = scope.get("route")  # set by the router on the shared scope once one of the API's routes matched
     path = getattr(route, "path", None)
     if path is None and "endpoint" in scope:  # a plain route of the framework's own (``/openapi.json``)

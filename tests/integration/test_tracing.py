@@ -57,6 +57,12 @@ def test_one_trace_follows_a_command_from_http_to_the_kafka_record(pg_dsn: str, 
             reused = acme.post("/v1/commands", json={**PAYMENT, "amount": "13.00"},
                                headers={"Idempotency-Key": idempotency_key})
             assert reused.status_code == 422 and reused.json()["code"] == "idempotency_key_reused"
+            # a key pasted into a URL (a client's mistake) is redacted in the span as in the access log, and a
+            # span is named after its route, not after the id it was asked for
+            pasted = acme.get(f"/v1/aggregates/{uuid.uuid4()}", params={"token": api_key})
+            assert pasted.status_code == 400  # no such parameter: refused, the key still in the URL
+            stray = acme.get(f"/v1/no-such-place/{api_key}")
+            assert stray.status_code == 404
         finally:
             assert server.stop() == 0, server.output()
         payment = created.json()["aggregate_id"]
@@ -104,8 +110,18 @@ def test_one_trace_follows_a_command_from_http_to_the_kafka_record(pg_dsn: str, 
 
         secrets = (api_key, idempotency_key, PAYMENT["account"], "13.00")
         for span in otlp.received():
+            assert api_key not in span.name, span.name
             for value in span.attributes.values():
                 assert not any(secret in str(value) for secret in secrets), f"{span.name} records {value!r}"
+        def gets() -> list[ReceivedSpan] | None:
+            found = [s for s in otlp.received() if s.kind == SERVER and s.attributes.get("http.route") in (
+                "/v1/aggregates/{aggregate_id}", "unmatched")]
+            return found if len(found) >= 2 else None
+
+        reads = wait_for(gets, "the two GET requests' spans", timeout=60)
+        assert sorted(s.name for s in reads) == ["GET /v1/aggregates/{aggregate_id}", "GET unmatched"]
+        assert any("clk_<redacted>" in str(v) for s in reads for v in s.attributes.values())
+        assert http.name == "POST /v1/commands" and http.attributes.get("http.route") == "/v1/commands"
 
 
 def test_tracing_is_off_by_default(pg_dsn: str, schema: str) -> None:
