@@ -88,20 +88,51 @@ def observe_request(method: str, route: str, status: int, seconds: float) -> Non
     HTTP_SECONDS.labels(method, route).observe(seconds)
 
 
+#: The longest a scrape waits for the status read: an outage must read as ``commitline_store_up 0`` within a
+#: scraper's timeout (Prometheus' default is 10 s), not as a failed scrape after the pool's own wait.
+STATUS_READ_TIMEOUT_S = 3.0
+
+
+class StatusReadTimedOut(Exception):
+    pass
+
+
 class StoreCollector(Collector):
     """Follower positions and lag, read from PostgreSQL at each scrape through ``status`` (a
     ``Commitline.status``). A failed read is exported as ``commitline_store_up 0``, not as a failed scrape."""
 
-    def __init__(self, status: Callable[[], Any]):
+    def __init__(self, status: Callable[[], Any], timeout_s: float = STATUS_READ_TIMEOUT_S):
         self.status = status
+        self.timeout_s = timeout_s
 
     def describe(self) -> list[Metric]:
         return []  # registering must not query PostgreSQL
 
+    def _read(self) -> Any:
+        """``status()``, given up on (``StatusReadTimedOut``) after ``timeout_s``; the read itself ends in its
+        thread, on the pool's own timeout."""
+        done: list[Any] = []
+        failed: list[BaseException] = []
+
+        def read() -> None:
+            try:
+                done.append(self.status())
+            except BaseException as e:  # handed to the scrape
+                failed.append(e)
+
+        reader = threading.Thread(target=read, name="commitline metrics status read", daemon=True)
+        reader.start()
+        reader.join(self.timeout_s)
+        if failed:
+            raise failed[0]
+        if not done:
+            raise StatusReadTimedOut(f"no answer within {self.timeout_s} s")
+        return done[0]
+
     def collect(self) -> Iterator[Metric]:
         up = _gauge("commitline_store_up")
         try:
-            report = self.status()
+            report = self._read()
         except Exception as e:  # the store's failure is what this metric reports; the scrape still answers
             log.warning("metrics: cannot read follower status from PostgreSQL: %s", type(e).__name__)
             up.add_metric([], 0)
