@@ -9,7 +9,6 @@ the path, never a traceback). Each subcommand lives in its own module.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 
@@ -18,8 +17,9 @@ from commitline.application.errors import ConfigurationError, InvalidApp, Invali
 from commitline.cli import (audit, demo, dispatch, followers, init, migrate, personal, projections, sagas, serve,
                             services, store, tenants)
 from commitline.cli.common import EXIT_UNAVAILABLE, print_error, use_domain
+from commitline.composition import logs
 
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_LEVELS = logs.LOG_LEVELS
 APP_HELP = ("the domain to run, as module:attribute (e.g. shelfwise.app:domain; default COMMITLINE_APP, else the "
             "built-in examples); the module is imported with the working directory first on the path")
 
@@ -85,11 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                                     else None))))  # what status shows as the kind of this process
     if args.log_level is not None:  # the option wins over the variable, here and in every process started
         os.environ["COMMITLINE_LOG_LEVEL"] = args.log_level
-    chosen = os.environ.get("COMMITLINE_LOG_LEVEL")
-    level = chosen if chosen in LOG_LEVELS else "INFO" if getattr(args, "long_running", False) else "WARNING"
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    if level != "DEBUG":  # httpx logs every request (a gateway's, an OTLP export) at INFO: not news
-        logging.getLogger("httpx").setLevel(logging.WARNING)
+    logs.configure(logs.chosen_level("INFO" if getattr(args, "long_running", False) else "WARNING"))
     try:
         return int(args.run(args))
     except (InvalidApp, InvalidDomain) as e:  # e.g. a store the domain cannot read, found at bootstrap

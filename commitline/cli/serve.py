@@ -77,7 +77,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     workers = args.workers or settings.http_workers
     operator_host = args.operator_host or settings.http_operator_host
     operator_port = settings.http_operator_port if args.operator_port is None else args.operator_port
-    options = {"host": host, "port": port, "access_log": not args.no_access_log, "log_level": "info",
+    from commitline.composition import logs
+
+    options = {"host": host, "port": port, "access_log": not args.no_access_log,
+               "log_level": logs.chosen_level("INFO").lower(),
                "timeout_graceful_shutdown": 30, "log_config": log_config()}
     if operator_port is not None and operator_port == port:
         print(f"commitline serve: the operators' port {operator_port} is the API's port: choose another "

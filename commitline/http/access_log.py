@@ -32,10 +32,15 @@ class RedactApiKeys(logging.Filter):
 
 
 def log_config() -> dict[str, Any]:
-    """uvicorn's default logging configuration, its access lines passed through ``RedactApiKeys``."""
+    """uvicorn's default logging configuration in commitline's layout (``composition/logs.py``: time, level,
+    logger, one line each), its access lines passed through ``RedactApiKeys``."""
     from uvicorn.config import LOGGING_CONFIG
 
+    from commitline.composition import logs
+
     config = copy.deepcopy(LOGGING_CONFIG)
+    config["formatters"]["default"].update({"fmt": logs.FORMAT, "use_colors": False})
+    config["formatters"]["access"].update({"fmt": logs.ACCESS_FORMAT, "use_colors": False})
     config.setdefault("filters", {})["redact_api_keys"] = {"()": f"{__name__}.RedactApiKeys"}
     config["handlers"]["access"]["filters"] = ["redact_api_keys"]
     return config

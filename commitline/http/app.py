@@ -28,6 +28,7 @@ from starlette.responses import Response
 from commitline.application.boundary import at_most
 from commitline.application.errors import CommitlineError, StoreUnavailable
 from commitline.composition import Commitline, Domain, bootstrap, load_domain, load_settings
+from commitline.composition import logs
 from commitline.composition.observability import tracing_from_environment
 from commitline.composition.orphans import end_with_parent
 from commitline.http import commands, docs, erasures, openapi, operations, queries, reads, status_page, tracing
@@ -188,6 +189,7 @@ def app_from_environment() -> FastAPI:
     parent = multiprocessing.parent_process()  # serve's supervisor, which started this worker
     if parent is not None and parent.pid is not None and not end_with_parent(signal.SIGTERM, parent.pid):
         raise SystemExit("serve's supervisor is gone: this worker does not start")  # it died as this one started
+    logs.configure(logs.chosen_level("INFO"))  # a spawned worker inherits none of serve's logging
     holder: dict[str, Commitline] = {}
     settings = load_settings()
     domain = load_domain(settings.app)

@@ -10,6 +10,7 @@ requests, since the module's tests share one server.
 from __future__ import annotations
 
 import contextlib
+import re
 import signal
 import socket
 import subprocess
@@ -452,3 +453,25 @@ def test_a_worker_that_cannot_start_during_an_outage_is_started_again_and_the_ot
         if server is not None:
             assert server.stop() == 0, server.output()[-3000:]
         pg.stop()
+
+
+LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) \S+ ")
+
+
+def test_every_line_serve_and_its_workers_log_has_one_layout_and_the_chosen_level(pg_dsn: str, schema: str,
+                                                                                  tmp_path: Path) -> None:
+    """uvicorn's own lines, its access lines and commitline's, in serve and in each worker it spawns: time, level,
+    logger, message, one line each; and COMMITLINE_LOG_LEVEL holds for all of them."""
+    for level, log in (("INFO", "info.log"), ("WARNING", "warning.log")):
+        server = start_server(pg_dsn, schema, tmp_path / log, "--workers", "2", COMMITLINE_LOG_LEVEL=level)
+        try:
+            assert answers(f"{server.base_url}/v1/aggregates/{uuid.uuid4()}") == 401
+        finally:
+            assert server.stop() == 0, server.output()[-3000:]
+        lines = [line for line in server.output().splitlines() if line.strip()]
+        assert not [line for line in lines if not LOG_LINE.match(line)], lines[:20]
+        if level == "INFO":
+            assert sum("Started server process" in line for line in lines) >= 2  # both workers, in the layout
+            assert any('"GET /v1/aggregates/' in line and " uvicorn.access " in line for line in lines), lines
+        else:
+            assert not [line for line in lines if " INFO " in line or " DEBUG " in line], lines[:20]
