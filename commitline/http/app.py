@@ -161,8 +161,9 @@ def create_app(commitline: Commitline | None, *, domain: Domain | None = None, l
         app.include_router(router)
     app.include_router(queries.router_for(domain))
     app.add_middleware(commands.CommandEndpoint, route=commands.declared_route())  # inside metrics and tracing
-    operations.instrument(app)  # every request counted and timed in /metrics
-    tracing.instrument(app, commitline.tracing if commitline is not None else tracing_from_environment())
+    traced = commitline.tracing if commitline is not None else tracing_from_environment()
+    operations.instrument(app, name_spans=traced is not None)  # every request counted and timed in /metrics
+    tracing.instrument(app, traced)  # outside the metrics' middleware, whose requests it traces
     app.add_middleware(HeadAsGet)
     app.openapi = lambda: _openapi(app, domain)  # type: ignore[method-assign]
     return app

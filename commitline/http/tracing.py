@@ -8,11 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import FastAPI
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from commitline.composition.observability import EXCLUDED_ROUTES, Tracing
 from commitline.http.access_log import without_keys
-from commitline.http.operations import route_of
 
 REDACTED_HEADERS = ["authorization", "idempotency-key", "cookie", "proxy-authorization"]
 
@@ -22,7 +20,6 @@ def instrument(app: FastAPI, tracing: Tracing | None) -> None:
         return
     from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
 
-    app.add_middleware(RouteNamedSpans)  # inside the span's middleware (added later, so outside it)
     app.add_middleware(OpenTelemetryMiddleware, tracer_provider=tracing.provider, excluded_urls=EXCLUDED_ROUTES,
                        exclude_spans=["receive", "send"], http_capture_headers_sanitize_fields=REDACTED_HEADERS,
                        default_span_details=_span_details, server_request_hook=_without_keys)
@@ -41,29 +38,3 @@ def _without_keys(span: Any, scope: dict[str, Any]) -> None:
     for name, value in dict(getattr(span, "attributes", None) or {}).items():
         if isinstance(value, str) and "clk_" in value:
             span.set_attribute(name, without_keys(value))
-
-
-class RouteNamedSpans:
-    """Names the request's span after the route that answered it (``GET /v1/aggregates/{aggregate_id}``, as
-    ``/metrics`` labels requests), with ``http.route``: a name per route, not one per id."""
-
-    def __init__(self, app: ASGIApp):
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        from opentelemetry import trace
-
-        span = trace.get_current_span()
-
-        async def named(message: Message) -> None:
-            # as the answer starts, the route is known and the span still open (it ends with the answer)
-            if message["type"] == "http.response.start" and span.is_recording():
-                route = route_of(scope)
-                span.update_name(f"{scope['method']} {route}")
-                span.set_attribute("http.route", route)
-            await send(message)
-
-        await self.app(scope, receive, named)
