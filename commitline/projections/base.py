@@ -67,18 +67,61 @@ class Changes:
                 else total + delta
 
     def put(self, table: str, key: Key, **values: Any) -> None:
+        """Set value columns of the row at ``key``. A value given as None leaves the column as it is (as the
+        batch's upsert does with the stored row). Key columns and counters may be given when they hold what the
+        row has (the key's values, the counter's total), so a row read by ``get`` can be put back changed."""
         if not self._values[table].issuperset(values):
-            raise AssertionError(f"{table}: {set(values) - self._values[table]} are not value columns")
-        self._row(table, key).update(values)
+            values = self._value_columns(table, key, values)
+        row = self._row(table, key)
+        if None in values.values():
+            values = {c: v for c, v in values.items() if v is not None or c not in row}
+        row.update(values)
 
     def get(self, table: str, key: Key) -> dict[str, Any] | None:
-        """The row as it will be after this batch: what is stored, overlaid with pending puts."""
+        """The whole row as it will be after this batch (None if it has none): its key columns, its value
+        columns (None where never set) and its counters' totals, whether the row is stored, pending in this
+        batch or both: the same for a handler whichever batch the row was written in."""
         loaded, rows = self.loaded.get(table), self.rows.get(table)
         stored = loaded.get(key) if loaded else None
         pending = rows.get(key) if rows else None
         if pending is None:
-            return None if stored is None else dict(stored)
-        return dict(pending) if stored is None else {**stored, **pending}
+            return None if stored is None else dict(stored)  # a stored row has every column
+        counters = self._counters[table]
+        if stored is None:
+            spec = self.tables[table]
+            row = dict(zip(spec.key, key))
+            for column in spec.columns:
+                if column not in row:
+                    row[column] = 0 if column in counters else None
+        else:
+            row = dict(stored)
+        for column, value in pending.items():
+            if column in counters:
+                total = row[column]
+                row[column] = _EXACT.add(total, value) if isinstance(value, Decimal) or isinstance(total, Decimal) \
+                    else total + value
+            elif value is not None:
+                row[column] = value
+        return row
+
+    def _value_columns(self, table: str, key: Key, values: dict[str, Any]) -> dict[str, Any]:
+        """``values`` without the key columns and counters, which must hold what the row has; anything else is a
+        mistake in the handler."""
+        spec = self.tables[table]
+        given = dict(zip(spec.key, key))
+        for column, value in values.items():
+            if column in given:
+                if value != given[column]:
+                    raise AssertionError(f"{table}.{column} is a key column: put gives it {value!r}, the key "
+                                         f"{given[column]!r}")
+            elif column in self._counters[table]:
+                current = (self.get(table, key) or {}).get(column, 0)
+                if value != current:
+                    raise AssertionError(f"{table}.{column} is a counter: changes.add adds to it, put cannot set it "
+                                         f"(to {value!r}; its total is {current!r})")
+            elif column not in self._values[table]:
+                raise AssertionError(f"{table}.{column} is not a column of {table}")
+        return {c: v for c, v in values.items() if c not in given and c not in self._counters[table]}
 
     def _row(self, table: str, key: Key) -> dict[str, Any]:
         rows = self.rows.get(table)
