@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from decimal import Decimal
 from functools import cache
 import re
-from typing import Annotated, Any, Literal, Protocol, get_args
+from typing import Annotated, Any, Literal, Protocol, get_args, get_origin
 from uuid import UUID
 
 import orjson
@@ -26,7 +26,7 @@ from pydantic_core import PydanticSerializationError
 
 from commitline.application.boundary import (DEFAULT_LIMITS, CommandLimits, at_most, check_json, problem, read_json,
                                              too_large)
-from commitline.application.errors import InvalidCommand, UnknownCommandType
+from commitline.application.errors import InternalCommandType, InvalidCommand, UnknownCommandType
 
 
 DECIMAL_TEXT = r"^-?(0|[1-9][0-9]*)(\.[0-9]+)?$"
@@ -158,7 +158,10 @@ def parse_command(command: Command | Mapping[str, Any] | str | bytes, catalog: K
         raise InvalidCommand(None, [problem([], f"cannot read a command from {type(command).__name__}",
                                             "command_type")])
     if cls is None:
-        raise UnknownCommandType(data.get("type"), catalog.public_types())
+        internal = isinstance(data.get("type"), str) and data["type"] in getattr(catalog, "known_types", ())
+        raise (InternalCommandType if internal else UnknownCommandType)(data.get("type"), catalog.public_types())
+    if decimals := decimal_fields(cls):
+        _refuse_floats(data, decimals)
     try:
         # Validated in JSON mode, where ids and decimals arrive as strings and arrays as lists.
         text = orjson.dumps(data, default=_json_object)
@@ -190,6 +193,48 @@ def _object_fields(cls: type[Command]) -> dict[str, tuple[type, ...]]:
         if accepted := tuple(t for t in (UUID, Decimal) if t in types(info.annotation)):
             fields[name] = accepted
     return fields
+
+
+FLOAT_DECIMAL = ("a decimal is given as a string such as \"12.50\" or an integer, never a binary float (a JSON "
+                 "number with a fraction or an exponent), which cannot hold every decimal exactly")
+
+
+@cache
+def decimal_fields(cls: type[Command]) -> tuple[str, ...]:
+    """The fields of ``cls`` declared ``Decimal`` (alone, optional, or as the items of a list, tuple, set or
+    mapping) without ``Amount``'s own check: pydantic's JSON mode would take a binary float there, digits lost."""
+    def plain_decimal(annotation: Any) -> bool:
+        if get_origin(annotation) is Annotated:
+            base, *metadata = get_args(annotation)
+            if any(getattr(m, "func", None) is _decimal_only for m in metadata):
+                return False
+            return plain_decimal(base)
+        return annotation is Decimal or any(plain_decimal(arg) for arg in get_args(annotation))
+
+    return tuple(name for name, info in cls.model_fields.items()
+                 if plain_decimal(info.annotation)
+                 and not any(getattr(m, "func", None) is _decimal_only for m in info.metadata))
+
+
+def _refuse_floats(data: dict[Any, Any], fields: tuple[str, ...]) -> None:
+    """InvalidCommand naming each place a binary float was given for a decimal field."""
+    problems: list[dict[str, Any]] = []
+
+    def walk(value: Any, loc: list[str | int]) -> None:
+        if isinstance(value, float):
+            problems.append(problem(loc, FLOAT_DECIMAL, "decimal_type"))
+        elif isinstance(value, (list, tuple)):
+            for index, item in enumerate(value):
+                walk(item, [*loc, index])
+        elif isinstance(value, Mapping):
+            for key, item in value.items():
+                walk(item, [*loc, str(key)])
+
+    for name in fields:
+        if name in data:
+            walk(data[name], [name])
+    if problems:
+        raise InvalidCommand(data["type"], at_most(problems))
 
 
 def _json_object(value: Any) -> str:

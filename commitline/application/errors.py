@@ -80,6 +80,17 @@ class UnknownCommandType(CommitlineError):
             return printable(repr(self.command_type), 100)
 
 
+class InternalCommandType(UnknownCommandType):
+    """The command's ``type`` is one of the domain's internal commands, which only its process managers issue (or
+    Python code passing the command object): never accepted as JSON or a mapping. Its code is that of an unknown
+    type: to the caller, the domain takes no such command."""
+
+    @property
+    def message(self) -> str:  # type: ignore[override]
+        return ("{command_type!r} is an internal command of the domain: only its process managers, or Python code "
+                "passing the command object itself, issue it, never JSON or a mapping; known types: {known_types}")
+
+
 class MissingIdempotencyKey(CommitlineError):
     """A state-changing command came without an idempotency key."""
 

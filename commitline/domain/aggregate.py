@@ -21,6 +21,7 @@ from enum import Enum
 from typing import Any, ClassVar, Self, dataclass_transform
 from uuid import UUID
 
+from commitline.domain.decimals import decimal_fields, refuse_floats
 from commitline.domain.errors import IllegalTransition
 from commitline.domain.frozen import frozen, may_hold_containers
 from commitline.domain.fsm import TransitionTable
@@ -212,11 +213,19 @@ class Aggregate:
                 f"{type(self).__name__} {self.id}: event version {event.version} does not follow {self.version}"
             )
         if type(event) not in self.EVENTS:
-            name = type(self).__name__
-            raise TypeError(f"{name} cannot apply {type(event).__name__}: it is not one of {name}.EVENTS (every event "
-                            f"the aggregate emits is listed there)")
+            raise TypeError(self._not_listed(type(event)))
         self._evolve(event)
         self.version = event.version
+
+    def _not_listed(self, event_type: type[Event]) -> str:
+        name, event = type(self).__name__, event_type.__name__
+        twin = next((e for e in self.EVENTS if e.__qualname__ == event_type.__qualname__), None)
+        if twin is not None:  # the same class under another module: one file imported twice
+            return (f"{type(self).__module__}.{name} cannot apply {event_type.__module__}.{event}: its EVENTS hold "
+                    f"{twin.__module__}.{event}, another class of the same name (one file imported as two modules? "
+                    f"use the classes of the module the domain was loaded from)")
+        return (f"{name} cannot apply {event}: it is not one of {name}.EVENTS (every event the aggregate emits is "
+                "listed there)")
 
     def _evolve(self, event: Event) -> None:
         """Change the state as ``event`` says: one ``match`` over ``EVENTS``, no rules, no I/O."""
@@ -257,6 +266,8 @@ class Aggregate:
         return None
 
     def _new(self, event_type: type[Event], payload: dict[str, Any]) -> Event:
+        if decimals := decimal_fields(event_type, event_type.ENVELOPE):
+            refuse_floats(event_type, payload, decimals)
         return event_type(event_id=new_id(), aggregate_id=self.id, version=self.version + 1, occurred_at=utcnow(),
                           **payload)
 

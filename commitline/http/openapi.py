@@ -25,7 +25,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 
 from commitline.application.boundary import INT_MAX, INT_MIN, MAX_KEY_LENGTH, CommandLimits
-from commitline.application.commands import Command
+from commitline.application.commands import Command, decimal_fields
 from commitline.application.results import DispatchResult
 from commitline.composition import Domain
 from commitline.http.problems import PROBLEM_JSON, statuses
@@ -133,10 +133,25 @@ def _bounded(node: Any, limits: CommandLimits) -> None:
 
 
 def _strict_command(schema: dict[str, Any], cls: type[Command]) -> None:
-    """``type`` is required (the server needs it to know which command this is) and has one value."""
+    """``type`` is required (the server needs it to know which command this is) and has one value; a ``Decimal``
+    field takes an integer or a string, never a number with a fraction (``parse_command`` refuses it)."""
     name = cls.model_fields["type"].default
     schema["properties"]["type"] = {"type": "string", "enum": [name], "description": "this command's type"}
     schema["required"] = ["type", *(r for r in schema.get("required", []) if r != "type")]
+    for field in decimal_fields(cls):
+        _no_fractions(schema["properties"][field])
+
+
+def _no_fractions(node: Any) -> None:
+    """In a decimal field's schema, each ``number`` (pydantic's, for a binary float it would take) an ``integer``."""
+    if isinstance(node, dict):
+        if node.get("type") == "number":
+            node["type"] = "integer"
+        for value in node.values():
+            _no_fractions(value)
+    elif isinstance(node, list):
+        for item in node:
+            _no_fractions(item)
 
 
 def _complete(path: str, operation: dict[str, Any]) -> None:

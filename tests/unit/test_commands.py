@@ -91,3 +91,17 @@ def test_only_the_fulfilment_saga_confirms_an_order() -> None:
     with pytest.raises(UnknownCommandType) as refused:
         parse_command({"type": "confirm_order", "order_id": "5d1c3a0e-8f0b-4c55-9d1e-1f7f6a0c2b11"})
     assert "confirm_order" not in refused.value.known and "place_order" in refused.value.known
+
+
+def test_an_internal_command_sent_as_json_or_a_mapping_is_refused_saying_it_is_internal() -> None:
+    """The examples' saga issues ``cancel_order_after_failure`` itself; sent from outside it is not an unknown type
+    (which would send the caller looking for a typo) but one the domain keeps for its process managers."""
+    for sent in ({"type": "cancel_order_after_failure"}, b'{"type": "cancel_order_after_failure"}'):
+        with pytest.raises(UnknownCommandType) as refused:
+            parse_command(sent)
+        assert str(refused.value).startswith("'cancel_order_after_failure' is an internal command of the domain: "
+                                             "only its process managers, or Python code passing the command object "
+                                             "itself, issue it"), str(refused.value)
+        assert refused.value.code == "unknown_command_type"
+    with pytest.raises(UnknownCommandType, match="^unknown command type 'cancel_orders'"):
+        parse_command({"type": "cancel_orders"})

@@ -148,3 +148,16 @@ def test_decoded_events_are_frozen_too_so_a_replay_fails_as_the_command_would() 
         back.items.append("pear")
     with pytest.raises(TypeError, match="belongs to an event"):
         back.tags["sizes"].append(2)
+
+
+def test_an_event_of_a_second_import_of_the_same_file_is_named_as_such() -> None:
+    """The same module imported under two names gives two classes of each name: the aggregate of one copy cannot
+    apply the other's events, and the refusal says so instead of claiming the event is not in EVENTS."""
+    twin = type("BasketOpened", (Event,), {"__annotations__": {"items": list[str]}, "__module__": "copy_of_domain",
+                                           "__qualname__": "BasketOpened"})
+    event = twin(event_id=uuid4(), aggregate_id=uuid4(), version=1, occurred_at=datetime.now(timezone.utc),
+                 items=["apple"])
+    with pytest.raises(TypeError, match=r"cannot apply copy_of_domain\.BasketOpened: its EVENTS hold "
+                                        r"tests\.unit\.test_event_payloads\.BasketOpened, another class of the same "
+                                        r"name \(one file imported as two modules\?"):
+        Basket.blank(event.aggregate_id).apply(event)

@@ -31,6 +31,7 @@ from commitline.application.errors import ConfigurationError
 from commitline.application.results import json_default
 from commitline.domain import Aggregate, Event, EventRegistry
 from commitline.domain.errors import InvalidValue
+from commitline.domain.decimals import scalar_fields
 from commitline.domain.personal import personal_fields, subject_of
 
 if TYPE_CHECKING:
@@ -140,7 +141,8 @@ class EventCodec:
     def __init__(self, registry: EventRegistry, personal: PersonalData | None = None):
         self.registry = registry
         self.personal = personal
-        self._decoders: dict[str, tuple[type[Event], Any, frozenset[str]]] = {}  # by stored type name (``_decoder``)
+        # by stored type name (``_decoder``)
+        self._decoders: dict[str, tuple[type[Event], Any, frozenset[str], tuple[tuple[str, str], ...]]] = {}
 
     def encode(self, event: Event, tenant: str, traceparent: str | None = None,
                aggregate: Aggregate | None = None, new_keys: NewKeys | None = None) -> StoredEvent:
@@ -186,7 +188,7 @@ class EventCodec:
         decoder = self._decoders.get(topic)
         if decoder is None:
             decoder = self._decoder(topic)
-        cls, validate, fields = decoder
+        cls, validate, fields, scalars = decoder
         version = int(stored["v"]) if "v" in stored else 1  # the class version it was written at
         if version > cls.class_version:  # written by a newer release: reading it as this one would drop fields
             raise ConfigurationError("COMMITLINE_APP", f"{topic} event {originator_id} v{originator_version} was stored "
@@ -198,6 +200,9 @@ class EventCodec:
         if data.keys() != fields:
             check_renames(cls, topic, originator_id, originator_version, version, data.keys() - fields,
                           fields - data.keys())
+        for name, declared in scalars:
+            if type(data.get(name)) is str:
+                raise typed_as_text(cls, topic, originator_id, originator_version, version, name, declared, data[name])
         if data is stored["data"]:  # the parsed state's own dict, nobody else's: filled in place
             data["event_id"], data["aggregate_id"] = stored["id"], originator_id
             data["version"], data["occurred_at"] = originator_version, stored["at"]
@@ -209,12 +214,14 @@ class EventCodec:
         except ValidationError as e:
             raise unfitting(cls, topic, originator_id, originator_version, version, e) from None
 
-    def _decoder(self, topic: str) -> tuple[type[Event], Any, frozenset[str]]:
-        """(event class, its validator, its payload's field names) of a stored type name."""
+    def _decoder(self, topic: str) -> tuple[type[Event], Any, frozenset[str], tuple[tuple[str, str], ...]]:
+        """(event class, its validator, its payload's field names, its JSON-number and boolean fields with their
+        declared type's name) of a stored type name."""
         cls = self.registry.event_class(topic)
         if cls is None:
             raise UnknownEventType(topic)
-        decoder = (cls, _adapter(cls).validator.validate_python, frozenset(cls.payload_fields()))
+        decoder = (cls, _adapter(cls).validator.validate_python, frozenset(cls.payload_fields()),
+                   scalar_fields(cls, cls.ENVELOPE))
         self._decoders[topic] = decoder
         return decoder
 
@@ -235,6 +242,21 @@ def check_renames(cls: type[Event], topic: str, originator_id: UUID, originator_
         f"replaced needs the class a new class_version and an upcaster that moves the stored value "
         f"(upcast_v{cls.class_version}_v{cls.class_version + 1}); a field removed while another was added, an "
         f"upcaster that drops it")
+
+
+def typed_as_text(cls: type[Event], topic: str, originator_id: UUID, originator_version: int, version: int, name: str,
+                  declared: str, value: str) -> ConfigurationError:
+    """A stored payload holding text where its class declares a number or a boolean, which JSON stores as such:
+    the field's type changed (a Decimal, stored as text, now declared float, say). Validated as it is, the text
+    would be converted silently (``"10.05"`` read as the float 10.05, ``"10"`` as the int 10)."""
+    shown = value if len(value) <= 40 else value[:40] + "..."
+    return ConfigurationError(
+        "the domain", f"the {topic} event at version {originator_version} of stream {originator_id}, stored at "
+        f"class_version {version}, does not fit {cls.__module__}.{cls.__qualname__} (class_version "
+        f"{cls.class_version}): {name} is stored as the text {shown!r}, and the class declares it {declared}, "
+        f"which is never stored as text: the field's type changed (from Decimal or str, say). A field whose type "
+        f"changed needs the class a new class_version and an upcaster that converts the values already stored "
+        f"(upcast_v{cls.class_version}_v{cls.class_version + 1})")
 
 
 def unfitting(cls: type[Event], topic: str, originator_id: UUID, originator_version: int, version: int,

@@ -1,0 +1,152 @@
+"""Money never passes through a binary float unnoticed. A command field declared ``Decimal`` (not only
+``Amount``) refuses a JSON number with a fraction or an exponent, naming the field, and the OpenAPI description
+says so; an aggregate that emits a float into an event's ``Decimal`` field fails at that line, and nothing of
+the command is kept."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from decimal import Decimal
+from typing import NewType
+from uuid import uuid4
+
+import orjson
+import pytest
+from pydantic.json_schema import models_json_schema
+
+from commitline import Aggregate, Command, Domain, Event
+from commitline.application.commands import Amount, parse_command
+from commitline.application.errors import InvalidCommand
+from commitline.http.openapi import _strict_command
+
+Price = NewType("Price", Decimal)
+
+
+class PlacePrice(Command):
+    price: Decimal
+    limit: Decimal | None = None
+    legs: list[Decimal] = []
+    amount: Amount = Decimal(1)
+    weight: float = 0.0
+
+
+domain = Domain("pricing")
+
+
+class Priced(Event):
+    price: Decimal
+    history: tuple[Decimal, ...] = ()
+    tick: Price | None = None
+    ratio: float = 0.0
+
+
+@domain.aggregate
+class Quote(Aggregate):
+    EVENTS = (Priced,)
+    price: Decimal = Decimal(0)
+
+    def price_at(self, **payload: object) -> None:
+        self._emit(Priced, **payload)
+
+    def _evolve(self, event: Event) -> None:
+        match event:
+            case Priced(price=price):
+                self.price = price
+
+
+domain.handles(PlacePrice, Quote)(lambda quote, command: quote.price_at(price=command.price))
+
+
+def parsed(body: dict[str, object] | str) -> PlacePrice:
+    text = f'{{"type": "place_price", {body}}}' if isinstance(body, str) else orjson.dumps({"type": "place_price", **body})
+    return parse_command(text, domain.catalog)  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize(("body", "loc"), [
+    ('"price": 1.0000000000000000001', ["price"]),  # JSON text: a float would round it before it is sent
+    ({"price": 1e30}, ["price"]),
+    ({"price": "1.5", "limit": 0.1}, ["limit"]),
+    ({"price": "1.5", "legs": ["1", 0.25]}, ["legs", 1]),
+])
+def test_a_decimal_command_field_refuses_a_binary_float_naming_where(body: dict[str, object] | str, loc: list[object]
+                                                                      ) -> None:
+    with pytest.raises(InvalidCommand) as refused:
+        parsed(body)
+    (problem,) = refused.value.errors
+    assert problem["loc"] == loc and problem["type"] == "decimal_type"
+    assert "never a binary float" in problem["msg"]
+
+
+def test_a_decimal_command_field_takes_strings_and_integers_exactly_and_other_fields_keep_their_types() -> None:
+    command = parsed({"price": "1.0000000000000000001", "limit": 7, "legs": ["0.1", 2], "weight": 0.5})
+    assert command.price == Decimal("1.0000000000000000001") and command.limit == Decimal(7)
+    assert command.legs == [Decimal("0.1"), Decimal(2)] and command.weight == 0.5
+    with pytest.raises(InvalidCommand, match="never a binary float"):  # Amount keeps its own refusal
+        parsed({"price": "1", "amount": 2.5})
+
+
+def test_the_description_offers_a_decimal_field_integers_and_strings_only() -> None:
+    _, schemas = models_json_schema([(PlacePrice, "validation")])
+    schema = schemas["$defs"]["PlacePrice"]
+    _strict_command(schema, PlacePrice)
+    text = orjson.dumps({k: schema["properties"][k] for k in ("price", "limit", "legs")}).decode()
+    assert '"number"' not in text and '"integer"' in text
+    assert schema["properties"]["weight"]["type"] == "number"  # a float field stays one
+
+
+@pytest.mark.parametrize(("payload", "field"), [
+    ({"price": 0.1 * 3}, "Priced.price"),
+    ({"price": Decimal("0.3"), "history": (Decimal(1), 0.5)}, "Priced.history"),
+    ({"price": Decimal("0.3"), "tick": 0.3}, "Priced.tick"),
+])
+def test_an_event_emitted_with_a_float_in_a_decimal_field_fails_and_nothing_is_kept(payload: dict[str, object],
+                                                                                    field: str) -> None:
+    quote = Quote.blank(uuid4())
+    with pytest.raises(TypeError, match=rf"^{field} is a Decimal field, emitted with the binary float"):
+        quote.price_at(**payload)
+    assert quote.version == 0 and quote.price == 0 and not quote.collect_events()
+
+
+def test_an_event_takes_decimals_integers_and_floats_where_declared_float() -> None:
+    quote = Quote.blank(uuid4())
+    quote.price_at(price=Decimal("0.3"), history=(Decimal(1), 2), tick=Price(Decimal("0.1")), ratio=0.5)
+    (event,) = quote.collect_events()
+    assert event.price == Decimal("0.3") and event.ratio == 0.5
+
+
+def _release(price_type: type) -> tuple[type[Event], Domain]:
+    """A release whose ``Repriced`` declares ``price`` as ``price_type``; both releases store the same type name."""
+    release = Domain(f"pricing_{price_type.__name__.lower()}")
+    repriced = type("Repriced", (Event,), {"__annotations__": {"price": price_type, "seen": "int | None"},
+                                           "seen": None, "__module__": __name__})
+
+    @release.aggregate
+    class Board(Aggregate):
+        EVENTS = (repriced,)
+
+        def _evolve(self, event: Event) -> None:
+            pass
+
+    return repriced, release
+
+
+@pytest.mark.parametrize(("now", "stored", "declared"), [(float, "10.05", "float"), (int, "10", "int")])
+def test_a_stored_decimal_read_by_a_release_that_declares_the_field_a_number_is_refused_naming_it(
+        now: type, stored: str, declared: str) -> None:
+    """A Decimal is stored as text; read as it is by a class that now says float (or int), it would become 10.05
+    (or 10) without a word. JSON stores numbers as numbers, so text there means the type changed."""
+    from commitline.application.errors import ConfigurationError
+    from commitline.infrastructure.store.codec import EventCodec, encode_event
+
+    old, _ = _release(Decimal)
+    new, release = _release(now)
+    event = old(event_id=uuid4(), aggregate_id=uuid4(), version=1, occurred_at=datetime.now(timezone.utc),
+                price=Decimal(stored), seen=3)
+    record = encode_event(event, "acme")
+    with pytest.raises(ConfigurationError) as refused:
+        EventCodec(release.check().registry).decode_event(record.topic, record.originator_id, 1, record.state)
+    message = str(refused.value)
+    assert f"price is stored as the text '{stored}', and the class declares it {declared}" in message
+    assert "the field's type changed" in message and "upcast_v1_v2" in message
+    same = EventCodec(_release(Decimal)[1].check().registry)  # the release that wrote it reads it as it was
+    assert same.decode_event(record.topic, record.originator_id, 1, record.state).event.price == Decimal(stored)
