@@ -60,8 +60,11 @@ def with_loader(function: Callable[..., Aggregate | None]) -> Callable[[Any, Any
     """A handler called as ``(aggregate, command, load)``, whether ``function`` takes the loader or only the
     first two; returning None means the aggregate it was given."""
     try:
-        takes_loader = len(inspect.signature(function).parameters) >= 3
-    except (TypeError, ValueError):
+        inspect.signature(function).bind(None, None, None)
+        takes_loader = True
+    except TypeError:  # it cannot take three: a keyword-only parameter, say, is not the loader
+        takes_loader = False
+    except ValueError:  # no signature to read
         takes_loader = True
 
     if takes_loader:

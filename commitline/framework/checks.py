@@ -383,6 +383,9 @@ def _commands(domain: Domain, aggregates: dict[type[Aggregate], str], say: Any) 
             name = getattr(handler.aggregate, "__name__", repr(handler.aggregate))
             say(d.where, f"the handler of {command.__name__} changes {name}, an aggregate the domain does not hold "
                 "(register it with @domain.aggregate)")
+        if (callable_problem := _handler_call(getattr(handler.run, "__wrapped__", handler.run))) is not None:
+            say(d.where, f"the handler of {command.__name__} {callable_problem}: it is called with the aggregate and "
+                "the command, and a third parameter (if it has one) gets the loader of other aggregates")
         if handler.target is derived_id and handler.stream is not Stream.NEW:
             say(d.where, f"the handler of {command.__name__} names no id, so each command would start a new stream: "
                 "give id=\"<field>\" (the field holding the aggregate id), or Stream.NEW")
@@ -395,6 +398,24 @@ def _commands(domain: Domain, aggregates: dict[type[Aggregate], str], say: Any) 
     for name, places in by_type.items():
         for place in places[1:]:
             say(place, f"two commands have the type {name!r} (also {places[0]})")
+
+
+def _handler_call(function: Any) -> str | None:
+    """What keeps ``function`` from being called as a handler (two or three positional arguments); None if
+    nothing does, or if its signature cannot be read."""
+    if not callable(function):
+        return f"is {function!r}, which cannot be called"
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return None
+    for arguments in ((1, 2, 3), (1, 2)):
+        try:
+            signature.bind(*arguments)
+            return None
+        except TypeError:
+            continue
+    return f"takes {signature}, which two or three positional arguments cannot call"
 
 
 _CODE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,99}")

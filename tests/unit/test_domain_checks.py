@@ -471,3 +471,41 @@ def test_a_counter_of_text_and_a_prefetch_of_another_table_are_refused() -> None
     said = str(refused.value)
     assert "counter 'n' is of type 'text', which cannot be added to" in said
     assert "read model tallies prefetches rows of 'rm_typo', not one of its tables (rm_tallies)" in said
+
+
+@pytest.mark.parametrize(("handler", "named"), [
+    (lambda account: None, r"takes \(account\), which two or three positional arguments cannot call"),
+    (lambda account, command, load, extra: None, r"takes \(account, command, load, extra\), which two or three "
+                                                 r"positional arguments cannot call"),
+    ("not a function", r"is 'not a function', which cannot be called"),
+])
+def test_a_handler_that_cannot_be_called_with_the_aggregate_and_the_command_is_named_at_load(
+        handler: object, named: str) -> None:
+    domain = Domain("ledgers")
+
+    class Opened(Event):
+        pass
+
+    @domain.aggregate
+    class Ledger(Aggregate):
+        EVENTS = (Opened,)
+
+        def _evolve(self, event: Event) -> None:
+            pass
+
+    class Close(Command):
+        ledger_id: str
+
+    domain.handles(Close, Ledger, id="ledger_id")(handler)  # type: ignore[arg-type]
+    with pytest.raises(InvalidDomain, match=f"the handler of Close {named}: it is called with the aggregate and the "
+                                            "command"):
+        domain.check()
+
+
+def test_a_handler_with_a_keyword_only_option_is_called_without_the_loader() -> None:
+    from commitline.application.catalog import with_loader
+
+    calls = []
+    run = with_loader(lambda aggregate, command, *, note="": calls.append((aggregate, command, note)))
+    run("ledger", "close", "the loader")
+    assert calls == [("ledger", "close", "")]
