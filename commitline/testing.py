@@ -5,6 +5,12 @@
     given(PaymentTransaction, CREATED).when(lambda p: p.submit()).then(event(PaymentSubmitted, attempt=1))
     given(PaymentTransaction, CREATED).when(lambda p: p.complete()).then_raises(IllegalTransition, current="CREATED")
 
+A handler that reads other aggregates (its third parameter, ``load``) is specified the same way, its
+``load`` serving given aggregates (``loader``)::
+
+    account = given(Account, event(AccountOpened, cash=Decimal("100")), id=ACCOUNT)
+    given(Order).when(lambda o: place_order(o, PlaceOrder(...), loader(account))).then_raises(InsufficientCash)
+
 ``given`` replays past events (written as ``event(Type, **payload)``, without ids or times)
 into the aggregate; ``when`` runs a command on it (a command that creates an aggregate,
 such as ``PaymentTransaction.create``, returns it and is followed instead); ``then`` compares
@@ -20,10 +26,11 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 from uuid import UUID, uuid4
 
+from commitline.application.errors import AggregateNotFound
 from commitline.domain.aggregate import Aggregate, Event, utcnow
 from commitline.domain.errors import CommitlineError
 
-__all__ = ["Fact", "When", "event", "given", "recorded"]
+__all__ = ["Fact", "When", "event", "given", "loader", "recorded"]
 
 A = TypeVar("A", bound=Aggregate)
 E = TypeVar("E", bound=CommitlineError)
@@ -65,6 +72,20 @@ class given(Generic[A]):  # noqa: N801 (a spec reads as a sentence)
 
     def when(self, command: Callable[[A], object]) -> When[A]:
         return When(self, command)
+
+
+def loader(*aggregates: given[Any]) -> Callable[[type[Aggregate], UUID], Aggregate]:
+    """A handler's ``load(Cls, id)`` serving these given aggregates, each rebuilt afresh at every load as the
+    store would load it; any other class or id raises ``AggregateNotFound``, as for an id the tenant lacks."""
+    by_id = {spec.id: spec for spec in aggregates}
+
+    def load(cls: type[Aggregate], aggregate_id: UUID) -> Aggregate:
+        spec = by_id.get(aggregate_id)
+        if spec is None or spec.cls is not cls or not spec.facts:
+            raise AggregateNotFound(cls.__name__, aggregate_id)
+        return spec.aggregate()
+
+    return load
 
 
 @dataclass(frozen=True)
