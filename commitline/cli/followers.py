@@ -54,16 +54,20 @@ def cmd_publish(args: argparse.Namespace) -> int:
             log.error("publisher interrupted before it caught up: position %d, %d events published; the events "
                       "after it are not published yet (see `commitline status`)", m.position, m.events_published)
             return EXIT_REFUSED
+        # A drain that ends at a stop did not publish everything: exit 1. Stopped by a signal, a long-running
+        # publisher exits 0 as documented (a supervisor restarting it is not told of a crash); the stop stays
+        # recorded, and ``status`` (``--check``) reports it.
+        stopped = EXIT_REFUSED if args.drain else EXIT_OK
         if went_back:
             log.error("publisher stopped after position %d (%d events published): the store went back behind its "
                       "buckets; see `commitline status` and docs/guides/failover.md (`commitline followers reset "
                       "publisher`)", m.position, m.events_published)
-            return EXIT_REFUSED
+            return stopped
         if publisher.waiting_for_operator:
             log.error("publisher stopped at a poison record after position %d (%d events published); see "
                       "`commitline status`, then `commitline publisher retry` or `skip`", m.position,
                       m.events_published)
-            return EXIT_REFUSED
+            return stopped
         log.info("publisher stopped cleanly: %d events in %d batches, position %d", m.events_published, m.batches,
                  m.position)
     return EXIT_OK

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import defaultdict
@@ -24,7 +25,7 @@ from commitline.examples.surveys import MAX_USERS_PER_ISSUE
 from commitline.infrastructure.kafka.producer import record_size
 from commitline.infrastructure.store.event_store import PostgresEventStore
 from tests.integration.test_projections import projector
-from tests.support import FollowerThread, count_rows, kafka_settings, read_topics, settings_for
+from tests.support import FollowerThread, count_rows, kafka_settings, read_topics, settings_for, wait_for
 
 KAFKA_DEFAULT_MESSAGE_MAX_BYTES = 1_048_588
 
@@ -159,6 +160,26 @@ def test_a_record_above_the_broker_limit_stops_the_publisher_until_an_operator_d
     assert len(parts) == 2  # both above 100,000 bytes
     app.dispatch({"type": "close_survey_task", "task_id": str(task_id)}, idempotency_key="close")
     first, second = 2, 3  # positions of the two parts, after the creation at 1
+
+    # A long-running publisher (no --drain) stopped at it, then by SIGTERM, exits 0 as documented (a supervisor
+    # restarting it is not told of a crash); the stop is logged and kept. A drain then exits 1: it cannot finish.
+    environment = {**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn, "COMMITLINE_SCHEMA": schema,
+                   "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap, "COMMITLINE_KAFKA_IDEMPOTENCE": "false",
+                   "COMMITLINE_KAFKA_TOPIC_PREFIX": f"{schema}.", "COMMITLINE_LOG_LEVEL": "INFO", **small_limit}
+    with tempfile.TemporaryFile("w+") as log:
+        running = subprocess.Popen([sys.executable, "-m", "commitline.cli", "publish"], env=environment,
+                                   stdout=subprocess.DEVNULL, stderr=log, text=True)
+        try:
+            wait_for(lambda: log.seek(0) == 0 and "stopped at poison event" in log.read(),
+                     "the publisher to stop at the first part", timeout=120)
+            running.send_signal(signal.SIGTERM)
+            assert running.wait(timeout=120) == 0
+        finally:
+            if running.poll() is None:
+                running.kill()
+                running.wait()
+        log.seek(0)
+        assert "stopped at a poison record" in log.read()
 
     drained = cli(pg_dsn, schema, kafka_bootstrap, "publish", "--drain", **small_limit)
     assert drained.returncode == 1 and "poison record" in drained.stderr, drained.stderr[-3000:]

@@ -319,13 +319,18 @@ class Follower(OwnedSlots):
         await self._prove_session()
         if self.checks_generation_each_page:
             await asyncio.to_thread(self.lease.check_generation)  # GenerationChanged: join again under the new one
+        began = time.monotonic()
         try:
             handled = await self.handle_page(page, active)
         except StoreUnavailable:
             raise  # PostgreSQL itself: the store outage's back-off in ``_rounds``, not the handler's ``retry_on``
-        except self.retry_on as error:
+        except (*self.retry_on, asyncio.CancelledError) as error:
+            if isinstance(error, asyncio.CancelledError) and _cancelled_itself():
+                raise
+            # Else a library's own future cancelled under the handler (a client resetting its connections):
+            # nothing was handled, and the page is tried again after the back-off like any retryable failure.
             first = min(events[0].id for events in page.events.values())
-            delay = self.outage.failed(error, f" at position {first}")
+            delay = self.outage.failed(error, f" at position {first}", began)
             message = described(error)
             await asyncio.to_thread(self.lease.mark, "retrying", {
                 s: {"message": message, "position": events[0].id} for s, events in page.events.items()})
@@ -387,3 +392,9 @@ class Follower(OwnedSlots):
             position = self.metrics.position = handled.position
             if progress is not None:
                 progress(position, head)
+
+
+def _cancelled_itself() -> bool:
+    """Whether the running task is being cancelled (a stop), not merely meeting a future someone else cancelled."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0

@@ -31,10 +31,11 @@ class Outage:
         self._since = 0.0
         self._wait = wait_random_exponential(multiplier=FIRST_BACKOFF_SECONDS, max=max_backoff)
 
-    def failed(self, error: BaseException, where: str = "") -> float:
-        """Count a failed attempt; returns the seconds to wait before the next one."""
+    def failed(self, error: BaseException, where: str = "", began: float | None = None) -> float:
+        """Count a failed attempt (``began``: when it started, by ``time.monotonic``; the outage is counted from
+        the first failed attempt's start, not from its timeout); returns the seconds to wait before the next one."""
         if self.failures == 0:
-            self._since = time.monotonic()
+            self._since = time.monotonic() if began is None else began
             self.log.error("%s unavailable (%s)%s; retrying with back-off up to %.1f s", self.subject,
                            described(error), where, self.max_backoff)
         self.failures += 1

@@ -24,7 +24,8 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import MessageSizeTooLargeError, RecordListTooLargeError, RecordTooLargeError
+from aiokafka.errors import (KafkaConnectionError, MessageSizeTooLargeError, RecordListTooLargeError,
+                             RecordTooLargeError)
 from aiokafka.helpers import create_ssl_context
 from aiokafka.partitioner import murmur2
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
@@ -197,5 +198,10 @@ async def send_in_order(producer: AIOKafkaProducer, records: Sequence[KafkaRecor
             first, error = min(refused, key=lambda r: r[0].notification_id)
             raise RecordRefused(first, error)
         for outcome in outcomes:
+            if isinstance(outcome, asyncio.CancelledError):
+                # The producer cancelled its own acknowledgement (it does on a reset in an outage); this task was
+                # not cancelled (gather would have raised). Unacknowledged: a broker failure like any other.
+                raise KafkaConnectionError("the producer cancelled a record batch's acknowledgement (the broker "
+                                           "connection was reset); the batch is sent again") from outcome
             if isinstance(outcome, BaseException):
                 raise outcome
