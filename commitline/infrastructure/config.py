@@ -46,6 +46,10 @@ _LIBPQ_CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
+_BROKER_HOST = re.compile(r"[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]")
+"""A broker's host in KAFKA_BOOTSTRAP_SERVERS: a host name, an IPv4 address or an IPv6 address in brackets."""
+
+
 class Settings(BaseSettings):
     # Code sets fields by name (``pool_size=4``), the environment by variable (``COMMITLINE_POOL_SIZE``).
     model_config = SettingsConfigDict(
@@ -254,6 +258,20 @@ class Settings(BaseSettings):
             if "connect_timeout" in parts and not str(parts["connect_timeout"]).isdigit():
                 raise ValueError(f"has connect_timeout={parts['connect_timeout']}: a whole number of seconds")
         return url
+
+    @field_validator("kafka_bootstrap_servers")
+    @classmethod
+    def _broker_addresses(cls, servers: str | None) -> str | None:
+        if servers is not None:
+            for address in servers.split(","):
+                host, _, port = address.rpartition(":")
+                if "://" in host:
+                    raise ValueError(f"has {address!r}: give host:port without a scheme ({host.split('://')[0]}://)")
+                if not _BROKER_HOST.fullmatch(host):
+                    raise ValueError(f"has {address!r}, whose host is no host name, IPv4 or [IPv6] address")
+                if not (port.isdigit() and 0 < int(port) < 65536):
+                    raise ValueError(f"has {address!r}, whose port is no TCP port (1-65535)")
+        return servers
 
     @field_validator("schema_name")
     @classmethod

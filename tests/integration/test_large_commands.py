@@ -179,7 +179,9 @@ def test_a_record_above_the_broker_limit_stops_the_publisher_until_an_operator_d
                 running.kill()
                 running.wait()
         log.seek(0)
-        assert "stopped at a poison record" in log.read()
+        logged = log.read()
+        assert "stopped at a poison record" in logged
+        assert "COMMITLINE_MAX_EVENT_BYTES (900000) lets the store take events whose Kafka records" in logged
 
     drained = cli(pg_dsn, schema, kafka_bootstrap, "publish", "--drain", **small_limit)
     assert drained.returncode == 1 and "poison record" in drained.stderr, drained.stderr[-3000:]

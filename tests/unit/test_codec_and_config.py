@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import dataclasses
 from datetime import datetime, timezone
 from decimal import Decimal
@@ -87,6 +89,15 @@ def test_configuration_defaults_and_errors() -> None:
     with pytest.raises(ConfigurationError, match="has port 99999, which is no TCP port") as port:
         load_settings({"COMMITLINE_DATABASE_URL": "postgresql://u:hunter2@h:99999/db"})
     assert "hunter2" not in str(port.value)
+    for servers, named in [("127.0.0.1:99999", "'127.0.0.1:99999', whose port is no TCP port"),
+                           ("broker:9092,127.0.0.1:0", "'127.0.0.1:0', whose port is no TCP port"),
+                           ("kafka://127.0.0.1:9092", "give host:port without a scheme (kafka://)"),
+                           ("bro/ker:9092", "whose host is no host name")]:
+        with pytest.raises(ConfigurationError, match=re.escape(named)) as broker:
+            load_settings({"KAFKA_BOOTSTRAP_SERVERS": servers})
+        assert "KAFKA_BOOTSTRAP_SERVERS" in str(broker.value)
+    assert load_settings({"KAFKA_BOOTSTRAP_SERVERS": "kafka-1.internal:9092,10.0.0.2:19092,[::1]:9093"}
+                         ).kafka_bootstrap_servers == "kafka-1.internal:9092,10.0.0.2:19092,[::1]:9093"
     with pytest.raises(ConfigurationError) as gateway:
         load_settings({"COMMITLINE_GATEWAY_URL": "ftp://user:GwSecretPw@gw.example/x"})
     assert "GwSecretPw" not in str(gateway.value) and "ftp://<credentials>@gw.example/x" in str(gateway.value)

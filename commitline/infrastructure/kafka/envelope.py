@@ -4,7 +4,8 @@ The payload is the stored JSON object as written (no decode into domain types an
 the event class's current version by its upcasters when it was stored at an older one, wrapped in an
 envelope with the event id (consumers deduplicate on it), type, ``schema_version`` (the class version of
 the payload it carries), aggregate id and type, version, notification id, the store generation it belongs
-to (``store/generations.py``: a notification id names one event within one generation), recorded-at time
+to (``store/generations.py``: a notification id names one event within one generation, and an event sent again
+under a later generation keeps its event_id), recorded-at time
 and tenant.
 The topic is ``<prefix><aggregate type>``: one per aggregate type of the domain.
 
@@ -63,8 +64,9 @@ ENVELOPE_SCHEMA: dict = {
                        "description": "the store's history the event belongs to: it changes when an operator starts "
                        "a new one after a restore or an asynchronous failover (commitline store new-generation), "
                        "after which notification ids above that moment's head are used by other events. Records "
-                       "of two generations with one notification_id are two different events; deduplicate by "
-                       "event_id, and order or compare by (generation, notification_id)"},
+                       "of two generations with one notification_id may be two different events, or one event sent "
+                       "again under the new generation; deduplicate by event_id, and order by (generation, "
+                       "notification_id)"},
         "recorded_at": {"type": "string", "format": "date-time"},
         "tenant": {"type": "string", "description": "the tenant whose stream it is"},
         "payload": {"type": "object", "description": "the event's own fields, as the domain declares them; each "

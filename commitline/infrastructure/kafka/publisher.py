@@ -70,6 +70,8 @@ from commitline.infrastructure.store.generations import current_and_head, event_
 from commitline.infrastructure.store.recorder import EventRecorder
 
 log = logging.getLogger(__name__)
+#: Room a record needs beside its stored event: the envelope's ids, names, tenant and times, and the headers.
+ENVELOPE_ALLOWANCE = 16_384
 PUBLISHER = "kafka-publisher"
 REBALANCE_SECONDS = 1.0
 #: Bytes a record holds besides its value and its event type's name, the batch framing included, at most (the
@@ -168,7 +170,14 @@ class Publisher(Follower):
 
     async def on_start(self) -> None:
         """Start the producer now: a broker that cannot take it stops the publisher at once, not at its first
-        event (a broker not there yet is the rounds' outage to report)."""
+        event (a broker not there yet is the rounds' outage to report). Warn first if the store may take events
+        whose records the broker would not (they would stop the publisher when they come)."""
+        largest, limit = self.settings.max_event_bytes, self.settings.kafka_max_message_bytes
+        if largest + ENVELOPE_ALLOWANCE > limit:
+            log.warning("COMMITLINE_MAX_EVENT_BYTES (%d) lets the store take events whose Kafka records (the event and "
+                        "its envelope, up to about %d bytes) exceed COMMITLINE_KAFKA_MAX_MESSAGE_BYTES (%d): such an "
+                        "event would stop the publisher until an operator skips it. Keep the event limit at least %d "
+                        "bytes below the broker's", largest, largest + ENVELOPE_ALLOWANCE, limit, ENVELOPE_ALLOWANCE)
         try:
             async with self.producers.use():
                 pass
