@@ -90,7 +90,9 @@ class Positions:
         """Mark ``name`` running under ``owner`` (this process, described as ``process.this_process`` says);
         without a row yet, it starts at 0 in ``generation``, or at the position (and in the generation) of the
         follower ``start_from`` (a publisher bucket at the publisher's: republishing is safe, skipping is not).
-        An existing row keeps its generation: the owner checks it (``went_back.py``)."""
+        An existing row keeps its generation: the owner checks it (``went_back.py``). An existing row behind
+        ``start_from`` in the same generation goes on from there: a bucket of another count's (the setting
+        changed and back) whose events the buckets since published, all of them up to that position."""
         conn.execute(self._sql(
             # A follower stopped at a poison event stays stopped until an operator decides.
             "INSERT INTO {positions} AS t (name, owner, owner_process, status, position, generation) "
@@ -98,7 +100,9 @@ class Positions:
             "coalesce((SELECT position FROM {positions} WHERE name = %(from)s), 0), "
             "coalesce((SELECT generation FROM {positions} WHERE name = %(from)s), %(generation)s)) "
             "ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, owner_process = excluded.owner_process, "
-            "updated_at = now(), status = CASE WHEN t.status = 'failed' THEN 'failed' ELSE 'running' END"),
+            "updated_at = now(), status = CASE WHEN t.status = 'failed' THEN 'failed' ELSE 'running' END, "
+            "position = CASE WHEN t.status <> 'failed' AND t.generation = excluded.generation "
+            " THEN greatest(t.position, excluded.position) ELSE t.position END"),
             {"name": name, "owner": owner, "process": Jsonb(this_process()), "from": start_from,
              "generation": generation})
 
