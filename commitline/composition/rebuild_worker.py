@@ -46,7 +46,10 @@ def main(stdin: IO[str], say: Callable[[dict[str, Any]], None]) -> int:
 
 def _interrupted_when_orphaned(parent: int) -> None:
     """Be interrupted, as by Ctrl-C, when the process that started this one dies (killed with -9, say): a worker
-    never rebuilds on unattended."""
+    never rebuilds on unattended. SIGINT is made Python's own first: a command started in the background by a
+    script (``cmd &`` in a non-interactive shell) hands its workers SIGINT ignored, and the signal, the parent's
+    Ctrl-C as well as the kernel's at its death, would then do nothing."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if not end_with_parent(signal.SIGINT, parent):
         raise KeyboardInterrupt
 
