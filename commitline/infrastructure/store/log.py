@@ -164,15 +164,16 @@ class NotificationLog:
         with self.connection() as conn:
             # One statement, one snapshot: the rows and the xmin they are judged by agree.
             rows = conn.cursor(row_factory=tuple_row).execute(statement, params, prepare=True).fetchall()
-        # One pass over the rows (every follower's hot path): a gap met is judged where it is met.
+        # Every gap of the page is judged at once (each noted gap's proof starts now), only when there is one.
+        cutoff = None
+        if rows and rows[-1][1] - first + 1 != len(rows):
+            cutoff = self.first_unproven_gap(gaps_in((row[1] for row in rows), first), int(rows[0][0]))
         page: list[Notification] = []
-        expected, xmin = first, int(rows[0][0]) if rows else 0
         for _, nid, originator_id, version, topic, state in rows:
-            if nid != expected and self.first_unproven_gap((expected,), xmin) is not None:
-                return page, expected
-            expected = nid + 1
+            if cutoff is not None and nid >= cutoff:
+                break
             page.append(notification(originator_id, version, topic, b"" if state is None else bytes(state), nid))
-        return page, None
+        return page, cutoff
 
     def _read_topics(self, first: int, limit: int, stop: int | None,
                      topics: list[str]) -> tuple[list[Notification], int | None]:
@@ -219,23 +220,27 @@ class NotificationLog:
     def first_unproven_gap(self, gaps: Sequence[int], xmin: int) -> int | None:
         """The first of ``gaps`` (first missing ids below a read's last row, read in the same snapshot, whose
         xmin is ``xmin``) not yet proven permanent, which the read must stop before; None when every one may
-        be passed. A gap seen for the first time is noted with a fresh xid: its proof starts now."""
-        cutoff, new_gap = None, None
+        be passed. The gaps seen for the first time are noted with one fresh xid: their proofs start now, all
+        of them (each was missing below a row the snapshot saw), so the next read passes every one of them at
+        once instead of one per read (a log written under contention has a gap every few events)."""
+        cutoff, new = None, []
         with self._gaps_lock:
             # A gap passed stays noted: xmin only grows, so its proof holds for every later read too.
             for gap in sorted(gaps):
                 bound = self._gaps.get(gap)
-                if bound is None or xmin < bound:
-                    cutoff, new_gap = gap, (gap if bound is None else None)
-                    break
-        if new_gap is not None:
-            self._note_gap(new_gap)
+                if bound is None:
+                    new.append(gap)
+                if cutoff is None and (bound is None or xmin < bound):
+                    cutoff = gap
+        if new:
+            self._note_gaps(new)
         return cutoff
 
-    def _note_gap(self, gap: int) -> None:
+    def _note_gaps(self, gaps: Sequence[int]) -> None:
         bound = self._fresh_xid()
         with self._gaps_lock:
-            self._gaps.setdefault(gap, bound)
+            for gap in gaps:
+                self._gaps.setdefault(gap, bound)
             if len(self._gaps) > _MAX_TRACKED_GAPS:  # forget the oldest; a re-sighting only costs a poll
                 for old in sorted(self._gaps)[: len(self._gaps) - _MAX_TRACKED_GAPS]:
                     del self._gaps[old]
