@@ -13,7 +13,7 @@ among the commands a domain accepts from outside (its ``CommandCatalog``) and ra
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from decimal import Decimal
 from functools import cache
 import re
@@ -24,33 +24,12 @@ import orjson
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, WithJsonSchema
 from pydantic_core import PydanticSerializationError
 
+from commitline.application.amounts import DECIMAL_TEXT, Amount, float_decimals, may_take_float_decimals
 from commitline.application.boundary import (DEFAULT_LIMITS, CommandLimits, at_most, check_json, problem, read_json,
                                              too_large)
 from commitline.application.errors import InternalCommandType, InvalidCommand, UnknownCommandType
 
 
-DECIMAL_TEXT = r"^-?(0|[1-9][0-9]*)(\.[0-9]+)?$"
-"""How an amount is written as a JSON string: digits, an optional point and decimals (``12.50``, ``-3``, ``0.5``);
-no exponent, no leading zeros, no white space. The OpenAPI description says exactly this."""
-_DECIMAL_TEXT = re.compile(DECIMAL_TEXT)
-
-
-def _decimal_only(value: Any) -> Any:
-    if isinstance(value, float):
-        raise ValueError("amounts must be given as a decimal string or an integer, never a binary float")
-    if isinstance(value, bool):
-        raise ValueError("an amount is a decimal string or an integer, not a boolean")
-    if isinstance(value, str) and not _DECIMAL_TEXT.match(value):
-        raise ValueError('an amount is written as digits with an optional point and decimals, e.g. "12.50"')
-    return value
-
-
-# pydantic refuses NaN and infinities in a Decimal by default; its allow_inf_nan=False would check through a float,
-# refusing 10^309 and beyond as "not finite".
-Amount = Annotated[Decimal, BeforeValidator(_decimal_only), Field(strict=False),
-                   WithJsonSchema({"anyOf": [{"type": "integer"}, {"type": "string", "pattern": DECIMAL_TEXT}],
-                                   "description": 'a decimal: a string such as "12.50", or an integer'})]
-"""a decimal given as a string (``12.50``) or an integer, never a binary float"""
 UUID_TEXT = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 _UUID_TEXT = re.compile(UUID_TEXT)
 
@@ -113,6 +92,7 @@ class KnownCommands(Protocol):
     """What parsing needs to know of a domain's commands (``catalog.CommandCatalog`` is one)."""
 
     public: Mapping[str, type[Command]]
+    known_types: Collection[str]  # every command type it handles, its process managers' own included
 
     def holds(self, command: type[Command]) -> bool: ...
 
@@ -158,10 +138,10 @@ def parse_command(command: Command | Mapping[str, Any] | str | bytes, catalog: K
         raise InvalidCommand(None, [problem([], f"cannot read a command from {type(command).__name__}",
                                             "command_type")])
     if cls is None:
-        internal = isinstance(data.get("type"), str) and data["type"] in getattr(catalog, "known_types", ())
+        internal = isinstance(data.get("type"), str) and data["type"] in catalog.known_types
         raise (InternalCommandType if internal else UnknownCommandType)(data.get("type"), catalog.public_types())
-    if decimals := decimal_fields(cls):
-        _refuse_floats(data, decimals)
+    if may_take_float_decimals(cls) and (floats := float_decimals(cls, data)):
+        raise InvalidCommand(data["type"], at_most(floats))
     try:
         # Validated in JSON mode, where ids and decimals arrive as strings and arrays as lists.
         text = orjson.dumps(data, default=_json_object)
@@ -193,48 +173,6 @@ def _object_fields(cls: type[Command]) -> dict[str, tuple[type, ...]]:
         if accepted := tuple(t for t in (UUID, Decimal) if t in types(info.annotation)):
             fields[name] = accepted
     return fields
-
-
-FLOAT_DECIMAL = ("a decimal is given as a string such as \"12.50\" or an integer, never a binary float (a JSON "
-                 "number with a fraction or an exponent), which cannot hold every decimal exactly")
-
-
-@cache
-def decimal_fields(cls: type[Command]) -> tuple[str, ...]:
-    """The fields of ``cls`` declared ``Decimal`` (alone, optional, or as the items of a list, tuple, set or
-    mapping) without ``Amount``'s own check: pydantic's JSON mode would take a binary float there, digits lost."""
-    def plain_decimal(annotation: Any) -> bool:
-        if get_origin(annotation) is Annotated:
-            base, *metadata = get_args(annotation)
-            if any(getattr(m, "func", None) is _decimal_only for m in metadata):
-                return False
-            return plain_decimal(base)
-        return annotation is Decimal or any(plain_decimal(arg) for arg in get_args(annotation))
-
-    return tuple(name for name, info in cls.model_fields.items()
-                 if plain_decimal(info.annotation)
-                 and not any(getattr(m, "func", None) is _decimal_only for m in info.metadata))
-
-
-def _refuse_floats(data: dict[Any, Any], fields: tuple[str, ...]) -> None:
-    """InvalidCommand naming each place a binary float was given for a decimal field."""
-    problems: list[dict[str, Any]] = []
-
-    def walk(value: Any, loc: list[str | int]) -> None:
-        if isinstance(value, float):
-            problems.append(problem(loc, FLOAT_DECIMAL, "decimal_type"))
-        elif isinstance(value, (list, tuple)):
-            for index, item in enumerate(value):
-                walk(item, [*loc, index])
-        elif isinstance(value, Mapping):
-            for key, item in value.items():
-                walk(item, [*loc, str(key)])
-
-    for name in fields:
-        if name in data:
-            walk(data[name], [name])
-    if problems:
-        raise InvalidCommand(data["type"], at_most(problems))
 
 
 def _json_object(value: Any) -> str:

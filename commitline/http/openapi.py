@@ -25,7 +25,8 @@ from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 
 from commitline.application.boundary import INT_MAX, INT_MIN, MAX_KEY_LENGTH, CommandLimits
-from commitline.application.commands import Command, decimal_fields
+from commitline.application.amounts import decimal_properties
+from commitline.application.commands import Command
 from commitline.application.results import DispatchResult
 from commitline.composition import Domain
 from commitline.http.problems import PROBLEM_JSON, statuses
@@ -84,6 +85,7 @@ def describe(app: FastAPI, domain: Domain, limits: CommandLimits) -> dict[str, A
     schemas.update(commands.get("$defs", {}))
     for cls in public:
         _strict_command(schemas[cls.__name__], cls)
+    _decimals_as_text(schemas, public)
     _, results = models_json_schema([(DispatchResult, "serialization")], ref_template=REF)
     schemas.update(results.get("$defs", {}))
     result = schemas.pop(DispatchResult.__name__)
@@ -133,13 +135,22 @@ def _bounded(node: Any, limits: CommandLimits) -> None:
 
 
 def _strict_command(schema: dict[str, Any], cls: type[Command]) -> None:
-    """``type`` is required (the server needs it to know which command this is) and has one value; a ``Decimal``
-    field takes an integer or a string, never a number with a fraction (``parse_command`` refuses it)."""
+    """``type`` is required (the server needs it to know which command this is) and has one value."""
     name = cls.model_fields["type"].default
     schema["properties"]["type"] = {"type": "string", "enum": [name], "description": "this command's type"}
     schema["required"] = ["type", *(r for r in schema.get("required", []) if r != "type")]
-    for field in decimal_fields(cls):
-        _no_fractions(schema["properties"][field])
+
+
+def _decimals_as_text(schemas: dict[str, Any], public: Sequence[type[Command]]) -> None:
+    """A ``Decimal`` field, in a command or in a model it holds, takes an integer or a string, never a number with
+    a fraction (``parse_command`` refuses it). ``schemas``: the components, each model under its class name as
+    pydantic names it (a model whose name two classes share is qualified there, and its schema is not found)."""
+    for model, properties in decimal_properties(public).items():
+        schema = schemas.get(model.__name__)
+        if schema is None or schema.get("title") != model.__name__:
+            continue
+        for key in properties:
+            _no_fractions(schema["properties"][key])
 
 
 def _no_fractions(node: Any) -> None:

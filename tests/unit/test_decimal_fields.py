@@ -1,6 +1,6 @@
 """Money never passes through a binary float unnoticed. A command field declared ``Decimal`` (not only
-``Amount``) refuses a JSON number with a fraction or an exponent, naming the field, and the OpenAPI description
-says so; an aggregate that emits a float into an event's ``Decimal`` field fails at that line, and nothing of
+``Amount``), in the command or in a model it holds at any depth, refuses a JSON number with a fraction or an
+exponent, naming where, and the OpenAPI description says so; an aggregate that emits a float into an event's ``Decimal`` field fails at that line, and nothing of
 the command is kept."""
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ from uuid import uuid4
 
 import orjson
 import pytest
+from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from commitline import Aggregate, Command, Domain, Event
 from commitline.application.commands import Amount, parse_command
 from commitline.application.errors import InvalidCommand
-from commitline.http.openapi import _strict_command
+from commitline.http.openapi import _decimals_as_text
 
 Price = NewType("Price", Decimal)
 
@@ -57,6 +58,32 @@ class Quote(Aggregate):
 domain.handles(PlacePrice, Quote)(lambda quote, command: quote.price_at(price=command.price))
 
 
+class Leg(BaseModel):
+    price: Decimal
+    note: float = 0.0
+    amount: Amount = Decimal(1)
+
+
+class Basket(BaseModel):
+    legs: list[Leg]
+    fee: Decimal | None = None
+
+
+class Node(BaseModel):
+    price: Decimal
+    children: list[Node] = []
+
+
+class PlaceBasket(Command):
+    basket: Basket
+    by_venue: dict[str, Leg] = {}
+    tree: Node | None = None
+    pair: tuple[Decimal, float] | None = None
+
+
+domain.handles(PlaceBasket, Quote)(lambda quote, command: quote.price_at(price=command.basket.legs[0].price))
+
+
 def parsed(body: dict[str, object] | str) -> PlacePrice:
     text = f'{{"type": "place_price", {body}}}' if isinstance(body, str) else orjson.dumps({"type": "place_price", **body})
     return parse_command(text, domain.catalog)  # type: ignore[return-value]
@@ -77,6 +104,37 @@ def test_a_decimal_command_field_refuses_a_binary_float_naming_where(body: dict[
     assert "never a binary float" in problem["msg"]
 
 
+@pytest.mark.parametrize(("body", "loc"), [
+    ({"basket": {"legs": [{"price": "1"}, {"price": 0.1}]}}, ["basket", "legs", 1, "price"]),
+    ({"basket": {"legs": [], "fee": 0.5}}, ["basket", "fee"]),
+    ({"basket": {"legs": []}, "by_venue": {"xlon": {"price": 2.5}}}, ["by_venue", "xlon", "price"]),
+    ({"basket": {"legs": []}, "tree": {"price": "1", "children": [{"price": "2", "children": [{"price": 0.3}]}]}},
+     ["tree", "children", 0, "children", 0, "price"]),
+    ({"basket": {"legs": []}, "pair": [0.5, 0.5]}, ["pair", 0]),
+])
+def test_a_decimal_field_of_a_model_a_command_holds_refuses_a_binary_float_naming_where(
+        body: dict[str, object], loc: list[object]) -> None:
+    with pytest.raises(InvalidCommand) as refused:
+        parse_command(orjson.dumps({"type": "place_basket", **body}), domain.catalog)
+    (problem,) = refused.value.errors
+    assert problem["loc"] == loc and problem["type"] == "decimal_type"
+    with pytest.raises(InvalidCommand) as refused:  # a mapping built in Python is read the same way
+        parse_command({"type": "place_basket", **body}, domain.catalog)
+    assert [p["loc"] for p in refused.value.errors] == [loc]
+
+
+def test_a_nested_model_takes_exact_decimals_and_keeps_its_float_fields() -> None:
+    body = {"type": "place_basket", "basket": {"legs": [{"price": "0.1", "note": 0.5}], "fee": 3},
+            "tree": {"price": "1.0000000000000000001", "children": [{"price": 2}]}, "pair": ["0.3", 0.3]}
+    command = parse_command(orjson.dumps(body), domain.catalog)
+    assert isinstance(command, PlaceBasket)
+    assert command.basket.legs[0].price == Decimal("0.1") and command.basket.legs[0].note == 0.5
+    assert command.tree is not None and command.tree.price == Decimal("1.0000000000000000001")
+    assert command.tree.children[0].price == Decimal(2) and command.pair == (Decimal("0.3"), 0.3)
+    with pytest.raises(InvalidCommand, match="never a binary float"):  # a nested Amount keeps its own refusal
+        parse_command(orjson.dumps({**body, "basket": {"legs": [{"price": "1", "amount": 2.5}]}}), domain.catalog)
+
+
 def test_a_decimal_command_field_takes_strings_and_integers_exactly_and_other_fields_keep_their_types() -> None:
     command = parsed({"price": "1.0000000000000000001", "limit": 7, "legs": ["0.1", 2], "weight": 0.5})
     assert command.price == Decimal("1.0000000000000000001") and command.limit == Decimal(7)
@@ -86,12 +144,17 @@ def test_a_decimal_command_field_takes_strings_and_integers_exactly_and_other_fi
 
 
 def test_the_description_offers_a_decimal_field_integers_and_strings_only() -> None:
-    _, schemas = models_json_schema([(PlacePrice, "validation")])
-    schema = schemas["$defs"]["PlacePrice"]
-    _strict_command(schema, PlacePrice)
+    _, schemas = models_json_schema([(PlacePrice, "validation"), (PlaceBasket, "validation")])
+    defs = schemas["$defs"]
+    _decimals_as_text(defs, [PlacePrice, PlaceBasket])
+    schema = defs["PlacePrice"]
     text = orjson.dumps({k: schema["properties"][k] for k in ("price", "limit", "legs")}).decode()
     assert '"number"' not in text and '"integer"' in text
     assert schema["properties"]["weight"]["type"] == "number"  # a float field stays one
+    nested = orjson.dumps([defs["Leg"]["properties"]["price"], defs["Basket"]["properties"]["fee"],
+                           defs["Node"]["properties"]["price"]]).decode()
+    assert '"number"' not in nested and '"integer"' in nested
+    assert defs["Leg"]["properties"]["note"]["type"] == "number"
 
 
 @pytest.mark.parametrize(("payload", "field"), [

@@ -1,0 +1,177 @@
+"""Money in commands never passes through a binary float: ``Amount``, and every field declared ``Decimal``.
+
+``Amount`` checks itself (a decimal string or an integer, never a float, wherever it is declared). A field
+declared plain ``Decimal`` has no such check of its own, and pydantic's JSON mode would take ``0.1`` there with
+its binary digits, or ``1.0000000000000000001`` as 1. ``float_decimals`` finds every such float in a command's
+JSON, guided by the command's annotations: its own fields, the items of its lists, tuples, sets and mappings,
+and the fields of the models it holds (at any depth, a model holding itself included), so that ``parse_command``
+refuses each one, naming where. ``decimal_properties`` tells the OpenAPI description which properties of which
+models to offer integers or strings only.
+
+A union is checked against each of its members: a float where any member would read a plain ``Decimal`` is
+refused (``Decimal | float`` too: whoever wants floats there declares ``float``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from decimal import Decimal
+from functools import cache
+from types import UnionType
+from typing import Annotated, Any, Union, get_args, get_origin
+
+from pydantic import BaseModel, BeforeValidator, Field, WithJsonSchema
+
+from commitline.application.boundary import problem
+
+DECIMAL_TEXT = r"^-?(0|[1-9][0-9]*)(\.[0-9]+)?$"
+"""How an amount is written as a JSON string: digits, an optional point and decimals (``12.50``, ``-3``, ``0.5``);
+no exponent, no leading zeros, no white space. The OpenAPI description says exactly this."""
+_DECIMAL_TEXT = re.compile(DECIMAL_TEXT)
+
+FLOAT_DECIMAL = ("a decimal is given as a string such as \"12.50\" or an integer, never a binary float (a JSON "
+                 "number with a fraction or an exponent), which cannot hold every decimal exactly")
+
+
+def _decimal_only(value: Any) -> Any:
+    if isinstance(value, float):
+        raise ValueError("amounts must be given as a decimal string or an integer, never a binary float")
+    if isinstance(value, bool):
+        raise ValueError("an amount is a decimal string or an integer, not a boolean")
+    if isinstance(value, str) and not _DECIMAL_TEXT.match(value):
+        raise ValueError('an amount is written as digits with an optional point and decimals, e.g. "12.50"')
+    return value
+
+
+# pydantic refuses NaN and infinities in a Decimal by default; its allow_inf_nan=False would check through a float,
+# refusing 10^309 and beyond as "not finite".
+Amount = Annotated[Decimal, BeforeValidator(_decimal_only), Field(strict=False),
+                   WithJsonSchema({"anyOf": [{"type": "integer"}, {"type": "string", "pattern": DECIMAL_TEXT}],
+                                   "description": 'a decimal: a string such as "12.50", or an integer'})]
+"""a decimal given as a string (``12.50``) or an integer, never a binary float"""
+
+
+def _is_amount(metadata: Iterable[Any]) -> bool:
+    return any(getattr(m, "func", None) is _decimal_only for m in metadata)
+
+
+def _is_model(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+def _base(annotation: Any) -> Any:
+    """``annotation`` through a NewType; None for an ``Amount`` (it checks itself)."""
+    while True:
+        if get_origin(annotation) is Annotated:
+            base, *metadata = get_args(annotation)
+            if _is_amount(metadata):
+                return None
+            annotation = base
+        elif (supertype := getattr(annotation, "__supertype__", None)) is not None:
+            annotation = supertype
+        else:
+            return annotation
+
+
+def _holds(annotation: Any, models: bool, seen: frozenset[type] = frozenset()) -> bool:
+    """Whether a value of ``annotation`` may hold a plain ``Decimal``: itself, among its items, or (``models``)
+    among the fields of a model it holds."""
+    annotation = _base(annotation)
+    if annotation is None:
+        return False
+    if annotation is Decimal:
+        return True
+    if _is_model(annotation):
+        if annotation in seen:  # a model holding itself: walked if it holds a Decimal elsewhere, which it may
+            return models
+        return models and any(_holds(info.annotation, True, seen | {annotation}) for _, info in _fields(annotation))
+    return any(_holds(arg, models, seen) for arg in get_args(annotation))
+
+
+def _fields(model: type[BaseModel]) -> Iterator[tuple[str, Any]]:
+    """(name in JSON, field info) of each field of ``model`` that is not an ``Amount``."""
+    for name, info in model.model_fields.items():
+        if not _is_amount(info.metadata):
+            yield info.alias or name, info
+
+
+@cache
+def _guided(model: type[BaseModel]) -> tuple[tuple[str, Any], ...]:
+    """(name in JSON, annotation) of the fields of ``model`` whose values may hold a plain ``Decimal``."""
+    return tuple((key, info.annotation) for key, info in _fields(model) if _holds(info.annotation, True, frozenset({model})))
+
+
+def float_decimals(model: type[BaseModel], data: Mapping[Any, Any]) -> list[dict[str, Any]]:
+    """A ``decimal_type`` problem at each place of ``data`` (a command's JSON) where a binary float was given
+    for a plain ``Decimal``, in field order."""
+    found: dict[tuple[str | int, ...], dict[str, Any]] = {}
+
+    def walk(value: Any, annotation: Any, loc: tuple[str | int, ...]) -> None:
+        annotation = _base(annotation)
+        if annotation is None:
+            return
+        if annotation is Decimal:
+            if isinstance(value, float) and loc not in found:
+                found[loc] = problem(list(loc), FLOAT_DECIMAL, "decimal_type")
+            return
+        if _is_model(annotation):
+            if isinstance(value, Mapping):
+                for key, field in _guided(annotation):
+                    if key in value:
+                        walk(value[key], field, (*loc, key))
+            return
+        origin, args = get_origin(annotation), get_args(annotation)
+        if origin is Union or origin is UnionType:
+            for arg in args:
+                walk(value, arg, loc)
+        elif isinstance(value, (list, tuple)) and args:
+            positional = origin is tuple and not (len(args) == 2 and args[1] is Ellipsis)
+            for index, item in enumerate(value):
+                if not positional:
+                    walk(item, args[0], (*loc, index))
+                elif index < len(args):
+                    walk(item, args[index], (*loc, index))
+        elif isinstance(value, Mapping) and args:
+            for key, item in value.items():
+                walk(item, args[-1], (*loc, str(key)))
+
+    walk(data, model, ())
+    return list(found.values())
+
+
+@cache
+def may_take_float_decimals(model: type[BaseModel]) -> bool:
+    """Whether ``float_decimals`` can find anything in a ``model``'s JSON (most commands: not worth a walk)."""
+    return bool(_guided(model))
+
+
+def decimal_properties(models: Iterable[type[BaseModel]]) -> dict[type[BaseModel], tuple[str, ...]]:
+    """Each model among ``models`` and the models their fields hold (at any depth), with the properties whose
+    own schema may hold a plain ``Decimal`` (those holding one only through another model are left to that
+    model's entry)."""
+    found: dict[type[BaseModel], tuple[str, ...]] = {}
+
+    def visit(model: type[BaseModel]) -> None:
+        if model in found:
+            return
+        found[model] = ()
+        found[model] = tuple(key for key, info in _fields(model) if _holds(info.annotation, False))
+        for _, info in _fields(model):
+            for nested in _models_in(info.annotation):
+                visit(nested)
+
+    for model in models:
+        visit(model)
+    return {model: keys for model, keys in found.items() if keys}
+
+
+def _models_in(annotation: Any) -> Iterator[type[BaseModel]]:
+    annotation = _base(annotation)
+    if annotation is None:
+        return
+    if _is_model(annotation):
+        yield annotation
+        return
+    for arg in get_args(annotation):
+        yield from _models_in(arg)
