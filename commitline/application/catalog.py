@@ -56,18 +56,27 @@ def target_field(name: str) -> Callable[[Any], UUID | None]:
     return target
 
 
+def handler_arity(function: Callable[..., Any]) -> int | None:
+    """How many positional arguments a handler ``function`` is called with: 3 (aggregate, command, loader) when
+    its signature binds three, else 2 when it binds two (a keyword-only parameter is not the loader), None when
+    it binds neither. 3 when there is no signature to read."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return 3
+    for arity in (3, 2):
+        try:
+            signature.bind(*[None] * arity)
+            return arity
+        except TypeError:
+            continue
+    return None
+
+
 def with_loader(function: Callable[..., Aggregate | None]) -> Callable[[Any, Any, Loader], Aggregate]:
     """A handler called as ``(aggregate, command, load)``, whether ``function`` takes the loader or only the
-    first two; returning None means the aggregate it was given."""
-    try:
-        inspect.signature(function).bind(None, None, None)
-        takes_loader = True
-    except TypeError:  # it cannot take three: a keyword-only parameter, say, is not the loader
-        takes_loader = False
-    except ValueError:  # no signature to read
-        takes_loader = True
-
-    if takes_loader:
+    first two (``handler_arity``); returning None means the aggregate it was given."""
+    if handler_arity(function) != 2:
         def run(aggregate: Any, command: Any, load: Loader) -> Aggregate:
             changed = function(aggregate, command, load)
             return aggregate if changed is None else changed

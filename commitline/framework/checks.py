@@ -39,7 +39,7 @@ from commitline.domain.aggregate import Aggregate, Event
 from commitline.domain.errors import DomainError
 from commitline.domain.personal import personal_fields
 from commitline.domain.registry import EventRegistry
-from commitline.application.catalog import Handler, Stream
+from commitline.application.catalog import Handler, Stream, handler_arity
 from commitline.framework.declared import Declared, derived_id, shown_path
 from commitline.projections.base import Projection, Table
 from commitline.projections.reads import Reads
@@ -405,17 +405,9 @@ def _handler_call(function: Any) -> str | None:
     nothing does, or if its signature cannot be read."""
     if not callable(function):
         return f"is {function!r}, which cannot be called"
-    try:
-        signature = inspect.signature(function)
-    except (TypeError, ValueError):
+    if handler_arity(function) is not None:
         return None
-    for arguments in ((1, 2, 3), (1, 2)):
-        try:
-            signature.bind(*arguments)
-            return None
-        except TypeError:
-            continue
-    return f"takes {signature}, which two or three positional arguments cannot call"
+    return f"takes {inspect.signature(function)}, which two or three positional arguments cannot call"
 
 
 _CODE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,99}")
