@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -200,3 +201,16 @@ def test_kafka_tls_files_that_cannot_be_loaded_are_refused_naming_the_variable(t
         client_options(tls_settings(COMMITLINE_KAFKA_SSL_CERTFILE=str(tls_files["cert"]),
                                     COMMITLINE_KAFKA_SSL_KEYFILE=str(tls_files["key"])))
     assert no_password.value.variable == "COMMITLINE_KAFKA_SSL_KEYFILE"
+
+
+def test_a_drain_with_nothing_to_publish_says_that_the_broker_cannot_be_reached(pg_dsn: str, schema: str) -> None:
+    """Everything stored is published (there is nothing), so the drain ends with 0; but a wrong or dead broker
+    address is said at start, not left for the first event to find."""
+    with socket.socket() as probe:  # a port nothing listens on once the block ends
+        probe.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{probe.getsockname()[1]}"
+    env = {**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn, "COMMITLINE_SCHEMA": schema,
+           "KAFKA_BOOTSTRAP_SERVERS": address}
+    out = cli(["publish", "--drain"], env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"the broker at {address} cannot be reached yet" in out.stderr, out.stderr[-2000:]

@@ -53,6 +53,7 @@ from commitline.domain import EventRegistry
 from commitline.infrastructure.config import Settings
 from commitline.infrastructure.followers.engine import Follower, Handled, Page
 from commitline.infrastructure.followers.group import GroupLease, GroupState, plan_rebalance
+from commitline.infrastructure.followers.outage import described
 from commitline.infrastructure.followers.wakeup import wait_or_stop
 from commitline.infrastructure.followers.went_back import went_back
 from commitline.infrastructure.kafka.broker_check import evidence, last_records
@@ -181,8 +182,11 @@ class Publisher(Follower):
         try:
             async with self.producers.use():
                 pass
-        except (KafkaError, TopicSetupFailed, OSError, asyncio.TimeoutError):
-            pass
+        except (KafkaError, TopicSetupFailed, OSError, asyncio.TimeoutError) as error:
+            # Said now: with nothing to publish yet (a drain of a caught-up store, say), no round would tell.
+            log.warning("%s: the broker at %s cannot be reached yet (%s): nothing is published until it answers; "
+                        "each batch tries again", PUBLISHER, self.settings.kafka_bootstrap_servers,
+                        described(error))
 
     async def on_owner(self) -> None:
         if self.broker_in_memory:
