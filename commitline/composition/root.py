@@ -32,7 +32,7 @@ from commitline.infrastructure.embedded.local import RunningBroker
 from commitline.infrastructure.embedded.postgres import EmbeddedPostgres
 from commitline.infrastructure.embedded.shared import SharedServer
 from commitline.infrastructure.followers.buckets import parse_bucket_name
-from commitline.infrastructure.followers.group_status import group_status
+from commitline.infrastructure.followers.group_status import group_status, with_buckets_figures
 from commitline.infrastructure.followers.health import Thresholds
 from commitline.infrastructure.followers.status import follower_statuses
 from commitline.infrastructure.kafka.publisher import PUBLISHER
@@ -113,6 +113,7 @@ class Commitline(Followers, Projections, Sagas, Operations, PersonalDataOperatio
                                             include=lambda name: parse_bucket_name(name) is None)
         limits = Thresholds(self.settings.status_max_lag_events, self.settings.status_max_lag_s)
         publisher = group_status(self.recorder, PUBLISHER, self.settings.publish_buckets, head)
+        followers = [with_buckets_figures(s, publisher) if s.name == PUBLISHER else s for s in followers]
         last, last_all = self.last_verifications()
         broken = next((run for run in (last, last_all) if run is not None and not run.ok), None)
         return StatusReport(head, followers, self.stuck_sagas(), limits, publisher, sagas, broken)

@@ -338,3 +338,23 @@ def test_a_bucket_count_changed_and_back_sends_nothing_again(pg_dsn: str, schema
     sent = [r[3]["event_id"] for r in records]
     assert len(sent) == len(expected) == 450 and set(sent) == set(expected), (
         f"{len(sent) - len(set(sent))} records sent again")
+
+
+def test_status_reads_the_publishers_position_and_lag_from_its_buckets(pg_dsn: str, schema: str,
+                                                                      kafka_bootstrap: str) -> None:
+    """The publisher's own row sums its buckets up, written by the owner of bucket 0; a kill -9 of that owner
+    leaves it behind its buckets until the next owner writes it. Status reads the buckets, not that row, so it
+    does not report events waiting that every bucket has published."""
+    settings = kafka_settings(pg_dsn, schema, kafka_bootstrap, publish_buckets=BUCKETS, status_max_lag_events=5)
+    with bootstrap(settings) as app:
+        for n in range(20):
+            app.dispatch({"type": "receive_stock", "item_id": str(uuid4()), "quantity": 1}, idempotency_key=f"k{n}")
+        assert app.run_until_signalled(app.publisher(), drain=True)
+        head = app.recorder.max_notification_id()
+        assert min(bucket_positions(pg_dsn, schema)) == head
+        with psycopg.connect(pg_dsn) as conn:  # the row as a kill -9 of bucket 0's owner leaves it
+            conn.execute(f"UPDATE {schema}.follower_positions SET position = 3 WHERE name = %s", (PUBLISHER,))
+        report = app.status()
+        (row,) = [s for s in report.followers if s.name == PUBLISHER]
+        assert (row.position, row.lag_events, row.lag_seconds) == (head, 0, 0.0)
+        assert not [p for p in report.problems() if PUBLISHER in p.subject], report.problems()

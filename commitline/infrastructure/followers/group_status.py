@@ -6,7 +6,7 @@ the first of them). Liveness follows ``status.py``'s rules: only locks held by l
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -118,3 +118,14 @@ def group_status(recorder: EventRecorder, name: str, bucket_count: int, head: in
         process = next((buckets[b].process for b in owned if buckets[b].process), None)
         group_members.append(Member(Backend(pid, application, started, client), owner, owned, process))
     return GroupStatus(name, bucket_count, group_members, buckets)
+
+
+def with_buckets_figures(row: FollowerStatus, group: GroupStatus) -> FollowerStatus:
+    """The group's own row (``row``) with the position and lag its buckets have now: the lowest bucket position,
+    the events waiting in any bucket and the oldest of them. The row is written by the owner of bucket 0 as it
+    goes, so after that owner is killed it lags until the next one writes it, and would overstate the lag."""
+    if not any(b.recorded_status is not None for b in group.buckets):
+        return row
+    return replace(row, position=min(b.position for b in group.buckets),
+                   lag_events=sum(b.lag_events for b in group.buckets),
+                   lag_seconds=max(b.lag_seconds for b in group.buckets))
