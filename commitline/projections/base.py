@@ -37,6 +37,11 @@ class Table:
         return tuple(c for c in self.columns if c not in self.key and c not in self.counters)
 
 
+def summed(total: Any, delta: Any) -> Any:
+    """A counter's ``total`` plus ``delta``, exact when either is a Decimal (no context rounding)."""
+    return _EXACT.add(total, delta) if isinstance(delta, Decimal) or isinstance(total, Decimal) else total + delta
+
+
 @dataclass
 class Changes:
     """One batch's pending changes, per table and key."""
@@ -62,7 +67,7 @@ class Changes:
         for column, delta in deltas.items():
             if column not in counters:
                 raise AssertionError(f"{table}.{column} is not a counter")
-            total = row.get(column, 0)
+            total = row.get(column, 0)  # ``summed`` written out, for the same reason
             row[column] = _EXACT.add(total, delta) if isinstance(delta, Decimal) or isinstance(total, Decimal) \
                 else total + delta
 
@@ -97,9 +102,7 @@ class Changes:
             row = dict(stored)
         for column, value in pending.items():
             if column in counters:
-                total = row[column]
-                row[column] = _EXACT.add(total, value) if isinstance(value, Decimal) or isinstance(total, Decimal) \
-                    else total + value
+                row[column] = summed(row[column], value)
             elif value is not None:
                 row[column] = value
         return row
