@@ -97,6 +97,23 @@ def test_a_lost_listening_connection_stops_the_cache_until_it_listens_again(serv
     assert feed.backend_pid not in (None, listening_pid)
 
 
+def test_a_key_revoked_after_the_server_ended_the_listening_session_is_refused_at_once(
+        served: Commitline, operator: Commitline, pg_dsn: str) -> None:
+    """The server ending the listening session (pg_terminate_backend, a restart) leaves its last message and then
+    the end of the stream on the socket; a first read takes the message without an error. The feed reads on
+    until it finds the end, so the very next resolve after a revocation reads the key, not the cache."""
+    made = operator.api_keys().add("acme")
+    keys = served.api_keys()
+    assert keys.cache is not None and keys.resolve(made.secret) is not None
+    listening_pid = keys.cache.feed.backend_pid
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(%s)", (listening_pid,))
+        wait_for(lambda: conn.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s",
+                                      (listening_pid,)).fetchone()[0] == 0, "the listening session to end", 10)
+    operator.api_keys().revoke("acme", made.key.key_id)  # notified to nobody: the session that listened is gone
+    assert keys.resolve(made.secret) is None
+
+
 def test_the_pool_losing_connections_to_the_server_stops_the_cache_until_it_listens_again(
         served: Commitline, operator: Commitline, pg_dsn: str, schema: str) -> None:
     """A failover leaves the listening connection to a server that may have vanished without closing it (found

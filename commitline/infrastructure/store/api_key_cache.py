@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import select
 import threading
 import time
 from collections.abc import Callable
@@ -41,6 +42,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 RETRY_S = 1.0  # the shortest pause between two attempts to listen
+_MORE_READS = 4  # reads of a socket that is still readable after the first (notifications may keep arriving)
 APPLICATION_NAME = "commitline api keys (pid {pid})"  # which process listens, in pg_stat_activity
 
 #: What ``ChangeFeed.poll`` found.
@@ -81,10 +83,16 @@ class ChangeFeed:
             return self._listen(lock)
         try:
             conn.pgconn.consume_input()  # what the socket holds, without blocking
+            # A session the server ended leaves its last message, then the end of the stream: the first read takes
+            # the message without an error, so read again while the socket still has something (the end raises).
+            for _ in range(_MORE_READS):
+                if not select.select([conn.pgconn.socket], [], [], 0)[0]:
+                    break
+                conn.pgconn.consume_input()
             changed = False
             while conn.pgconn.notifies() is not None:
                 changed = True
-        except psycopg.Error as e:  # the server ended the session, or the network did
+        except (psycopg.Error, OSError) as e:  # the server ended the session, or the network did
             log.warning("API key change notifications (LISTEN %s) lost (%s): keys are read on every request "
                         "until they listen again", self.channel, type(e).__name__)
             self._drop()
