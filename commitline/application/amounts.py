@@ -39,7 +39,7 @@ def _decimal_only(value: Any) -> Any:
         raise ValueError("amounts must be given as a decimal string or an integer, never a binary float")
     if isinstance(value, bool):
         raise ValueError("an amount is a decimal string or an integer, not a boolean")
-    if isinstance(value, str) and not _DECIMAL_TEXT.match(value):
+    if isinstance(value, str) and not _DECIMAL_TEXT.fullmatch(value):  # not match: "$" passes a final newline
         raise ValueError('an amount is written as digits with an optional point and decimals, e.g. "12.50"')
     return value
 

@@ -35,7 +35,7 @@ _UUID_TEXT = re.compile(UUID_TEXT)
 
 
 def _uuid_text(value: Any) -> Any:
-    if isinstance(value, str) and not _UUID_TEXT.match(value):
+    if isinstance(value, str) and not _UUID_TEXT.fullmatch(value):  # not match: "$" passes a final newline
         raise ValueError("an id is a UUID in its 8-4-4-4-12 hexadecimal form")
     return value
 

@@ -60,7 +60,7 @@ class DispatchCpu:
     @classmethod
     def from_setting(cls, value: str) -> DispatchCpu:
         """``off``, ``auto`` or a CPU number (see the module's docstring); ConfigurationError if unusable."""
-        if not SETTING.match(value):
+        if not SETTING.fullmatch(value):
             raise ConfigurationError(VARIABLE, f"must be off, auto or a CPU number (got {value!r})")
         usable = usable_cpus()
         if value == "off" or not hasattr(os, "sched_setaffinity"):

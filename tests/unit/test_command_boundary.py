@@ -213,6 +213,14 @@ def test_uuid_and_decimal_objects_are_accepted_in_their_fields_only() -> None:
     assert isinstance(issued, IssueSurveyTask) and issued.user_ids == ("u1", "u2")
 
 
+@pytest.mark.parametrize(("field", "text"), [("amount", "12.50\n"), ("payment_id", f"{uuid4()}\n")])
+def test_a_final_newline_is_not_part_of_an_amount_or_an_id(field: str, text: str) -> None:
+    """As the OpenAPI patterns say (a regular expression's "$" would let one final newline pass)."""
+    with pytest.raises(E.InvalidCommand) as caught:
+        parse_command({**PAYMENT, field: text})
+    assert caught.value.errors[0]["loc"] == [field]
+
+
 def test_amounts_up_to_the_maximum_are_accepted() -> None:
     assert parse_command({**PAYMENT, "amount": "999999999999999.99"}).amount == Decimal("999999999999999.99")
     assert parse_command({**PAYMENT, "amount": 10**15 - 1}).amount == Decimal(10**15 - 1)
