@@ -47,7 +47,10 @@
    (``Stream.ANY``), and for creation commands (``Stream.NEW``) ``InvalidCommand`` on the id field (type
    ``id_unavailable``). One id space is shared by all tenants, so the id being unusable cannot be hidden
    from someone who already knows it; the refusal says no more than that: not that it exists, nor its type,
-   owner, version or content (``AggregateAlreadyExists`` stays for the tenant's own streams).
+   owner, version or content (``AggregateAlreadyExists`` stays for the tenant's own streams). An id derived
+   from a tenant and an idempotency key (``derived_id``) has a form of its own, and no command may start a
+   stream at such an id but its own derived one (``id_unavailable``, whoever holds it, if anyone does): one
+   tenant can neither take another's derived id first nor learn, by trying, whether it used a key.
 
 Each rule is asserted, on a real store, by a test named in ``tests/integration/test_dispatching.py`` (the
 predecessor of rules 4 and 5 in ``tests/integration/test_predecessor.py``).
@@ -58,7 +61,7 @@ from __future__ import annotations
 import hashlib
 import time
 from typing import Any, Protocol
-from uuid import UUID, uuid5
+from uuid import UUID
 
 import orjson
 from commitline.application.boundary import problem
@@ -87,7 +90,8 @@ from commitline.domain import Aggregate, Event
 from commitline.domain.errors import InvalidPersonalValue, InvalidValue
 from commitline.domain.personal import personal_names
 
-_DERIVED_ID_NAMESPACE = UUID("0b7e5a0c-2f4e-4f8e-9d61-6a1f3c2b9e77")
+_DERIVED_ID_PREFIX = b"commitline derived id\x00"
+_DERIVED_MARK = b"\xcd\x1d"  # the first two bytes of every derived id (``is_derived``)
 
 
 class _Unverified(Exception):
@@ -136,8 +140,19 @@ def _same(stored: bytes, digest: bytes) -> bool:
 
 
 def derived_id(tenant: str, key: object) -> UUID:
-    """The stream of a command without a target id: derived from its tenant and idempotency key."""
-    return uuid5(_DERIVED_ID_NAMESPACE, f"{tenant}\x00{key}")
+    """The stream of a command without a target id: derived from its tenant and idempotency key (the SHA-256 of
+    both), in a form of its own: a UUID of version 8 whose first four hexadecimal digits are ``cd1d``."""
+    raw = bytearray(hashlib.sha256(_DERIVED_ID_PREFIX + f"{tenant}\x00{key}".encode("utf-8", "surrogatepass"))
+                    .digest()[:16])
+    raw[0:2] = _DERIVED_MARK
+    raw[6] = (raw[6] & 0x0F) | 0x80  # version 8
+    raw[8] = (raw[8] & 0x3F) | 0x80  # RFC 4122's variant
+    return UUID(bytes=bytes(raw))
+
+
+def is_derived(aggregate_id: UUID) -> bool:
+    """Whether ``aggregate_id`` has the form of a ``derived_id`` (a random UUID never has: its version is 4)."""
+    return aggregate_id.version == 8 and aggregate_id.bytes[:2] == _DERIVED_MARK
 
 
 def replay(record: IdempotencyRecord, digest: bytes, command: Command) -> DispatchResult:
@@ -223,6 +238,11 @@ class Dispatch:
             raise AggregateNotFound(handler.aggregate.__name__, self.aggregate_id)
         if self.expected is not None and aggregate.version != self.expected:
             raise ConcurrencyConflict(self.aggregate_id, self.expected, aggregate.version)
+        if not aggregate.exists and is_derived(self.aggregate_id) \
+                and self.aggregate_id != derived_id(self.tenant, self.key):  # rule 8: whether it is held or not
+            raise _id_unavailable(self.cmd, self.aggregate_id, "ids of its form (UUIDv8 beginning cd1d) are kept "
+                                  "for those derived from idempotency keys: choose another one, or leave it out "
+                                  "to have one derived")
         try:
             changed = handler.run(aggregate, self.cmd, self.load_other)
         except InvalidValue as e:
@@ -300,10 +320,13 @@ def unavailable(handler: Handler, cmd: Command, aggregate_id: UUID) -> Commitlin
     """Rule 8: the refusal of a command that would start a stream at an id another tenant's stream has."""
     if handler.stream is not Stream.NEW:
         return AggregateNotFound(handler.aggregate.__name__, aggregate_id)
+    return _id_unavailable(cmd, aggregate_id, "choose another one, or leave it out to have one derived from the "
+                           "idempotency key")
+
+
+def _id_unavailable(cmd: Command, aggregate_id: UUID, why: str) -> InvalidCommand:
     loc: list[str | int] = [name for name, value in cmd if value == aggregate_id][:1]
-    return InvalidCommand(cmd.type, [problem(
-        loc, "this id cannot be used: choose another one, or leave it out to have one derived from the "
-        "idempotency key", "id_unavailable")])
+    return InvalidCommand(cmd.type, [problem(loc, f"this id cannot be used: {why}", "id_unavailable")])
 
 
 def applied(cmd: Command, tenant: str, aggregate: Aggregate, events: list[Event]) -> DispatchResult:

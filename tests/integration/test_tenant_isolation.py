@@ -28,6 +28,7 @@ from commitline.application.errors import (
     InvalidCommand,
     InvalidTenant,
 )
+from commitline.application.dispatching import derived_id, is_derived
 from commitline.examples.fulfilment_saga import FulfilmentSaga
 from commitline.composition import Commitline, bootstrap
 from commitline.examples.fulfilment import fulfilment_id, payment_id_for
@@ -229,6 +230,33 @@ def test_a_create_on_an_id_another_tenant_uses_is_refused_without_saying_whose(
     assert isinstance(_refusal(app, command, A), AggregateAlreadyExists)
     created = app.dispatch({**command, field: str(uuid4())}, idempotency_key=f"fresh-{kind}", tenant=B)
     assert created.tenant == B
+
+
+def test_no_tenant_can_take_another_tenants_derived_id_first_nor_learn_which_keys_it_used(
+        app: Commitline, pg_dsn: str, schema: str) -> None:
+    """A creation without an id gets one derived from (tenant, idempotency key), which anyone who knows the
+    tenant's name and a key it uses (an order number) can work out. No command may start a stream at an id of
+    that form but its own: the same refusal whether the id is held or free, and the owner's creation is not
+    blocked."""
+    create = {"type": "create_payment", "amount": "12.50", "currency": "EUR", "account": "acc-42"}
+    used = app.dispatch(create, idempotency_key="order-1000-payment", tenant=B).aggregate_id
+    free = derived_id(B, "order-1001-payment")
+    assert is_derived(used) and is_derived(free) and not is_derived(uuid4())
+    before = count_rows(pg_dsn, schema)
+    answers = []
+    for taken in (used, free):
+        for command in ({**create, "payment_id": str(taken)},
+                        {"type": "receive_stock", "item_id": str(taken), "quantity": 1}):
+            refused = _refusal(app, command, A)
+            answers.append(_shown(refused, {str(taken): "<id>"}))
+            assert isinstance(refused, InvalidCommand) and refused.details()["errors"][0]["type"] == "id_unavailable"
+    assert answers[:2] == answers[2:], "held or free, the answer is the same"
+    assert count_rows(pg_dsn, schema) == before
+    made = app.dispatch(create, idempotency_key="order-1001-payment", tenant=B)
+    assert made.aggregate_id == free and made.tenant == B
+    own = derived_id(B, "order-1002-payment")  # a command may name the id its own key derives
+    named = app.dispatch({**create, "payment_id": str(own)}, idempotency_key="order-1002-payment", tenant=B)
+    assert named.aggregate_id == own
 
 
 def test_receiving_stock_for_another_tenants_item_is_refused_as_not_found(app: Commitline, pg_dsn: str,
