@@ -34,13 +34,14 @@ UUID_TEXT = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a
 _UUID_TEXT = re.compile(UUID_TEXT)
 
 
-def _uuid_text(value: Any) -> Any:
+def uuid_text(value: Any) -> Any:
+    """A UUID given as text only in its 8-4-4-4-12 form (pydantic also reads 32 digits, braces, ``urn:uuid:``)."""
     if isinstance(value, str) and not _UUID_TEXT.fullmatch(value):  # not match: "$" passes a final newline
         raise ValueError("an id is a UUID in its 8-4-4-4-12 hexadecimal form")
     return value
 
 
-Id = Annotated[UUID, BeforeValidator(_uuid_text), Field(strict=False),
+Id = Annotated[UUID, BeforeValidator(uuid_text), Field(strict=False),
                WithJsonSchema({"type": "string", "format": "uuid", "pattern": UUID_TEXT})]
 """an aggregate id: a UUID, given as its 8-4-4-4-12 string in JSON"""
 Version = Annotated[int, Field(ge=0)]

@@ -29,6 +29,7 @@ from commitline.application.amounts import decimal_properties
 from commitline.application.commands import Command
 from commitline.application.results import DispatchResult
 from commitline.composition import Domain
+from commitline.http.commands import REPLAYED_HEADERS
 from commitline.http.problems import PROBLEM_JSON, statuses
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/v1/status"})  # answer without an API key
@@ -61,6 +62,8 @@ HEADERS: dict[str, dict[str, Any]] = {
     "Location": {"description": "the created aggregate: `/v1/aggregates/{id}`", "required": True, "schema": _TEXT},
     "Idempotent-Replayed": {"description": "`true` when the key was used before: this is the first response again",
                             "schema": {"type": "string", "enum": ["true"]}},
+    "X-Idempotent-Replayed": {"description": "the same as `Idempotent-Replayed`, under the name some clients "
+                              "look for", "schema": {"type": "string", "enum": ["true"]}},
 }
 
 
@@ -194,9 +197,9 @@ def _commands(operation: dict[str, Any], public: Sequence[type[Command]], domain
             cls.model_fields["type"].default: REF.format(model=cls.__name__) for cls in public}}}
     answer = {"application/json": {"schema": {"$ref": REF.format(model="CommandResult")}}}
     responses = operation["responses"]
-    responses["200"].update(content=answer, headers={"Idempotent-Replayed": HEADERS["Idempotent-Replayed"]})
+    responses["200"].update(content=answer, headers={name: HEADERS[name] for name in REPLAYED_HEADERS})
     responses["201"].update(content=answer, headers={name: HEADERS[name]
-                                                     for name in ("Location", "Idempotent-Replayed")})
+                                                     for name in ("Location", *REPLAYED_HEADERS)})
     by_status: dict[str, list[str]] = {}
     for code, status in statuses(domain_statuses).items():
         by_status.setdefault(str(status), []).append(code)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import inspect
 import typing
-from typing import Any
+from typing import Any, Optional
+from uuid import UUID
 
 import orjson
 from fastapi import APIRouter, Depends, Request
@@ -20,6 +21,7 @@ from starlette.responses import Response
 from commitline.composition import Domain, Query
 from commitline.http.auth import tenant
 from commitline.http.problems import PROBLEM_JSON
+from commitline.http.reads import UuidText
 
 PREFIX = "/v1/read-models/"
 _PROBLEM = {"content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}}
@@ -34,10 +36,19 @@ def router_for(domain: Domain) -> APIRouter:
     return router
 
 
+def _strict_ids(annotation: Any) -> Any:
+    """A parameter declared ``UUID`` (or ``UUID | None``) takes the 8-4-4-4-12 form only, as ``format: uuid``."""
+    if annotation is UUID:
+        return UuidText
+    if annotation == UUID | None or annotation == Optional[UUID]:
+        return Optional[UuidText]
+    return annotation
+
+
 def _endpoint(query: Query) -> Any:
     signature = inspect.signature(query.function)
     hints = typing.get_type_hints(query.function, include_extras=True)  # the module's names, not ours
-    own = [p.replace(annotation=hints.get(p.name, p.annotation))
+    own = [p.replace(annotation=_strict_ids(hints.get(p.name, p.annotation)))
            for p in list(signature.parameters.values())[2:]]  # after (reads, tenant)
 
     def endpoint(request: Request, caller: str = Depends(tenant), **params: Any) -> Response:

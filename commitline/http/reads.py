@@ -19,8 +19,10 @@ from uuid import UUID
 
 import orjson
 from fastapi import APIRouter, Depends, Path, Query, Request
+from pydantic import BeforeValidator
 from starlette.responses import Response
 
+from commitline.application.commands import uuid_text
 from commitline.application.errors import printable
 from commitline.composition import Commitline
 from commitline.http import reads_shapes as shapes
@@ -78,7 +80,9 @@ def parse_moment(text: str) -> datetime:
                          "datetime_from_date_parsing")
 
 
-AggregateId = Annotated[UUID, Path(description="the aggregate's id (a UUID)")]
+UuidText = Annotated[UUID, BeforeValidator(uuid_text)]
+"""A UUID in a path or a query, in its 8-4-4-4-12 form only, as the OpenAPI document's ``format: uuid`` says."""
+AggregateId = Annotated[UuidText, Path(description="the aggregate's id (a UUID)")]
 MAX_VERSION = 2**63 - 1  # a stream version is a PostgreSQL bigint
 
 

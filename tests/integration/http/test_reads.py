@@ -232,8 +232,11 @@ def test_bad_parameters(server: Server, pg_dsn: str, schema: str) -> None:
     acme = server.client(A)
     pid = payment(acme, "5.00", "submit_payment")
     before = count_rows(pg_dsn, schema)
+    other_forms = [pid.replace("-", ""), f"%7B{pid}%7D", f"urn:uuid:{pid}"]  # UUIDs, but not format: uuid's
     for url in [*aggregate_urls("not-a-uuid"), "/v1/read-models/task-statuses/42",
-                "/v1/read-models/inventory-levels/x", "/v1/read-models/fulfilments/%00"]:
+                "/v1/read-models/inventory-levels/x", "/v1/read-models/fulfilments/%00",
+                *(url for form in other_forms for url in aggregate_urls(form)),
+                *(f"/v1/read-models/task-statuses/{form}" for form in other_forms)]:
         document = problem(acme.get(url), 400, "invalid_query")
         assert document["errors"][0]["loc"][0] == "path", document
 
