@@ -90,7 +90,9 @@ class StatusReport:
         return bucket_reasons(bucket, self.thresholds, members, UNOWNED_GRACE_SECONDS)
 
     def reasons(self, follower: FollowerStatus) -> list[str]:
-        return follower_reasons(follower, self.thresholds)
+        """Why ``follower`` is unhealthy, as ``problems`` judges it (the publisher also when it does not run
+        while events wait for it)."""
+        return follower_reasons(follower, self.thresholds, unattended=follower.name == PUBLISHER)
 
     def owner_of(self, follower: FollowerStatus) -> str:
         """The process owning a follower (``host:pid (kind, started ...)``) while one holds it (for the publisher,

@@ -255,8 +255,13 @@ def test_a_publisher_that_does_not_run_while_events_wait_is_a_problem(app: Commi
     assert waiting.returncode == 1
     assert waiting.stderr.startswith("unhealthy: kafka-publisher: never run while 3 events wait for it (the oldest ")
     assert waiting.stderr.count("unhealthy:") == 1, waiting.stderr
-    assert "never run while 3 events wait" in status_json(pg_dsn, schema, COMMITLINE_STATUS_MAX_LAG_EVENTS="2")[
-        "problems"][0]
+    report = status_json(pg_dsn, schema, COMMITLINE_STATUS_MAX_LAG_EVENTS="2")
+    assert "never run while 3 events wait" in report["problems"][0]
+    # and beside the follower itself, in JSON and in the table, not only in the list of problems
+    assert [p[:32] for p in follower(report, "kafka-publisher")["problems"]] == ["never run while 3 events wait fo"]
+    table = status(pg_dsn, schema, COMMITLINE_STATUS_MAX_LAG_EVENTS="2", COLUMNS="400").stdout
+    (row,) = [line for line in table.splitlines() if " kafka-publisher " in line]
+    assert "never run while 3 events wait for it" in row, table
 
 
 def test_check_against_an_unreachable_store_exits_3(pg_dsn: str, schema: str) -> None:
