@@ -21,8 +21,9 @@ def _show(generation: object, json: bool, started: bool = False) -> None:
     print(f"{what} {values['generation']} since {values['started_at']} (log head then {values['head']}): "
           f"{values['reason']}{server}")
     if started:
-        print("every follower stops until an operator resets it: commitline followers reset NAME --from-head | "
-              "--from N | --keep (see commitline status)")
+        print("every follower with a saved position stops until an operator resets it: commitline followers reset "
+              "NAME --from-head | --from N | --keep (see commitline status); one that never ran on this store starts "
+              "from the first event unless reset first")
 
 
 def cmd_generation(args: argparse.Namespace) -> int:
@@ -61,9 +62,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "asynchronous failover, before starting any follower",
         description="After a restore, or a failover to a standby that lacked the last acknowledged commits, the "
         "notification ids after the new head will be used again by other events. Starting a new generation "
-        "records that (append-only), so that every follower stops until an operator resets it (commitline followers "
-        "reset NAME --from-head | --from N | --keep) and every Kafka record published from then on carries the new "
-        "generation. Prints the generation started.")
+        "records that (append-only), so that every follower with a saved position stops until an operator resets it "
+        "(commitline followers reset NAME --from-head | --from N | --keep; one that never ran starts from the first "
+        "event unless reset first) and every Kafka record published from then on carries the new generation. Prints "
+        "the generation started.")
     new.add_argument("--reason", required=True, help="what happened (the restore, the failover): kept with the "
                      "generation")
     new.add_argument("--json", action="store_true", help="machine-readable output")

@@ -323,8 +323,15 @@ def test_the_cli_shows_and_starts_generations_and_refuses_bad_resets(pg_dsn: str
             app.reset_follower(PROJECTION, "from", 4)
         with pytest.raises(InterventionRefused, match="choose"):
             app.reset_follower(PROJECTION, "sideways")
-        with pytest.raises(InterventionRefused, match="never run"):
-            app.reset_follower("payment_states", "keep")
+        # one that never ran is not stopped by a new generation: a reset places it, so it starts where told
+        assert "to start from the first event" in app.reset_follower("payment_states", "keep")
+        assert "set to position 3" in app.reset_follower("order_fulfilments", "from-head", reason="new here")
+        with psycopg.connect(pg_dsn) as conn:
+            placed = dict(conn.execute(f"SELECT name, position FROM {schema}.follower_positions "
+                                       "WHERE name IN ('payment_states', 'order_fulfilments')").fetchall())
+            decided = conn.execute(f"SELECT count(*) FROM {schema}.follower_interventions "
+                                   "WHERE name IN ('payment_states', 'order_fulfilments')").fetchone()[0]
+        assert placed == {"payment_states": 0, "order_fulfilments": 3} and decided == 2
         with pytest.raises(InterventionRefused, match="reason"):
             app.new_generation("  ")
         # a row beyond the head (a restore put the log back under it): kept there, it would pass over what
@@ -346,7 +353,9 @@ def test_the_cli_shows_and_starts_generations_and_refuses_bad_resets(pg_dsn: str
             conn.execute(f"UPDATE {schema}.follower_positions SET position = 3 WHERE name = %s", (PROJECTION,))
 
     decided = interventions(pg_dsn, schema)
-    assert [(name, kind, at, how["choice"]) for name, kind, at, how in decided] == [(PROJECTION, "reset", 5, "keep")]
+    assert sorted((name, kind, at, how["choice"]) for name, kind, at, how in decided) == [
+        (PROJECTION, "reset", 5, "keep"), ("order_fulfilments", "reset", 3, "from-head"),
+        ("payment_states", "reset", 0, "keep")]
     shown = commitline(pg_dsn, schema, "store", "generation")
     assert shown.returncode == 0 and shown.stdout.startswith("generation 1 since "), shown
     refused = [

@@ -75,8 +75,9 @@ def last_drawn_id(conn: Any, schema: str) -> int:
 def reset(datastore: PostgresDatastore, name: str, choice: str, position: int | None = None, reason: str = "") -> str:
     """Set the follower ``name`` (with every bucket of it, for the publisher group) to the log head
     (``from-head``), to ``position`` (``from``) or where it is (``keep``), in the store's current generation,
-    no longer stopped, and record the decision. InterventionRefused, nothing written, for a choice that is not
-    one of those, a position outside the log (given, or kept by ``keep``), a follower without a row, or one a live
+    no longer stopped, and record the decision. A follower that never ran (no row: a new generation does not
+    stop it) gets its row, at the first event for ``keep``. InterventionRefused, nothing written, for a choice
+    that is not one of those, a position outside the log (given, or kept by ``keep``), or a follower a live
     instance runs that is not stopped (stop it first: it would overwrite the reset)."""
     if choice not in RESET_CHOICES:
         raise InterventionRefused(f"{name}: choose how to reset it: --from-head, --from N or --keep")
@@ -88,8 +89,10 @@ def reset(datastore: PostgresDatastore, name: str, choice: str, position: int | 
         if position is not None and not 0 <= position <= head:
             raise InterventionRefused(f"{name}: position {position} is outside the store's log (0 to its head {head})")
         rows = positions.group_rows(conn, name)
-        if not rows:
-            raise InterventionRefused(f"{name} has never run: nothing to reset")
+        never_ran = not rows
+        if never_ran:  # its row is made here, at the first event, so it starts where the operator decides
+            positions.place(conn, name, 0, generation)
+            rows = positions.group_rows(conn, name)
         # past the head is fine up to the last id drawn: a follower proves the ids of rolled-back appends too
         beyond = [(n, was) for n, was, *_ in rows if was > head] if choice == "keep" else []
         if beyond:
@@ -112,9 +115,11 @@ def reset(datastore: PostgresDatastore, name: str, choice: str, position: int | 
             to = head if choice == "from-head" else position if choice == "from" else was
             positions.reset(conn, row_name, to, "running" if row_name in held else "stopped", generation)
             positions.record_intervention(conn, row_name, "reset", to, {
-                "choice": choice, "was": was, "status": status, "saved_generation": saved, "generation": generation,
+                "choice": choice, "was": was, "status": "never run" if never_ran else status,
+                "saved_generation": None if never_ran else saved, "generation": generation,
                 "head": head, "error": error, "reason": reason})
-    moved = "kept at its position" if choice == "keep" else f"set to position {head if choice == 'from-head' else position}"
+    moved = ("to start from the first event" if never_ran else "kept at its position") if choice == "keep" \
+        else f"set to position {head if choice == 'from-head' else position}"
     buckets = f" (and its {len(rows) - 1} bucket rows)" if len(rows) > 1 else ""
     log.warning("%s%s: operator reset (%s): %s, store generation %d: %s", name, buckets, choice, moved, generation,
                 reason or "no reason given")

@@ -170,6 +170,12 @@ class Positions:
                       "WHERE name = %s OR starts_with(name, %s) ORDER BY name FOR UPDATE"),
             (group, f"{group}/")).fetchall()]
 
+    def place(self, conn: Connection, name: str, position: int, generation: int) -> None:
+        """The row of a follower that never ran, at ``position`` in ``generation``, stopped (none if it has one)."""
+        conn.execute(self._sql("INSERT INTO {positions} (name, position, status, generation) "
+                               "VALUES (%s, %s, 'stopped', %s) ON CONFLICT (name) DO NOTHING"),
+                     (name, position, generation))
+
     def reset(self, conn: Connection, name: str, position: int, status: str, generation: int) -> None:
         """An operator's reset: ``position`` in ``generation``, ``status``, no error."""
         conn.execute(self._sql("UPDATE {positions} SET position = %s, status = %s, error = NULL, generation = %s, "
