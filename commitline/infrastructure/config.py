@@ -50,6 +50,25 @@ _BROKER_HOST = re.compile(r"[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]")
 """A broker's host in KAFKA_BOOTSTRAP_SERVERS: a host name, an IPv4 address or an IPv6 address in brackets."""
 
 
+_UNKNOWN_PARAMETER = re.compile(r'invalid URI query parameter: "([A-Za-z_][A-Za-z0-9_]{0,63})"')
+
+
+def _url_problem(libpq: str) -> str:
+    """What libpq found wrong with a connection URL, said without repeating any part of it that may be secret
+    (libpq quotes the offending text: a password with a stray ``%``, say); empty when it is not known."""
+    if (unknown := _UNKNOWN_PARAMETER.search(libpq)) is not None:
+        return f": it has the query parameter {unknown.group(1)!r}, which libpq does not know"
+    if "percent-encoded" in libpq:
+        return ": a '%' in it is not followed by two hexadecimal digits (write a '%' in a password as %25)"
+    if "key/value separator" in libpq:
+        return ": one of its query parameters has no '=value'"
+    if "IPv6" in libpq:
+        return ": an IPv6 host address opened with '[' is not closed with ']'"
+    if "connection info string" in libpq:
+        return ": it is neither a postgresql:// URL nor space-separated key=value pairs"
+    return ""
+
+
 class Settings(BaseSettings):
     # Code sets fields by name (``pool_size=4``), the environment by variable (``COMMITLINE_POOL_SIZE``).
     model_config = SettingsConfigDict(
@@ -246,8 +265,8 @@ class Settings(BaseSettings):
         if url is not None:
             try:
                 parts = conninfo_to_dict(url.get_secret_value())
-            except Exception:
-                raise ValueError("is not a valid PostgreSQL connection URL") from None
+            except Exception as e:
+                raise ValueError(f"is not a valid PostgreSQL connection URL{_url_problem(str(e))}") from None
             for name, allowed in _LIBPQ_CHOICES.items():  # else a typo surfaces as an unreachable store
                 if name in parts and parts[name] not in allowed:
                     raise ValueError(f"has {name}={parts[name]}, which libpq does not know: use one of "

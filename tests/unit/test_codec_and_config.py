@@ -89,6 +89,14 @@ def test_configuration_defaults_and_errors() -> None:
     with pytest.raises(ConfigurationError, match="has port 99999, which is no TCP port") as port:
         load_settings({"COMMITLINE_DATABASE_URL": "postgresql://u:hunter2@h:99999/db"})
     assert "hunter2" not in str(port.value)
+    for url, said in [("postgresql://u@h:5432/db?password=hunter2&bogusopt=1", "the query parameter 'bogusopt'"),
+                      ("postgresql://u:hun%ter2@h:5432/db", "a '%' in it is not followed by two hexadecimal digits"),
+                      ("postgresql://u:hunter2@h/db?sslmode", "one of its query parameters has no '=value'"),
+                      ("postgresql://u:hunter2@[::1:5432/db", "an IPv6 host address opened with '['"),
+                      ("hunter2 host=h", "neither a postgresql:// URL nor space-separated key=value pairs")]:
+        with pytest.raises(ConfigurationError, match=re.escape(said)) as bad:
+            load_settings({"COMMITLINE_DATABASE_URL": url})
+        assert "hunter2" not in str(bad.value) and "hun%ter2" not in str(bad.value)
     for servers, named in [("127.0.0.1:99999", "'127.0.0.1:99999', whose port is no TCP port"),
                            ("broker:9092,127.0.0.1:0", "'127.0.0.1:0', whose port is no TCP port"),
                            ("kafka://127.0.0.1:9092", "give host:port without a scheme (kafka://)"),
