@@ -248,8 +248,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "the log head: what the store holds now up to there is not handled again), --from N (from after position N, "
         "e.g. the head the generation started at), or --keep (its position stands: for a projection, this confirms "
         "the read model, which is consistent with the restored store; `commitline projections rebuild NAME` is the "
-        "other choice). The publisher's buckets are reset together. A running instance stopped this way goes on by "
-        "itself; the decision is kept in the intervention log.")
+        "other choice). The publisher's buckets are reset together. A follower that never ran (a new generation does "
+        "not stop it: it would start from the first event) is placed where told, --keep meaning the first event. A "
+        "running instance stopped this way goes on by itself; the decision is kept in the intervention log.")
     reset.add_argument("name", metavar="NAME", help="the follower: a projection, a process manager, or the "
                        "publisher (publisher or kafka-publisher)")
     choice = reset.add_mutually_exclusive_group(required=True)
