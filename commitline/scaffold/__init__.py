@@ -28,6 +28,9 @@ FILES = {
 }
 
 
+_TEST_FOLDERS = frozenset({"tests", "test"})
+
+
 class ScaffoldRefused(ValueError):
     """The folder cannot take a new service (its name is no package name, or it holds files already)."""
 
@@ -37,11 +40,19 @@ def package_name(path: Path) -> str:
     if not _NAME.fullmatch(name) or keyword.iskeyword(name):
         raise ScaffoldRefused(f"{path.name!r} cannot name a Python package (and a database schema): use lowercase "
                               "letters, digits and '_' (or '-'), starting with a letter or '_', at most 41 characters")
+    if name in _TEST_FOLDERS:
+        raise ScaffoldRefused(f"{path.name!r} cannot name the package: the service has a folder {name!r} of its own "
+                              "(its tests), which pytest and Python would mix up with it; choose another name")
     if name in sys.stdlib_module_names or _installed(name):
         raise ScaffoldRefused(f"{path.name!r} is the name of a module Python already has ({name}, "
                               f"{'in its standard library' if name in sys.stdlib_module_names else 'installed'}): "
                               "a package of that name would hide it or be hidden by it; choose another name")
-    if (wrong := schema_name_problem(name)) is not None:  # the package's name is its store's schema
+    if name == "public":
+        wrong: str | None = ("is PostgreSQL's default schema, shared by whatever else uses the database: the "
+                             "domain's store would mix with it")
+    else:
+        wrong = schema_name_problem(name)
+    if wrong is not None:  # the package's name is its store's schema
         raise ScaffoldRefused(f"{path.name!r} cannot name a package: it is also its database schema's name, and "
                               f"{name!r} {wrong}; choose another name")
     return name

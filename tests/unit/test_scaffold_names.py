@@ -35,12 +35,19 @@ def test_a_name_that_is_no_package_name_is_refused(tmp_path: Path, folder: str) 
 
 @pytest.mark.parametrize(("folder", "reason"), [
     ("user", "is a PostgreSQL keyword"), ("order", "is a PostgreSQL keyword"), ("pg_toast", "begins with pg_"),
-    ("information_schema", "is PostgreSQL's own schema"),
+    ("information_schema", "is PostgreSQL's own schema"), ("public", "is PostgreSQL's default schema, shared"),
 ])
 def test_a_name_that_cannot_be_its_schemas_is_refused_and_nothing_is_written(tmp_path: Path, folder: str,
                                                                              reason: str) -> None:
     """The package's name is its store's schema: ``user`` would break every command with a syntax error."""
     with pytest.raises(ScaffoldRefused, match=f"also its database schema's name, and '{folder}' {reason}"):
+        write_service(tmp_path / folder)
+    assert not (tmp_path / folder).exists()
+
+
+@pytest.mark.parametrize("folder", ["tests", "test"])
+def test_a_name_the_services_own_tests_folder_has_is_refused(tmp_path: Path, folder: str) -> None:
+    with pytest.raises(ScaffoldRefused, match=f"has a folder '{folder}' of its own"):
         write_service(tmp_path / folder)
     assert not (tmp_path / folder).exists()
 
