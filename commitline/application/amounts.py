@@ -99,7 +99,8 @@ def _fields(model: type[BaseModel]) -> Iterator[tuple[str, Any]]:
 @cache
 def _guided(model: type[BaseModel]) -> tuple[tuple[str, Any], ...]:
     """(name in JSON, annotation) of the fields of ``model`` whose values may hold a plain ``Decimal``."""
-    return tuple((key, info.annotation) for key, info in _fields(model) if _holds(info.annotation, True, frozenset({model})))
+    return tuple((key, info.annotation) for key, info in _fields(model)
+                 if _holds(info.annotation, True, frozenset({model})))
 
 
 def float_decimals(model: type[BaseModel], data: Mapping[Any, Any]) -> list[dict[str, Any]]:
@@ -153,9 +154,8 @@ def decimal_properties(models: Iterable[type[BaseModel]]) -> dict[type[BaseModel
     found: dict[type[BaseModel], tuple[str, ...]] = {}
 
     def visit(model: type[BaseModel]) -> None:
-        if model in found:
+        if model in found:  # visited, or being visited (a model holding itself)
             return
-        found[model] = ()
         found[model] = tuple(key for key, info in _fields(model) if _holds(info.annotation, False))
         for _, info in _fields(model):
             for nested in _models_in(info.annotation):

@@ -238,7 +238,7 @@ class Dispatch:
             raise AggregateNotFound(handler.aggregate.__name__, self.aggregate_id)
         if self.expected is not None and aggregate.version != self.expected:
             raise ConcurrencyConflict(self.aggregate_id, self.expected, aggregate.version)
-        if not aggregate.exists and is_derived(self.aggregate_id) \
+        if not aggregate.exists and is_derived(self.aggregate_id) and handler.target(self.cmd) is not None \
                 and self.aggregate_id != derived_id(self.tenant, self.key):  # rule 8: whether it is held or not
             raise _id_unavailable(self.cmd, self.aggregate_id, "ids of its form (UUIDv8 beginning cd1d) are kept "
                                   "for those derived from idempotency keys: choose another one, or leave it out "

@@ -40,7 +40,7 @@ def _strict_ids(annotation: Any) -> Any:
     """A parameter declared ``UUID`` (or ``UUID | None``) takes the 8-4-4-4-12 form only, as ``format: uuid``."""
     if annotation is UUID:
         return UuidText
-    if annotation == UUID | None or annotation == Optional[UUID]:
+    if annotation == Optional[UUID]:  # equal to UUID | None too
         return Optional[UuidText]
     return annotation
 
