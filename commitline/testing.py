@@ -28,6 +28,7 @@ from uuid import UUID, uuid4
 
 from commitline.application.errors import AggregateNotFound
 from commitline.domain.aggregate import Aggregate, Event, utcnow
+from commitline.domain.decimals import decimal_fields, refuse_floats
 from commitline.domain.errors import CommitlineError
 
 __all__ = ["Fact", "When", "event", "given", "loader", "recorded"]
@@ -48,9 +49,22 @@ class Fact:
 
 
 def event(event_type: type[Event], **payload: Any) -> Fact:
-    """The payload as stated; fields the statement leaves out take their declared defaults."""
-    defaults = {f.name: f.default for f in dataclasses.fields(event_type)
-                if f.default is not dataclasses.MISSING and f.name not in Event.ENVELOPE}
+    """The payload as stated; fields the statement leaves out take their declared defaults. As an emission
+    would, it refuses (``TypeError``) a field the event does not declare, one it declares without a default
+    and the statement leaves out, and a binary float for a ``Decimal`` field: a store never holds such an
+    event, so a specification stating one could pass against a state production cannot reach."""
+    fields = {f.name: f for f in dataclasses.fields(event_type) if f.name not in Event.ENVELOPE}
+    if unknown := [name for name in payload if name not in fields]:
+        raise TypeError(f"{event_type.__qualname__} declares no field {', '.join(map(repr, unknown))} "
+                        f"(its fields: {', '.join(fields) or 'none'})")
+    defaults = {name: f.default for name, f in fields.items() if f.default is not dataclasses.MISSING}
+    defaults.update({name: f.default_factory() for name, f in fields.items()
+                     if f.default_factory is not dataclasses.MISSING})
+    if missing := [name for name in fields if name not in payload and name not in defaults]:
+        raise TypeError(f"event({event_type.__qualname__}, ...) leaves out {', '.join(map(repr, missing))}, "
+                        f"which has no default")
+    if decimals := decimal_fields(event_type, event_type.ENVELOPE):
+        refuse_floats(event_type, payload, decimals)
     return Fact(event_type, {**defaults, **payload})
 
 

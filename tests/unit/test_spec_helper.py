@@ -57,3 +57,16 @@ def test_a_failing_spec_says_what_happened_and_what_was_expected(spec, says: str
 def test_given_events_are_replayed_in_order_with_versions() -> None:
     payment = CREATED.when(lambda p: p.submit()).then(event(PaymentSubmitted, attempt=1))
     assert (payment.id, payment.version) == (CREATED.id, 2)
+
+
+@pytest.mark.parametrize(
+    ("payload", "says"),
+    [
+        ({"amount": 10.5, "currency": "EUR", "account": "a"}, "PaymentCreated.amount is a Decimal field"),
+        ({"amount": Decimal("1"), "currency": "EUR", "account": "a", "nonsense": 1}, "declares no field 'nonsense'"),
+        ({"amount": Decimal("1"), "currency": "EUR"}, "leaves out 'account'"),
+    ],
+)
+def test_a_spec_cannot_state_an_event_no_store_could_hold(payload: dict, says: str) -> None:
+    with pytest.raises(TypeError, match=says):
+        event(PaymentCreated, **payload)
