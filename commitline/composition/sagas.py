@@ -6,15 +6,28 @@ codec, recorder, connection parameters, datastore and domain."""
 
 from __future__ import annotations
 
+import sysconfig
+import traceback
 from collections.abc import Mapping
 from typing import Any
 
-from commitline.application.errors import ConfigurationError
+from commitline.application.errors import CommitlineError, ConfigurationError
 from commitline.application.process import ProcessManager, StuckInstance
 from commitline.composition.errors import UnknownProcessManager
 from commitline.framework.domain import PortContext
+from commitline.infrastructure.config import hide_secrets
 from commitline.infrastructure.sagas.runner import ProcessRunner
 from commitline.projections.storage import table_exists
+
+
+def _where(error: BaseException) -> str:
+    """file:line of the innermost frame of ``error``'s traceback outside installed packages and the standard
+    library (the domain's own line that led to it), else the innermost one."""
+    frames = traceback.extract_tb(error.__traceback__)
+    stdlib = sysconfig.get_paths()["stdlib"]
+    own = [f for f in frames if "-packages" not in f.filename and not f.filename.startswith(stdlib)]
+    frame = (own or frames or [None])[-1]
+    return f"at {frame.filename}:{frame.lineno}" if frame is not None else "no traceback"
 
 
 class Sagas:
@@ -39,7 +52,15 @@ class Sagas:
         if name not in factories:
             raise ConfigurationError("COMMITLINE_APP", f"the domain {self.domain.name} declares no port {name!r} "
                                      f"(it has: {', '.join(sorted(factories)) or 'none'})")
-        return factories[name](PortContext(self.settings, self.conninfo))
+        try:
+            return factories[name](PortContext(self.settings, self.conninfo))
+        except CommitlineError:
+            raise
+        except Exception as e:  # the domain's own code: said as configuration, where it failed, no secret in it
+            told = hide_secrets(f"{type(e).__name__}: {e}", self.settings, [str(self.conninfo.get("password") or "")])
+            raise ConfigurationError("COMMITLINE_APP", f"the factory of the domain {self.domain.name}'s port {name!r} "
+                                     f"raised {told} ({_where(e)}); it is called with a PortContext: settings, and "
+                                     f"conninfo, psycopg.connect's keyword arguments") from None
 
     def process_manager(self, name: str | None = None, *, ports: Mapping[str, Any] | None = None,
                         **options: Any) -> ProcessManager:

@@ -55,7 +55,9 @@ class Query:
 @dataclass(frozen=True)
 class PortContext:
     """What a port's factory may use to build its adapter: the settings (``gateway_url``, ``gateway_token``,
-    ``gateway_timeout_s``, ...) and the database's connection parameters (secret: never print them)."""
+    ``gateway_timeout_s``, ...) and the database's connection parameters, ``psycopg.connect``'s keyword
+    arguments (``psycopg.connect(**context.conninfo)``; secret: never print them). A factory that raises stops
+    the process at start with a ``ConfigurationError`` naming the port and the line."""
 
     settings: Any
     conninfo: dict[str, Any] = field(repr=False)

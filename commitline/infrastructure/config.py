@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, get_args
 
@@ -399,6 +399,18 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
 
 #: The user and password of a URL (``scheme://user:password@host``): never shown back, whatever the variable.
 _USERINFO = re.compile(r"://[^/@\s]*@")
+
+
+def hide_secrets(text: str, settings: Settings, also: Iterable[str] = ()) -> str:
+    """``text`` (a message of code outside commitline's control: a domain's port factory, say) with every secret
+    setting's value, the database password among them, ``also``'s and any URL's user and password replaced."""
+    secrets = {f.get_secret_value() for name in Settings.model_fields
+               if isinstance(f := getattr(settings, name), SecretStr)} | set(also)
+    if settings.database_url is not None:
+        secrets.add(str(conninfo_to_dict(settings.database_url.get_secret_value()).get("password") or ""))
+    for secret in sorted(filter(None, secrets), key=len, reverse=True):  # a secret inside another: the longer first
+        text = text.replace(secret, "<secret>")
+    return _USERINFO.sub("://<credentials>@", text)
 
 
 def variables_markdown() -> str:

@@ -157,3 +157,19 @@ def test_a_configuration_error_met_while_a_command_runs_exits_3(pg_dsn: str, sch
     done = commitline("dispatch", "-k", "p1", '{"type": "create_payment", "amount": "1.00", "currency": "EUR", '
                       '"account": "acc-1"}', env=env)
     assert done.returncode == 3 and orjson.loads(done.stderr)["code"] == "configuration_error", done.stderr
+
+
+def test_a_port_factory_that_raises_stops_sagas_at_start_naming_it_without_the_password(pg_dsn: str,
+                                                                                          schema: str) -> None:
+    secret = "pw-never-shown-7"
+    with_password = re.sub(r"://([^@/:]+)(:[^@/]*)?@", rf"://\1:{secret}@", pg_dsn)
+    assert secret in with_password, "the test database URL names a user"
+    done = commitline("--app", "tests.domains.unconnected:domain", "sagas", "run",
+                      env={**on_database(with_password, schema)}, timeout=60)
+    assert done.returncode == 3, done.stderr
+    assert "Traceback" not in done.stderr and secret not in done.stderr + done.stdout, done.stderr
+    error = orjson.loads(done.stderr.strip().splitlines()[-1])
+    assert error["code"] == "configuration_error", error
+    assert "port 'carrier'" in error["message"] and "TypeError: a connection string was expected" in error["message"]
+    assert "tests/domains/unconnected.py:19" in error["message"], error
+    assert "psycopg.connect(**" not in error["message"] and "keyword arguments" in error["message"]
