@@ -260,7 +260,7 @@ def test_the_master_key_is_checked_but_not_recorded_on_a_read_only_server(app: C
     create(app)  # the record holds the store's key
     keys = DataKeys(lambda: psycopg.connect(pg_dsn, options="-c default_transaction_read_only=on"), schema)
     assert keys.claim_master([MasterKey.parse(MASTER_KEY).key_id]) is None
-    assert keys.claim_master([MasterKey.parse(generate()).key_id]) == "no data key is wrapped under it"
+    assert keys.claim_master([MasterKey.parse(generate()).key_id]) .startswith("no data key is wrapped under it; configure the key that wrapped them")
     with psycopg.connect(pg_dsn) as conn:
         assert conn.execute(f'SELECT count(*) FROM "{schema}".master_keys').fetchone() == (1,)
 

@@ -108,10 +108,8 @@ class PersonalData:
             refused = self.keys.claim_master(master.key_ids)
             if refused is not None:
                 which = " or ".join(master.key_ids)
-                raise WrongMasterKey(reason=f"the configured master key {which} is not the store's: {refused}; "
-                                     "configure the key that wrapped them (mid-rotation, the old or the new one; in a "
-                                     "rolling rotation, the old one as COMMITLINE_PREVIOUS_MASTER_KEY); nothing was "
-                                     "written")
+                raise WrongMasterKey(reason=f"the configured master key {which} is not the store's: {refused}; nothing "
+                                     "was written")
             self._master = master
         return self._master
 

@@ -198,11 +198,13 @@ class DataKeys(SmallTable):
             if retired is not None:
                 return (f"it was retired by a rotation at {retired:%Y-%m-%d %H:%M:%S %Z}; configure the key it was "
                         "rotated to")
+            wrapping = ("configure the key that wrapped them (mid-rotation, the old or the new one; in a rolling "
+                        "rotation, the old one as COMMITLINE_PREVIOUS_MASTER_KEY)")
             if any_key and not mine:
-                return "no data key is wrapped under it"
+                return f"no data key is wrapped under it; {wrapping}"
             if not any_key and known and not set(ids) & set(known):
                 return (f"the store's data keys were wrapped under {' and '.join(known)} (every one since erased, "
-                        "so none is left to open)")
+                        f"so none is left to open); {wrapping}")
             if lock:
                 cur.execute(SQL("INSERT INTO {} (master_key_id) VALUES (%s) ON CONFLICT (master_key_id) DO NOTHING")
                             .format(self.master_keys), (ids[0],))
