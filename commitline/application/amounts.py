@@ -2,9 +2,10 @@
 
 ``Amount`` checks itself (a decimal string or an integer, never a float, wherever it is declared). A field
 declared plain ``Decimal`` has no such check of its own, and pydantic's JSON mode would take ``0.1`` there with
-its binary digits, or ``1.0000000000000000001`` as 1. ``float_decimals`` finds every such float in a command's
-JSON, guided by the command's annotations: its own fields, the items of its lists, tuples, sets and mappings,
-and the fields of the models it holds (at any depth, a model holding itself included), so that ``parse_command``
+its binary digits, ``1.0000000000000000001`` as 1, and ``"1e3"`` or ``"1_000"`` as text. ``float_decimals``
+finds every such float, and every decimal string an ``Amount`` would refuse, in a command's JSON, guided by the
+command's annotations: its own fields, the items of its lists, tuples, sets and mappings, and the fields of the
+models it holds (at any depth, a model holding itself included), so that ``parse_command``
 refuses each one, naming where. ``decimal_properties`` tells the OpenAPI description which properties of which
 models to offer integers or strings only.
 
@@ -32,6 +33,8 @@ _DECIMAL_TEXT = re.compile(DECIMAL_TEXT)
 
 FLOAT_DECIMAL = ("a decimal is given as a string such as \"12.50\" or an integer, never a binary float (a JSON "
                  "number with a fraction or an exponent), which cannot hold every decimal exactly")
+TEXT_DECIMAL = ("a decimal string is digits with an optional point and decimals, such as \"12.50\": no exponent, "
+                "white space, underscores or leading zeros")
 
 
 def _decimal_only(value: Any) -> Any:
@@ -104,17 +107,23 @@ def _guided(model: type[BaseModel]) -> tuple[tuple[str, Any], ...]:
 
 
 def float_decimals(model: type[BaseModel], data: Mapping[Any, Any]) -> list[dict[str, Any]]:
-    """A ``decimal_type`` problem at each place of ``data`` (a command's JSON) where a binary float was given
-    for a plain ``Decimal``, in field order."""
+    """A problem at each place of ``data`` (a command's JSON) where a plain ``Decimal`` was given a binary float
+    (``decimal_type``) or a string that is not ``DECIMAL_TEXT`` (``decimal_parsing``: pydantic would read
+    ``"1e3"``, ``" 2.5 "`` or ``"1_000"``), in field order."""
     found: dict[tuple[str | int, ...], dict[str, Any]] = {}
+    texts: set[tuple[str | int, ...]] = set()
 
     def walk(value: Any, annotation: Any, loc: tuple[str | int, ...]) -> None:
         annotation = _base(annotation)
         if annotation is None:
             return
         if annotation is Decimal:
-            if isinstance(value, float) and loc not in found:
+            if loc in found:
+                return
+            if isinstance(value, float):
                 found[loc] = problem(list(loc), FLOAT_DECIMAL, "decimal_type")
+            elif isinstance(value, str) and loc not in texts and not _DECIMAL_TEXT.fullmatch(value):
+                found[loc] = problem(list(loc), TEXT_DECIMAL, "decimal_parsing")
             return
         if _is_model(annotation):
             if isinstance(value, Mapping):
@@ -124,6 +133,8 @@ def float_decimals(model: type[BaseModel], data: Mapping[Any, Any]) -> list[dict
             return
         origin, args = get_origin(annotation), get_args(annotation)
         if origin is Union or origin is UnionType:
+            if isinstance(value, str) and any(_base(arg) is str for arg in args):
+                texts.add(loc)  # a member takes any text: a string there is no malformed decimal
             for arg in args:
                 walk(value, arg, loc)
         elif isinstance(value, (list, tuple)) and args:

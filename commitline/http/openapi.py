@@ -25,7 +25,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 
 from commitline.application.boundary import INT_MAX, INT_MIN, MAX_KEY_LENGTH, CommandLimits
-from commitline.application.amounts import decimal_properties
+from commitline.application.amounts import DECIMAL_TEXT, decimal_properties
 from commitline.application.commands import Command
 from commitline.application.results import DispatchResult
 from commitline.composition import Domain
@@ -157,8 +157,14 @@ def _decimals_as_text(schemas: dict[str, Any], public: Sequence[type[Command]]) 
 
 
 def _no_fractions(node: Any) -> None:
-    """In a decimal field's schema, each ``number`` (pydantic's, for a binary float it would take) an ``integer``."""
+    """In a decimal field's schema, each ``number`` (pydantic's, for a binary float it would take) an ``integer``,
+    and the ``string`` beside it (pydantic's ``Decimal``: a number or a string) one written as ``DECIMAL_TEXT``."""
     if isinstance(node, dict):
+        members = node.get("anyOf")
+        if isinstance(members, list) and {"type": "number"} in members:
+            for member in members:
+                if member == {"type": "string"}:
+                    member["pattern"] = DECIMAL_TEXT
         if node.get("type") == "number":
             node["type"] = "integer"
         for value in node.values():

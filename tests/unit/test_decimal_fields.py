@@ -1,6 +1,7 @@
 """Money never passes through a binary float unnoticed. A command field declared ``Decimal`` (not only
 ``Amount``), in the command or in a model it holds at any depth, refuses a JSON number with a fraction or an
-exponent, naming where, and the OpenAPI description says so; an aggregate that emits a float into an event's ``Decimal`` field fails at that line, and nothing of
+exponent, and a string an ``Amount`` would refuse (``"1e3"``, ``" 2.5"``), naming where, and the OpenAPI
+description says so; an aggregate that emits a float into an event's ``Decimal`` field fails at that line, and nothing of
 the command is kept."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from commitline import Aggregate, Command, Domain, Event
+from commitline.application.amounts import DECIMAL_TEXT
 from commitline.application.commands import Amount, parse_command
 from commitline.application.errors import InvalidCommand
 from commitline.http.openapi import _decimals_as_text
@@ -79,6 +81,7 @@ class PlaceBasket(Command):
     by_venue: dict[str, Leg] = {}
     tree: Node | None = None
     pair: tuple[Decimal, float] | None = None
+    code: Decimal | str | None = None
 
 
 domain.handles(PlaceBasket, Quote)(lambda quote, command: quote.price_at(price=command.basket.legs[0].price))
@@ -123,6 +126,30 @@ def test_a_decimal_field_of_a_model_a_command_holds_refuses_a_binary_float_namin
     assert [p["loc"] for p in refused.value.errors] == [loc]
 
 
+@pytest.mark.parametrize("text", ["1e3", " 2.5", "2.5 ", "1_000", "01.5", "+1", ".5", "1.", "NaN", "12.50\n"])
+@pytest.mark.parametrize(("body", "loc"), [
+    (lambda t: {"basket": {"legs": [{"price": "1"}, {"price": t}]}}, ["basket", "legs", 1, "price"]),
+    (lambda t: {"basket": {"legs": []}, "tree": {"price": "1", "children": [{"price": t}]}},
+     ["tree", "children", 0, "price"]),
+    (lambda t: {"basket": {"legs": []}, "pair": [t, 0.5]}, ["pair", 0]),
+])
+def test_a_decimal_field_refuses_text_an_amount_would_refuse_naming_where(text: str, body, loc: list[object]
+                                                                          ) -> None:
+    with pytest.raises(InvalidCommand) as refused:
+        parse_command(orjson.dumps({"type": "place_basket", **body(text)}), domain.catalog)
+    (problem,) = refused.value.errors
+    assert problem["loc"] == loc and problem["type"] == "decimal_parsing", problem
+    assert "no exponent, white space, underscores or leading zeros" in problem["msg"]
+    with pytest.raises(InvalidCommand, match="decimal_parsing|no exponent"):  # a command's own field too
+        parsed({"price": text})
+
+
+def test_a_field_that_also_takes_text_keeps_taking_any_text() -> None:
+    base = {"type": "place_basket", "basket": {"legs": []}}
+    assert parse_command(orjson.dumps({**base, "code": "XLON-1"}), domain.catalog).code == "XLON-1"
+    assert parse_command(orjson.dumps({**base, "code": 5}), domain.catalog).code == Decimal(5)
+
+
 def test_a_nested_model_takes_exact_decimals_and_keeps_its_float_fields() -> None:
     body = {"type": "place_basket", "basket": {"legs": [{"price": "0.1", "note": 0.5}], "fee": 3},
             "tree": {"price": "1.0000000000000000001", "children": [{"price": 2}]}, "pair": ["0.3", 0.3]}
@@ -154,7 +181,10 @@ def test_the_description_offers_a_decimal_field_integers_and_strings_only() -> N
     nested = orjson.dumps([defs["Leg"]["properties"]["price"], defs["Basket"]["properties"]["fee"],
                            defs["Node"]["properties"]["price"]]).decode()
     assert '"number"' not in nested and '"integer"' in nested
+    assert nested.count('"pattern"') == 3 and orjson.dumps(DECIMAL_TEXT).decode() in nested
     assert defs["Leg"]["properties"]["note"]["type"] == "number"
+    pair = defs["PlaceBasket"]["properties"]["pair"]
+    assert orjson.dumps(pair).decode().count('"pattern"') == 1  # the decimal's string, not the float beside it
 
 
 @pytest.mark.parametrize(("payload", "field"), [
