@@ -123,7 +123,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     adiff.add_argument("--to", dest="to_version", type=int, required=True, metavar="M",
                        help="the version compared to, after N")
     for parser_ in (astate, adiff):  # they always print JSON; the flag is accepted like everywhere else
-        parser_.add_argument("--json", action="store_true", help="machine-readable (the only output)")
+        parser_.add_argument("--json", action="store_true", help="accepted for uniformity: the output is always JSON")
     for parser_ in (averify, ahistory, astate, adiff):
         parser_.add_argument("--tenant", "-t", default="default",
                              help="the tenant asking; another tenant's aggregate is not found (default: default)"
