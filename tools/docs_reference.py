@@ -1,7 +1,8 @@
 """The documentation's reference, generated from the code when the site is built, so it cannot drift.
 
 An MkDocs hook (``hooks:`` in ``mkdocs.yml``). A page asks for a generated part with a comment on a line of
-its own, ``<!-- generated: NAME -->``, which is replaced by:
+its own, ``<!-- generated: NAME -->``, which is replaced (with what follows it up to ``<!-- end of generated:
+NAME -->``, if that line comes) by:
 
 - ``configuration``: every environment variable (the settings' definition, ``infrastructure/config.py``);
 - ``errors``: every error code by HTTP status (``http/problems.py``), and every error class with its code;
@@ -9,6 +10,11 @@ its own, ``<!-- generated: NAME -->``, which is replaced by:
 - ``http-operations``: every route of the HTTP API with its statuses (the server's own ``/openapi.json``);
 - ``metrics``: every Prometheus metric (``infrastructure/metrics.py``'s catalogue);
 - ``envelope``: the Kafka record's value (``infrastructure/kafka/envelope.py``'s JSON Schema).
+
+The parts that depend on commitline's code alone (``COMMITTED``) are also kept in the pages themselves, between
+the two comments, so that a page read in the repository holds its table too: ``python -m tools.docs_reference``
+writes them there, and the suite checks they are what the code gives. The others depend on the installed
+versions of argparse and FastAPI, so the repository holds a pointer to where to read them instead (``POINTERS``).
 
 It also adds ``reference/openapi.json`` and an interactive viewer of it (``reference/api/index.html``) whose
 Swagger UI scripts come from an installed package, never a CDN. The built-in example domain is what is shown;
@@ -22,16 +28,19 @@ import importlib
 import inspect
 import io
 import os
+import pkgutil
 import re
 from contextlib import redirect_stdout
 from http import HTTPStatus
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import orjson
 from mkdocs.structure.files import File, Files
 
-MARKER = re.compile(r"^<!-- generated: ([a-z-]+) -->$", re.MULTILINE)
+MARKER = re.compile(r"^<!-- generated: ([a-z-]+) -->$(?:\n.*?^<!-- end of generated: \1 -->$)?",
+                    re.MULTILINE | re.DOTALL)
 SWAGGER_ASSETS = ("swagger-ui-bundle.js", "swagger-ui.css", "favicon.png")
 
 
@@ -44,8 +53,11 @@ def configuration() -> str:
 def _error_classes() -> list[type]:
     from commitline.domain.errors import CommitlineError
 
-    for module in ("commitline.application.errors", "commitline.http.problems"):  # their classes exist once imported
-        importlib.import_module(module)
+    import commitline
+
+    for module in pkgutil.walk_packages(commitline.__path__, "commitline."):  # a class exists once imported
+        if not module.name.endswith("__main__"):
+            importlib.import_module(module.name)
     from commitline.framework.loading import load_domain
 
     load_domain(None)  # the built-in examples' own errors
@@ -55,7 +67,9 @@ def _error_classes() -> list[type]:
         cls = stack.pop()
         seen.append(cls)
         stack.extend(cls.__subclasses__())
-    return sorted({c for c in seen if not c.__name__.startswith("_")}, key=lambda c: (c.code, c.__name__))
+    # commitline's own and its examples' (not those of whatever other domain this process imported)
+    return sorted({c for c in seen if not c.__name__.startswith("_") and c.__module__.startswith("commitline.")},
+                  key=lambda c: (c.code, c.__name__))
 
 
 def errors() -> str:
@@ -137,14 +151,56 @@ def envelope() -> str:
 GENERATORS = {"configuration": configuration, "errors": errors, "cli": cli, "http-operations": http_operations,
               "metrics": metrics, "envelope": envelope}
 
+#: The parts the repository's pages hold as generated (the site generates every part afresh anyway).
+COMMITTED = ("configuration", "errors", "metrics", "envelope")
+
+#: What the repository's pages hold instead of the other parts.
+POINTERS = {
+    "cli": "*In the repository this part is not written out: `commitline COMMAND --help` prints each command's "
+           "help, and the built site (`make docs`) lists them all here.*",
+    "http-operations": "*In the repository this part is not written out: a running server describes every route "
+                       "at `/openapi.json` and `/docs`, and the built site (`make docs`) lists them here.*",
+}
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+def generate(name: str) -> str:
+    with redirect_stdout(io.StringIO()):
+        return GENERATORS[name]()
+
+
+def kept(name: str) -> str:
+    """What the repository's page holds between the comments of the part ``name``."""
+    return generate(name) if name in COMMITTED else POINTERS[name]
+
+
+def blocks(markdown: str) -> dict[str, str | None]:
+    """Each part a page asks for, with what the page holds for it (None: the opening comment alone)."""
+    found: dict[str, str | None] = {}
+    for match in MARKER.finditer(markdown):
+        text = match.group(0)
+        body = text.partition("\n")[2].rpartition("\n")[0] if "\n" in text else None
+        found[match.group(1)] = body.strip("\n") if body is not None else None
+    return found
+
+
+def refreshed(markdown: str) -> str:
+    """``markdown`` with each part's block as ``kept`` gives it."""
+    return MARKER.sub(lambda m: f"<!-- generated: {m.group(1)} -->\n\n{kept(m.group(1))}\n\n"
+                                f"<!-- end of generated: {m.group(1)} -->", markdown)
+
+
+def pages() -> list[Path]:
+    return sorted(p for p in DOCS.rglob("*.md") if MARKER.search(p.read_text()))
+
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     def generated(match: re.Match[str]) -> str:
         name = match.group(1)
         if name not in GENERATORS:
             raise ValueError(f"{page.file.src_uri}: no generated part is called {name!r} ({', '.join(GENERATORS)})")
-        with redirect_stdout(io.StringIO()):
-            return GENERATORS[name]()
+        return generate(name)
 
     return MARKER.sub(generated, markdown)
 
@@ -168,3 +224,11 @@ def _viewer(title: str) -> str:
 <script>SwaggerUIBundle({{url: "../openapi.json", dom_id: "#swagger-ui", supportedSubmitMethods: []}});</script>
 </body></html>
 """
+
+
+if __name__ == "__main__":  # writes the generated parts into the repository's pages
+    for path in pages():
+        text = path.read_text()
+        if (new := refreshed(text)) != text:
+            path.write_text(new)
+            print(f"refreshed {path.relative_to(DOCS.parent)}")
