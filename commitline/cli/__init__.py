@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"commitline {__version__}")
     parser.add_argument("--app", metavar="MODULE:ATTRIBUTE", help=APP_HELP)
-    parser.add_argument("--log-level", choices=LOG_LEVELS, help="log at this level on stderr (default "
+    parser.add_argument("--log-level", choices=LOG_LEVELS, type=str.upper, help="log at this level on stderr (default "
                         "COMMITLINE_LOG_LEVEL, else INFO for serve, publish, project and sagas run, and WARNING for "
                         "the other commands, so that stderr holds only their typed error)")
     sub = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")

@@ -27,7 +27,7 @@ class OneLineFormatter(logging.Formatter):
 
 def chosen_level(default: str) -> str:
     """The level ``COMMITLINE_LOG_LEVEL`` names, else ``default``."""
-    chosen = os.environ.get("COMMITLINE_LOG_LEVEL")
+    chosen = (os.environ.get("COMMITLINE_LOG_LEVEL") or "").upper()
     return chosen if chosen in LOG_LEVELS else default
 
 

@@ -9,6 +9,8 @@ variable and what is wrong; secrets are never echoed in errors, logs or ``repr``
 
 from __future__ import annotations
 
+import difflib
+import logging
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -91,7 +93,7 @@ class Settings(BaseSettings):
     data_key_ttl_s: float = Field(30, gt=0, le=86_400, validation_alias="COMMITLINE_DATA_KEY_TTL_S")
     """longest a process uses a data key it read without reading it again: erasures reach running processes at once by notification, and this bounds the time only while a process has lost its notification connection"""
     data_dir: Path = Field(Path(".commitline"), validation_alias="COMMITLINE_DATA_DIR")
-    """folder of the local services every process using it shares: the embedded PostgreSQL's data, the broker's log"""
+    """folder of the local services every process using it shares: the embedded PostgreSQL's data, the broker's process and address (it keeps records in memory only)"""
     app: str | None = Field(None, validation_alias="COMMITLINE_APP",
                             json_schema_extra={"unset": "the built-in examples (`commitline.examples:domain`)"})
     """the domain every process runs, as `module:attribute` (as `--app`), e.g. `shelfwise.app:domain`; the module is imported with the working directory first on the path"""
@@ -259,6 +261,11 @@ class Settings(BaseSettings):
         # changes a test's or a bench's settings. ``load_settings`` is the one reader of the environment.
         return (init_settings,)
 
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _any_case(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
     @field_validator("database_url")
     @classmethod
     def _parsable_url(cls, url: SecretStr | None) -> SecretStr | None:
@@ -382,8 +389,34 @@ class _Environment(EnvSettingsSource):
         return parse_env_vars(declared, self.case_sensitive, self.env_ignore_empty, self.env_parse_none_str)
 
 
+#: Prefixes of the variables of the test suite's and the benchmarks' own helpers (not settings of a process).
+_TOOLING_PREFIXES = ("COMMITLINE_FUZZ_", "COMMITLINE_BENCH_", "COMMITLINE_TEST_")
+_warned: set[str] = set()
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """A warning for each ``COMMITLINE_*`` variable of ``environ`` that is no setting (a misspelt one is
+    otherwise silently unused: ``COMMITLINE_DATABSE_URL`` would leave the embedded PostgreSQL in use), naming the
+    setting it is closest to."""
+    known = set(_VARIABLE_OF.values())
+    warnings = []
+    for name in sorted(environ):
+        if name.startswith("COMMITLINE_") and name not in known and not name.startswith(_TOOLING_PREFIXES):
+            close = difflib.get_close_matches(name[len("COMMITLINE_"):], [k[len("COMMITLINE_"):] for k in known
+                                                                          if k.startswith("COMMITLINE_")], 1, 0.8)
+            warnings.append(f"{name} is not a commitline setting, so it is not used"
+                            + (f": did you mean COMMITLINE_{close[0]}?" if close else
+                               " (docs/reference/configuration.md lists them)"))
+    return warnings
+
+
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
-    """Settings from ``environ`` (default ``os.environ``); an empty value counts as unset."""
+    """Settings from ``environ`` (default ``os.environ``); an empty value counts as unset. A ``COMMITLINE_*``
+    variable that is no setting is warned about (once per process)."""
+    for warning in unknown_variables(os.environ if environ is None else environ):
+        if warning not in _warned:
+            _warned.add(warning)
+            logging.getLogger(__name__).warning("%s", warning)
     values = _Environment(os.environ if environ is None else environ)()
     try:
         return Settings(**values)

@@ -141,6 +141,26 @@ def test_the_configuration_reference_is_generated_from_the_settings() -> None:
     assert table.startswith("| variable | default | meaning |") and "`COMMITLINE_DATABASE_URL`" in table
 
 
+def test_a_commitline_variable_that_is_no_setting_is_named_with_the_setting_it_is_closest_to() -> None:
+    from commitline.infrastructure.config import unknown_variables
+
+    warnings = unknown_variables({"COMMITLINE_DATABSE_URL": "postgresql://u:pw@db/x", "COMMITLINE_HTTP_PROT": "9",
+                                  "COMMITLINE_WHATEVER": "1", "COMMITLINE_SCHEMA": "s", "COMMITLINE_FUZZ_SEED": "1",
+                                  "COMMITLINE_TEST_DSN": "x", "KAFKA_BOOTSTRAP": "x"})
+    assert warnings == [
+        "COMMITLINE_DATABSE_URL is not a commitline setting, so it is not used: did you mean COMMITLINE_DATABASE_URL?",
+        "COMMITLINE_HTTP_PROT is not a commitline setting, so it is not used: did you mean COMMITLINE_HTTP_PORT?",
+        "COMMITLINE_WHATEVER is not a commitline setting, so it is not used (docs/reference/configuration.md lists "
+        "them)",
+    ]  # values never shown; the suite's and the benchmarks' own variables are not settings, and not warned about
+
+
+def test_the_log_level_is_read_in_any_case() -> None:
+    assert load_settings({"COMMITLINE_LOG_LEVEL": "debug"}).log_level == "DEBUG"
+    with pytest.raises(ConfigurationError, match="COMMITLINE_LOG_LEVEL"):
+        load_settings({"COMMITLINE_LOG_LEVEL": "loud"})
+
+
 def test_every_variable_has_a_brief_for_the_readme_and_no_brief_names_another() -> None:
     from commitline.infrastructure.config_brief import BRIEFS, brief_markdown, variables
 
