@@ -15,6 +15,7 @@ import argparse
 import hashlib
 import json
 import logging
+import os
 import queue
 import sys
 import threading
@@ -33,10 +34,13 @@ from commitline.application.errors import (
     CommitlineError,
     InvalidCommand,
     InvalidIdempotencyKey,
+    MissingIdempotencyKey,
     StoreUnavailable,
+    UnknownCommandType,
 )
 from commitline.application.ports import IdempotencyRecordBroken
 from commitline.cli.common import (
+    APP_SPEC,
     EXIT_OK,
     EXIT_REFUSED,
     EXIT_UNAVAILABLE,
@@ -169,6 +173,18 @@ def _reraise(failed: list[BaseException]) -> None:
         raise failed[0]
 
 
+def _said_for_the_command_line(error: CommitlineError, domain: str) -> CommitlineError:
+    """``error`` as the command line says it: a missing key names the flag that gives one; an unknown type met
+    while the built-in examples run (no ``--app`` nor ``COMMITLINE_APP``) is logged as the likely cause."""
+    if isinstance(error, MissingIdempotencyKey):
+        return MissingIdempotencyKey(error.command_type, f"{error.reason}: give one with -k KEY (--idempotency-key)")
+    if isinstance(error, UnknownCommandType) and APP_SPEC[0] is None and not os.environ.get("COMMITLINE_APP"):
+        logging.getLogger("commitline.dispatch").warning(
+            "the domain in use is the built-in examples (%s): give your own with --app module:attribute or "
+            "COMMITLINE_APP", domain)
+    return error
+
+
 def cmd_dispatch(args: argparse.Namespace) -> int:
     from commitline.cli.common import bootstrap
 
@@ -186,7 +202,7 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
             try:
                 result = app.dispatch(args.command, idempotency_key=args.idempotency_key, tenant=args.tenant)
             except CommitlineError as e:
-                return error_exit(e, EXIT_REFUSED)
+                return error_exit(_said_for_the_command_line(e, app.domain.name), EXIT_REFUSED)
             except IdempotencyRecordBroken as e:
                 print_json(broken_record(e), sys.stderr)
                 return EXIT_UNAVAILABLE

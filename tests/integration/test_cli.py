@@ -44,7 +44,12 @@ def test_refusal_is_typed_json_on_stderr_with_nonzero_exit(pg_dsn: str, schema: 
     assert error["code"] == "invalid_command" and error["details"]["errors"][0]["loc"] == ["amount"]
     missing_key = commitline(["dispatch", '{"type": "submit_payment", "payment_id": "%s"}' % uuid4()], pg_dsn, schema)
     assert missing_key.returncode == 1
-    assert orjson.loads(missing_key.stderr.strip().splitlines()[-1])["code"] == "missing_idempotency_key"
+    missing = orjson.loads(missing_key.stderr.strip().splitlines()[-1])
+    assert missing["code"] == "missing_idempotency_key" and "-k KEY (--idempotency-key)" in missing["message"]
+    unknown = commitline(["dispatch", "-k", "k2", '{"type": "request_refund"}'], pg_dsn, schema)
+    assert unknown.returncode == 1
+    assert orjson.loads(unknown.stderr.strip().splitlines()[-1])["code"] == "unknown_command_type"
+    assert "the domain in use is the built-in examples" in unknown.stderr and "--app" in unknown.stderr
     assert count_rows(pg_dsn, schema)["events"] == 0
 
 
