@@ -11,6 +11,9 @@ connection parameters and status."""
 from __future__ import annotations
 
 import logging
+import threading
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from uuid import UUID
@@ -32,6 +35,8 @@ from commitline.infrastructure.store.datastore import describe_failure
 from commitline.infrastructure.store.retention import expire_idempotency_records
 
 READY_PROBE_TIMEOUT_S = 0.8  # /readyz answers within a second, the database up or not
+READY_ANSWER_S = 2.0  # and within two once connected, the database answering or not
+_PROBE_LOCK = threading.Lock()
 UNREACHABLE = "database unreachable"  # how ``unready`` begins the reason of a database it cannot use
 
 log = logging.getLogger(__name__)
@@ -55,7 +60,30 @@ class Operations:
     def unready(self) -> list[str]:
         """Why this process cannot serve now ([] when it can): the database does not answer, its schema is not
         at the version this commitline needs, or the domain has personal fields and no master key opens them
-        (``COMMITLINE_MASTER_KEY`` unset with a configured database, or another store's key)."""
+        (``COMMITLINE_MASTER_KEY`` unset with a configured database, or another store's key).
+
+        Answered within ``READY_ANSWER_S`` whatever the database does: a server that takes the connection but
+        does not answer (a stalled primary, a hung pooler, a partition) would otherwise hold the probe as long
+        as it stalls. The probe runs in a thread of its own; while one has not finished, no other starts, and
+        the database counts as not answering."""
+        with _PROBE_LOCK:
+            running = getattr(self, "_ready_probe", None)
+            if running is None or running.done():
+                running = self._ready_probe = Future()
+                threading.Thread(target=self._probe_readiness, args=(running,), name="commitline-ready-probe",
+                                 daemon=True).start()  # daemon: a probe stuck in a stall never holds an exit
+        try:
+            return running.result(timeout=READY_ANSWER_S)
+        except FutureTimeout:
+            return [f"{UNREACHABLE}: it took the connection but did not answer within {READY_ANSWER_S:g} s"]
+
+    def _probe_readiness(self, answer: Future[list[str]]) -> None:
+        try:
+            answer.set_result(self._unready_now())
+        except BaseException as e:  # noqa: BLE001 (said as the answer, as any other reason)
+            answer.set_result([f"{UNREACHABLE}: {describe_failure(e, self.conninfo)}"])
+
+    def _unready_now(self) -> list[str]:
         try:
             with self.datastore.probe_connection(READY_PROBE_TIMEOUT_S) as conn:
                 missing = migrations.pending(conn, self.settings.schema_name)

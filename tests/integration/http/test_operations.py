@@ -28,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from commitline.infrastructure.metrics import catalogue
 from tests.integration.http.conftest import Server, cli_env, free_port, start_server
+from tests.stalling_proxy import StallingProxy
 from tests.support import count_rows, wait_for
 
 PROBLEM_JSON = "application/problem+json"
@@ -475,3 +476,28 @@ def test_every_line_serve_and_its_workers_log_has_one_layout_and_the_chosen_leve
             assert any('"GET /v1/aggregates/' in line and " uvicorn.access " in line for line in lines), lines
         else:
             assert not [line for line in lines if " INFO " in line or " DEBUG " in line], lines[:20]
+
+
+def test_readyz_answers_503_at_once_while_the_database_takes_connections_but_does_not_answer(
+        pg_dsn: str, schema: str, tmp_path: Path) -> None:
+    """A stalled database (a frozen primary, a hung pooler: connections open, no answer) makes ``/readyz`` answer
+    503 within a few seconds, not hold the probe for as long as the stall lasts; once it answers again, so
+    does the probe, ready."""
+    proxy = StallingProxy(pg_dsn)
+    server = start_server(proxy.dsn, schema, tmp_path / "serve.log")
+    try:
+        wait_for(lambda: httpx.get(f"{server.base_url}/readyz").status_code == 200, "the server to be ready")
+        proxy.stall()
+        for _ in range(2):  # the second probe while the first one's query is still unanswered
+            answered = httpx.get(f"{server.base_url}/readyz", timeout=30)
+            assert answered.status_code == 503 and answered.headers["retry-after"], answered.text
+            assert answered.elapsed.total_seconds() < 10, answered.elapsed
+            assert answered.json()["reasons"][0].startswith("database unreachable"), answered.text
+        assert "did not answer within 2 s" in server.output()
+        proxy.resume()
+        wait_for(lambda: httpx.get(f"{server.base_url}/readyz", timeout=30).status_code == 200,
+                 "the probe to answer ready once the database answers again")
+    finally:
+        server.stop()
+        proxy.close()
+
