@@ -34,6 +34,13 @@ TOOLING_VARIABLES: tuple[tuple[str, str, str], ...] = (
      "in seconds (shorten it while developing)"),
 )
 
+#: libpq parameters every connection gets unless the URL sets them: a connection whose server vanished without
+#: closing it (a partition, a failed-over host) fails within about 30 s instead of TCP's 15 minutes, both while
+#: it waits for an answer (keepalives: 10 s idle, then 3 probes 5 s apart) and while what it sent is not
+#: acknowledged (tcp_user_timeout, ms). A request on it then fails with ``StoreUnavailable``, and the pool replaces it.
+TCP_LIVENESS: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
+                                "keepalives_count": 3, "tcp_user_timeout": 30_000}
+
 DISPATCH_CPU_VALUES = r"^(off|auto|\d{1,5})$"  # COMMITLINE_DISPATCH_CPU (infrastructure.dispatch_cpu)
 
 
@@ -362,6 +369,7 @@ class Settings(BaseSettings):
         parts: dict[str, Any] = conninfo_to_dict(self.database_url.get_secret_value())
         port = str(parts.get("port", 5432))
         return {
+            **TCP_LIVENESS,
             **parts,
             "host": parts.get("host", "127.0.0.1"),
             "port": int(port) if port.isdigit() else port,  # "5432,5433" when several hosts are listed
