@@ -23,13 +23,28 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from pathlib import Path
 from typing import Any
+
+import psutil
 
 from commitline.cli.common import (APP_SPEC, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, domain, tcp_port,
                                    warn_of_new_store)
 
 UNRESOLVED = "the host does not resolve"
 MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"  # = infrastructure.metrics.MULTIPROC_DIR, which must not be imported yet
+
+
+METRICS_PREFIX = "commitline-metrics-"  # then the pid of the serve that made the directory
+
+
+def _remove_stale_metrics_files() -> None:
+    """Remove the metrics directories of serve processes that are gone (killed before they could remove their
+    own); a directory whose pid runs (a live serve, or a process that reused the pid) is left."""
+    for path in Path(tempfile.gettempdir()).glob(f"{METRICS_PREFIX}*-*"):
+        pid = path.name[len(METRICS_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 @contextmanager
@@ -40,7 +55,8 @@ def metrics_files(workers: int) -> Iterator[None]:
         os.environ.pop(MULTIPROC_DIR, None)
         yield
         return
-    directory = tempfile.mkdtemp(prefix="commitline-metrics-")
+    _remove_stale_metrics_files()
+    directory = tempfile.mkdtemp(prefix=f"{METRICS_PREFIX}{os.getpid()}-")
     os.environ[MULTIPROC_DIR] = directory
     try:
         yield
