@@ -31,10 +31,13 @@ def _span_details(scope: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 
 
 def _without_keys(span: Any, scope: dict[str, Any]) -> None:
-    """The request's attributes (its URL, target, path, query) with a key pasted into them shown as
+    """The request's attributes (its URL, target, path, query, and the headers an operator asked to capture,
+    each a list of values, whatever the header: ``X-Api-Key`` too) with a key pasted into them shown as
     ``clk_<redacted>``, as the access log shows them."""
     if span is None or not span.is_recording():
         return
     for name, value in dict(getattr(span, "attributes", None) or {}).items():
         if isinstance(value, str) and "clk_" in value:
             span.set_attribute(name, without_keys(value))
+        elif isinstance(value, (list, tuple)) and any(isinstance(v, str) and "clk_" in v for v in value):
+            span.set_attribute(name, [without_keys(v) if isinstance(v, str) else v for v in value])

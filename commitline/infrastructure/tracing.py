@@ -22,7 +22,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from commitline.application.boundary import check_tenant
-from commitline.application.errors import CommitlineError, ConfigurationError
+from commitline.application.errors import CommitlineError, ConfigurationError, StoreUnavailable
+from commitline.application.ports import StreamMoved
 from commitline.application.processor import DispatchObserver
 from commitline.infrastructure.config import Settings
 
@@ -35,7 +36,10 @@ log = logging.getLogger(__name__)
 TRACEPARENT = "traceparent"
 STORED_KEY = "tp"  # the stored event state's key for the traceparent of the append that wrote it
 DEFAULT_OTLP_ENDPOINT = "http://localhost:4318"
-EXCLUDED_ROUTES = "healthz,readyz,metrics,static"  # probes and scrapes: no trace each
+#: Probes, scrapes and the status page's assets: no trace each. Regular expressions (comma-separated, as
+#: OpenTelemetry reads them) searched in the request's whole URL, ``scheme://host/path``: anchored to the path,
+#: so that a host such as ``payments-static.example.com`` does not exclude every request to it.
+EXCLUDED_ROUTES = r"^[a-z]+://[^/]*/(healthz|readyz|metrics)/?$,^[a-z]+://[^/]*/static/"
 
 
 def tracing_enabled(settings: Settings) -> bool:
@@ -165,13 +169,20 @@ class Tracing:
         from opentelemetry import trace
 
         with self.tracer.start_as_current_span("append", attributes={"commitline.events": events},
-                                               record_exception=False) as span:
-            if not span.is_recording():
-                yield None
-                return
-            carrier: dict[str, str] = {}
-            self._propagator.inject(carrier, context=trace.set_span_in_context(span))
-            yield AppendTrace(span, carrier.get(TRACEPARENT, ""))
+                                               record_exception=False, set_status_on_exception=False) as span:
+            try:
+                if not span.is_recording():
+                    yield None
+                    return
+                carrier: dict[str, str] = {}
+                self._propagator.inject(carrier, context=trace.set_span_in_context(span))
+                yield AppendTrace(span, carrier.get(TRACEPARENT, ""))
+            except BaseException as e:
+                # the stream moved (the command runs again: a routine retry) or the command was refused: no error
+                if not isinstance(e, StreamMoved) and (not isinstance(e, CommitlineError)
+                                                       or isinstance(e, StoreUnavailable)):
+                    span.set_status(trace.Status(trace.StatusCode.ERROR, type(e).__name__))
+                raise
 
     @contextmanager
     def batch(self, appends: Sequence[AppendTrace], commands: int) -> Iterator[None]:

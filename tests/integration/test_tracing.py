@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -140,3 +141,47 @@ def test_an_otlp_protocol_commitline_cannot_export_stops_at_start(pg_dsn: str, s
                                            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
     assert out.returncode == 3
     assert orjson.loads(out.stderr)["code"] == "configuration_error" and "OTEL_EXPORTER_OTLP_PROTOCOL" in out.stderr
+
+
+def test_a_request_is_traced_whatever_its_host_and_a_command_run_again_is_no_error(pg_dsn: str, schema: str,
+                                                                                    tmp_path: Path) -> None:
+    """The caller's trace goes on whatever host it asked for (the probes' exclusion is of their paths only, not
+    of a host such as ``payments-static``); captured headers never show an API key, whichever header carries it;
+    and an append whose stream moved (the command runs again and succeeds) is not marked as an error."""
+    with OtlpReceiver() as otlp:
+        otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100",
+                "OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SERVER_REQUEST": ".*"}
+        server = start_server(pg_dsn, schema, tmp_path / "serve.log", **otel)
+        try:
+            acme, api_key = server.client("acme"), server.key("acme")
+            item, trace_id, parent = str(uuid.uuid4()), uuid.uuid4().hex, "1" * 16
+
+            def receive(key: str, **headers: str) -> int:
+                return acme.post("/v1/commands", json={"type": "receive_stock", "item_id": item, "quantity": 1},
+                                 headers={"Idempotency-Key": key, **headers}).status_code
+
+            assert receive(f"k-{uuid.uuid4()}", Host="payments-static.example.com", **{
+                "traceparent": f"00-{trace_id}-{parent}-01", "X-Api-Key": api_key}) in (200, 201)
+            for path in ("/healthz", "/readyz", "/metrics"):
+                assert acme.get(path).status_code == 200
+
+            def ran_again() -> bool:  # concurrent commands on one stream: some meet a moved stream and run again
+                with ThreadPoolExecutor(16) as pool:
+                    assert set(pool.map(lambda i: receive(f"k-{uuid.uuid4()}"), range(16))) == {200}
+                appends = [s for s in otlp.received() if s.name == "append"]
+                dispatches = [s for s in otlp.received() if s.name == "dispatch receive_stock"]
+                return len(appends) > len(dispatches)
+
+            wait_for(ran_again, "a command to run again after its stream moved", timeout=120)
+        finally:
+            assert server.stop() == 0, server.output()
+        (http,) = wait_for(lambda: [s for s in otlp.received() if s.trace_id == trace_id and s.kind == SERVER],
+                           "the request's span in the caller's trace")
+        assert http.parent_span_id == parent and http.name == "POST /v1/commands"
+        captured = [name for name in http.attributes if name.startswith("http.request.header.")]
+        assert "http.request.header.x_api_key" in captured, captured
+        for span in otlp.received():
+            assert not any(api_key in str(value) for value in span.attributes.values()), span
+            assert not any(probe in span.name for probe in ("healthz", "readyz", "metrics")), span.name
+            if span.name in ("append", "dispatch receive_stock"):
+                assert span.status_code != 2, f"{span.name} marked as an error: {span}"
