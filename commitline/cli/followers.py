@@ -131,7 +131,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                     "problems": [str(p) for p in problems],
                     "thresholds": {"max_lag_events": report.thresholds.max_lag_events,
                                    "max_lag_seconds": report.thresholds.max_lag_seconds},
-                    "followers": [{**s.as_dict(), "problems": report.reasons(s)} for s in report.followers],
+                    "followers": [{**s.as_dict(), "owned_by": report.owner_of(s), "problems": report.reasons(s)}
+                                  for s in report.followers],
                     "publisher": report.publisher_dict(),
                     "stuck_sagas": [{"saga": s.saga, "id": str(s.id), "tenant": s.tenant, "state": s.state,
                                      "reason": s.reason} for s in report.stuck],

@@ -89,7 +89,8 @@ def status_document(app: Commitline) -> dict[str, Any]:
         "problems": [str(p) for p in problems],
         "thresholds": {"max_lag_events": report.thresholds.max_lag_events,
                        "max_lag_seconds": report.thresholds.max_lag_seconds},
-        "followers": [{**s.as_dict(), "problems": report.reasons(s)} for s in report.followers],
+        "followers": [{**s.as_dict(), "owned_by": report.owner_of(s), "problems": report.reasons(s)}
+                      for s in report.followers],
         "publisher": report.publisher_dict() if report.publisher_ran else None,
         "blocked": blocked,
         "stuck_sagas": stuck,
@@ -102,7 +103,10 @@ def status_document(app: Commitline) -> dict[str, Any]:
 _FOLLOWER = {"type": "object", "required": ["name", "status", "position", "lag_events", "lag_seconds", "alive"],
              "properties": {"name": {"type": "string"}, "status": {"type": "string"}, "position": {"type": "integer"},
                             "lag_events": {"type": "integer"}, "lag_seconds": {"type": "number"},
-                            "alive": {"type": "boolean"}, "problems": {"type": "array", "items": {"type": "string"}}}}
+                            "alive": {"type": "boolean"}, "problems": {"type": "array", "items": {"type": "string"}},
+                            "owned_by": {"type": "string", "description": "the commitline process owning it, as "
+                                         "host:pid (kind, started ...) (the publisher's: its instances'), else the "
+                                         "owner its row last named, with (last); empty when none ever did"}}}
 STATUS_SCHEMA = {
     "type": "object",
     "required": ["generated_at", "schema", "head", "healthy", "problems", "thresholds", "followers", "publisher",

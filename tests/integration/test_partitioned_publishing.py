@@ -28,6 +28,7 @@ from commitline.infrastructure.kafka.publisher import Publisher
 from commitline.infrastructure.kafka.publisher import PUBLISHER
 from commitline.infrastructure.store.log import BucketLog, BucketPage, bucket_of
 from commitline.infrastructure.store.recorder import EventRecorder
+from commitline.http.status_page import status_document
 from tests.kafka_reader import read_topics
 from tests.support import FollowerThread, kafka_settings, wait_for
 
@@ -305,6 +306,10 @@ def test_status_names_the_owning_process_and_tells_a_dead_instance_once(pg_dsn: 
             assert process["started_at"] and instance["pid"] != proc.pid, "pid is the PostgreSQL session's"
             buckets = {b["name"]: b for b in report["publisher"]["buckets"]}
             assert all(b["process"]["pid"] == proc.pid for b in buckets.values())
+            (publisher,) = [f for f in report["followers"] if f["name"] == PUBLISHER]
+            assert f":{proc.pid} (publish, started" in publisher["owned_by"], publisher
+            (shown,) = [f for f in status_document(app)["followers"] if f["name"] == PUBLISHER]  # the status page's
+            assert shown["alive"] and f":{proc.pid} (publish, started" in shown["owned_by"], shown
             table = subprocess.run([sys.executable, "-m", "commitline.cli", "status"], env=env, capture_output=True,
                                    text=True, timeout=60).stdout
             assert f":{proc.pid} (publish, started" in table

@@ -49,8 +49,8 @@ function processText(p) {  // the owning commitline process: host:pid (kind, sta
 
 function renderFollowers(doc) {
   const rows = doc.followers.map((f) => {
-    const p = f.process;
-    const live = f.alive ? "live" + (p ? ": " + processText(p) : "") : "not live";
+    const owner = f.owned_by || processText(f.process);  // the publisher's: its instances
+    const live = (f.alive ? "live" : "not live") + (owner ? ": " + owner : "");
     return el("tr", {id: "follower-" + f.name, class: f.problems.length ? "bad" : ""},
       el("td", {class: "name"}, f.name),
       el("td", {class: "status"}, f.status),
