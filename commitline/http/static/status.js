@@ -156,13 +156,19 @@ async function refresh() {
   try {
     const response = await fetch("/v1/status", {cache: "no-store", headers: {Accept: "application/json"}});
     const body = await response.json();
-    if (!response.ok) throw new Error(body.detail || response.status + " " + response.statusText);
+    if (!response.ok) {  // a problem document: its title, not its detail (advice to a command's caller)
+      throw new Error(body.code === "store_unavailable" ? "the database does not answer"
+        : body.title || response.status + " " + response.statusText);
+    }
     render(body);
+    document.body.classList.remove("stale");
     line.className = "muted";
     line.textContent = "schema " + body.schema + " · updated " + when(body.generated_at) + " · refreshes every "
       + POLL_MS / 1000 + " s";
     document.body.dataset.loaded = body.generated_at;
   } catch (error) {
+    document.body.classList.add("stale");  // the figures below are the last known, greyed: not a green "healthy"
+    set("health", "unknown", "bad");
     line.className = "bad";
     line.textContent = "cannot refresh (" + error.message + "); showing the last data · retrying every "
       + POLL_MS / 1000 + " s";

@@ -28,7 +28,8 @@ import pytest
 
 from commitline.composition import bootstrap
 from commitline.infrastructure.kafka.publisher import PUBLISHER
-from tests.integration.http.conftest import Server
+from tests.integration.http.conftest import Server, start_server
+from tests.stalling_proxy import StallingProxy
 from tests.integration.test_projections import inject_orphan_payment_event
 from tests.support import FollowerThread, settings_for, wait_for
 from tests.support import configured_gateway, fulfilment_runner, make_saga
@@ -301,3 +302,26 @@ def test_the_last_recorded_verification_is_shown_broken_and_scoped_as_run(
     audit = anonymous.get("/v1/status").json()["audit"]
     assert (audit["last"]["ok"], audit["last"]["scope"], audit["last"]["broken"]) == (False, "all", 1)
     assert audit["last_all"] == audit["last"]
+
+
+def test_while_the_database_is_down_the_page_says_its_health_is_unknown_not_the_last_verdict(
+        pg_dsn: str, schema: str, tmp_path: Path) -> None:
+    """Once the page cannot refresh (here: the database refuses connections, so ``/v1/status`` answers 503), it
+    does not go on showing a green "healthy": health reads "unknown", the figures are greyed as the last known,
+    and the line above says why in the page's own words, not a command caller's advice."""
+    proxy = StallingProxy(pg_dsn)
+    server = start_server(proxy.dsn, schema, tmp_path / "serve.log")
+    try:
+        healthy = Rendered(chromium(tmp_path, "--dump-dom", f"{server.base_url}/").stdout.decode())
+        assert healthy.text("health") == "healthy" and healthy.attrs["refresh"].get("class") == "muted"
+        proxy.close()  # every connection ends; new ones are refused
+        wait_for(lambda: httpx.get(f"{server.base_url}/v1/status", timeout=30).status_code == 503,
+                 "/v1/status to answer 503 with the database gone")
+        down = Rendered(chromium(tmp_path, "--dump-dom", f"{server.base_url}/").stdout.decode())
+        assert down.text("health") == "unknown", down.text("health")
+        assert down.attrs["refresh"].get("class") == "bad"
+        assert "cannot refresh (the database does not answer)" in down.text("refresh"), down.text("refresh")
+        assert "retry with the same key" not in down.text("refresh")
+    finally:
+        server.stop()
+        proxy.close()
