@@ -139,7 +139,9 @@ class IdempotencyKeyReused(CommitlineError):
 
 
 class ConcurrencyConflict(CommitlineError):
-    """The stream moved: ``expected`` is what the command assumed, ``actual`` what is stored."""
+    """The stream moved: its details' ``expected_version`` is the version the command assumed (null when it gave
+    none and the stream kept moving through every attempt), ``actual_version`` the stream's version now
+    (the exception's ``expected`` and ``actual``)."""
 
     code = "concurrency_conflict"
     fields = ("aggregate_id", "expected", "actual", "attempts")
@@ -253,6 +255,32 @@ class StoreUnavailable(CommitlineError):
     code = "store_unavailable"
     fields = ("reason",)
     message = "event store unavailable: {reason}"
+
+
+class Closed(CommitlineError):
+    """This application was closed (``close()``, or the end of its ``with`` block): nothing more is dispatched or
+    read through it. A command in flight as it closed may have been applied: dispatch it again, with the same
+    idempotency key, through an open one, which answers either way."""
+
+    code = "closed"
+    fields = ()
+    message = ("this commitline application is closed: dispatch or read through an open one (bootstrap); a command "
+               "in flight as it closed may have been applied, so retry it with the same idempotency key")
+
+    def __init__(self) -> None:
+        super().__init__(self.message)
+
+
+class UnexpectedFailure(CommitlineError):
+    """One command of a batch (``dispatch_many``) failed with an exception that is no commitline error: a defect,
+    in the domain's code most likely (its traceback is logged; the message names only its type). The others'
+    outcomes are returned as usual. It was not applied, unless it failed after its commit: a retry with the same
+    idempotency key, once the cause is fixed, answers either way."""
+
+    code = "internal_error"
+    fields = ("command_type", "exception")
+    message = ("{command_type}: failed unexpectedly with {exception} (the log has its traceback); retry with the "
+               "same idempotency key once the cause is fixed")
 
 
 class AuditQueryError(CommitlineError):

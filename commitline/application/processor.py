@@ -19,6 +19,7 @@ moved as a retry. The default observer does nothing; composition wires the Prome
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -30,10 +31,13 @@ from commitline.application.boundary import CommandLimits, check_idempotency_key
 from commitline.application.catalog import CommandCatalog
 from commitline.application.commands import Command, parse_command
 from commitline.application.dispatching import Dispatch, derived_id
-from commitline.application.errors import CommitlineError, ConfigurationError, StoreUnavailable
-from commitline.application.ports import EventStore
+from commitline.application.errors import CommitlineError, ConfigurationError, StoreUnavailable, UnexpectedFailure
+from commitline.application.ports import EventStore, IdempotencyRecordBroken
 from commitline.application.results import DispatchResult
 from commitline.application.retry import RetryPolicy
+
+
+log = logging.getLogger(__name__)
 
 
 def _nothing() -> None:
@@ -99,7 +103,8 @@ class CommandProcessor:
                       concurrency: int = 32) -> list[DispatchResult | CommitlineError]:
         """Dispatch each (command, idempotency_key, tenant); per item its result or its typed error, in order.
 
-        An unexpected (untyped) error is raised once the wave it happened in has finished."""
+        A command that fails with an exception that is no commitline error (a defect) is logged with its
+        traceback and answered ``UnexpectedFailure``; the others' outcomes are kept (they may have committed)."""
         outcomes: list[DispatchResult | CommitlineError | None] = [None] * len(items)
         wave: list[tuple[int, Command]] = []
         touched: set[object] = set()
@@ -138,6 +143,13 @@ class CommandProcessor:
             return self._observed(command, cmd, key, tenant)
         except CommitlineError as e:
             return e
+        except IdempotencyRecordBroken:
+            raise  # the store's fault, not the command's: the caller stops (``commitline dispatch`` exits 3)
+        except Exception as e:
+            command_type = cmd.type if cmd is not None else _reported_type(self.catalog, command)
+            log.error("%s (idempotency key given: %s) failed unexpectedly", command_type, key is not None,
+                      exc_info=e)
+            return UnexpectedFailure(command_type, type(e).__name__)
 
     def _touches(self, cmd: Command, key: object, tenant: object) -> set[object]:
         """What a command may read or write: every id it names, its target stream (derived ids included)

@@ -90,7 +90,7 @@ CORE_CODES = frozenset({
     "event_too_large", "configuration_error", "wrong_master_key", "invalid_app", "invalid_domain", "store_unavailable",
     "audit_query_error", "version_beyond_head", "before_creation", "malformed_json", "invalid_query",
     "unauthorized", "not_found", "method_not_allowed", "body_too_large", "unsupported_media_type", "not_ready",
-    "internal_error",
+    "internal_error", "closed", "history_broken",
 })
 #: follower names commitline uses itself (with the aliases ``status --check`` accepts)
 CORE_FOLLOWERS = frozenset({"kafka-publisher", "publisher", "sagas"})

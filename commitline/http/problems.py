@@ -65,6 +65,7 @@ STATUS: dict[str, int] = {
     "audit_query_error": 400,
     # the service
     "store_unavailable": 503,
+    "closed": 503,
     "erasure_incomplete": 503,
     "not_ready": 503,
     "configuration_error": 503,

@@ -7,7 +7,7 @@ import pytest
 from eventsourcing import persistence
 from psycopg_pool import PoolClosed, PoolTimeout
 
-from commitline.application.errors import StoreUnavailable
+from commitline.application.errors import Closed, StoreUnavailable
 from commitline.infrastructure.store.datastore import store_failures
 
 PARTS = {"host": "db.example", "port": 5432, "dbname": "ledger", "user": "app", "password": "hunter2"}
@@ -36,9 +36,16 @@ def test_store_failures_become_store_unavailable_without_the_password(error: Exc
     assert raised.value.code == "store_unavailable" and len(seen) == 1
 
 
-@pytest.mark.parametrize("error", [PoolClosed("the pool is closed"), _wrapped(PoolClosed("the pool is closed")),
-                                   psycopg.errors.UniqueViolation("duplicate key")])
-def test_a_closed_pool_and_other_errors_pass_unchanged(error: Exception) -> None:
+@pytest.mark.parametrize("error", [PoolClosed("the pool is closed"), _wrapped(PoolClosed("the pool is closed"))])
+def test_a_closed_pool_is_a_use_after_close_not_an_outage(error: Exception) -> None:
+    seen: list[BaseException] = []
+    with pytest.raises(Closed) as raised, store_failures(PARTS, seen.append):
+        raise error
+    assert raised.value.code == "closed" and not seen  # not counted as a lost connection
+
+
+def test_other_errors_pass_unchanged() -> None:
+    error = psycopg.errors.UniqueViolation("duplicate key")
     with pytest.raises(type(error)), store_failures(PARTS):
         raise error
 

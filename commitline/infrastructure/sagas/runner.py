@@ -28,7 +28,7 @@ from uuid import UUID
 import psycopg
 from eventsourcing.persistence import Notification
 
-from commitline.application.errors import CommitlineError, StoreUnavailable, printable
+from commitline.application.errors import Closed, CommitlineError, StoreUnavailable, printable
 from commitline.application.process import ProcessManager
 from commitline.domain.personal import error_text, personal_values
 from commitline.infrastructure.followers.engine import Follower, Handled
@@ -37,7 +37,8 @@ from commitline.infrastructure.store.datastore import store_failures
 from commitline.infrastructure.store.recorder import EventRecorder
 
 log = logging.getLogger(__name__)
-OUTAGES = (StoreUnavailable, psycopg.OperationalError)  # the store itself failing: every instance would
+#: the store itself failing (or closed under the runner, as its process stops): every instance would fail alike
+OUTAGES = (StoreUnavailable, Closed, psycopg.OperationalError)
 PARKED = "PARKED"
 
 

@@ -39,7 +39,7 @@ from eventsourcing import persistence
 from eventsourcing.postgres import PostgresDatastore
 from psycopg_pool import ConnectionPool, PoolClosed
 
-from commitline.application.errors import StoreUnavailable
+from commitline.application.errors import Closed, StoreUnavailable
 
 # psycopg_pool's PoolTimeout is a psycopg.OperationalError; eventsourcing's get_connection()
 # re-raises psycopg's errors as its own.
@@ -88,13 +88,13 @@ def _servers(parts: Mapping[str, Any]) -> str:
 def store_failures(parts: Mapping[str, Any],
                    on_failure: Callable[[BaseException], None] | None = None) -> Iterator[None]:
     """Raise ``StoreUnavailable`` for any failure to reach or use PostgreSQL in the block (after
-    ``on_failure``). A closed pool is a caller's mistake, not an outage: it passes unchanged."""
+    ``on_failure``). A closed pool is no outage but a use after ``close()``: ``Closed``."""
     try:
         yield
     except STORE_FAILURES as e:
         failure = e.__cause__ if isinstance(e, persistence.PersistenceError) and e.__cause__ is not None else e
         if isinstance(failure, PoolClosed):
-            raise
+            raise Closed() from None
         if on_failure is not None:
             on_failure(failure)
         raise StoreUnavailable(describe_failure(failure, parts)) from None
