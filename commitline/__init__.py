@@ -27,6 +27,7 @@ _EXPORTS: dict[str, str] = {
     "DomainError": "commitline.domain.errors",
     "IllegalTransition": "commitline.domain.errors",
     "InvalidValue": "commitline.domain.errors",
+    "InvalidPersonalValue": "commitline.domain.errors",
     "Personal": "commitline.domain.personal",
     "Erased": "commitline.domain.personal",
     "ERASED": "commitline.domain.personal",
@@ -58,6 +59,18 @@ _EXPORTS: dict[str, str] = {
     "StoreUnavailable": "commitline.application.errors",
     "UnknownCommandType": "commitline.application.errors",
     "WrongAggregateType": "commitline.application.errors",
+    "InternalCommandType": "commitline.application.errors",
+    "MissingIdempotencyKey": "commitline.application.errors",
+    "InvalidIdempotencyKey": "commitline.application.errors",
+    "InvalidTenant": "commitline.application.errors",
+    "EventTooLarge": "commitline.application.errors",
+    "Closed": "commitline.application.errors",
+    "UnexpectedFailure": "commitline.application.errors",
+    "AuditQueryError": "commitline.application.errors",
+    "VersionBeyondHead": "commitline.application.errors",
+    "BeforeCreation": "commitline.application.errors",
+    "HistoryBroken": "commitline.application.errors",
+    "IdempotencyRecordBroken": "commitline.application.ports",
     # read models
     "Projection": "commitline.projections.base",
     "Table": "commitline.projections.base",
@@ -104,23 +117,41 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time the names a
     from commitline.application.errors import (
         AggregateAlreadyExists,
         AggregateNotFound,
+        AuditQueryError,
+        BeforeCreation,
+        Closed,
         ConcurrencyConflict,
         ConfigurationError,
+        EventTooLarge,
+        HistoryBroken,
         IdempotencyKeyReused,
+        InternalCommandType,
         InvalidApp,
         InvalidCommand,
         InvalidDomain,
+        InvalidIdempotencyKey,
+        InvalidTenant,
+        MissingIdempotencyKey,
         StoreUnavailable,
+        UnexpectedFailure,
         UnknownCommandType,
+        VersionBeyondHead,
         WrongAggregateType,
         WrongMasterKey,
     )
+    from commitline.application.ports import IdempotencyRecordBroken
     from commitline.application.process import InstanceRow, ProcessManager, StuckInstance
     from commitline.application.results import DispatchResult
     from commitline.composition import Commitline, bootstrap
     from commitline.composition.consumers import PersonalRecords
     from commitline.domain.aggregate import Aggregate, Event
-    from commitline.domain.errors import CommitlineError, DomainError, IllegalTransition, InvalidValue
+    from commitline.domain.errors import (
+        CommitlineError,
+        DomainError,
+        IllegalTransition,
+        InvalidPersonalValue,
+        InvalidValue,
+    )
     from commitline.domain.fsm import TransitionTable, table, transitions
     from commitline.domain.personal import ERASED, Erased, Personal, withheld
     from commitline.framework.domain import Domain, PortContext
