@@ -173,15 +173,10 @@ def _reraise(failed: list[BaseException]) -> None:
         raise failed[0]
 
 
-def _said_for_the_command_line(error: CommitlineError, domain: str) -> CommitlineError:
-    """``error`` as the command line says it: a missing key names the flag that gives one; an unknown type met
-    while the built-in examples run (no ``--app`` nor ``COMMITLINE_APP``) is logged as the likely cause."""
-    if isinstance(error, MissingIdempotencyKey):
+def _said_for_the_command_line(error: CommitlineError) -> CommitlineError:
+    """``error`` as the command line says it: a missing key (not an invalid one) names the flag that gives one."""
+    if type(error) is MissingIdempotencyKey:  # InvalidIdempotencyKey is a kind of it: its reason is its own
         return MissingIdempotencyKey(error.command_type, f"{error.reason}: give one with -k KEY (--idempotency-key)")
-    if isinstance(error, UnknownCommandType) and APP_SPEC[0] is None and not os.environ.get("COMMITLINE_APP"):
-        logging.getLogger("commitline.dispatch").warning(
-            "the domain in use is the built-in examples (%s): give your own with --app module:attribute or "
-            "COMMITLINE_APP", domain)
     return error
 
 
@@ -202,7 +197,13 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
             try:
                 result = app.dispatch(args.command, idempotency_key=args.idempotency_key, tenant=args.tenant)
             except CommitlineError as e:
-                return error_exit(_said_for_the_command_line(e, app.domain.name), EXIT_REFUSED)
+                said = _said_for_the_command_line(e)
+                if isinstance(e, UnknownCommandType) and APP_SPEC[0] is None and not os.environ.get("COMMITLINE_APP"):
+                    print_json({**said.to_dict(), "hint": f"the domain in use is the built-in examples "
+                                f"({app.domain.name}): give your own with --app module:attribute or COMMITLINE_APP"},
+                               sys.stderr)  # still one JSON document: stderr holds only the error
+                    return EXIT_REFUSED
+                return error_exit(said, EXIT_REFUSED)
             except IdempotencyRecordBroken as e:
                 print_json(broken_record(e), sys.stderr)
                 return EXIT_UNAVAILABLE

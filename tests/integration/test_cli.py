@@ -48,8 +48,11 @@ def test_refusal_is_typed_json_on_stderr_with_nonzero_exit(pg_dsn: str, schema: 
     assert missing["code"] == "missing_idempotency_key" and "-k KEY (--idempotency-key)" in missing["message"]
     unknown = commitline(["dispatch", "-k", "k2", '{"type": "request_refund"}'], pg_dsn, schema)
     assert unknown.returncode == 1
-    assert orjson.loads(unknown.stderr.strip().splitlines()[-1])["code"] == "unknown_command_type"
-    assert "the domain in use is the built-in examples" in unknown.stderr and "--app" in unknown.stderr
+    refusal = orjson.loads(unknown.stderr)  # one JSON document, its hint in it
+    assert refusal["code"] == "unknown_command_type" and "the domain in use is the built-in examples" in \
+        refusal["hint"] and "--app" in refusal["hint"]
+    bad_key = commitline(["dispatch", "-k", " ", '{"type": "create_survey_task", "title": "t"}'], pg_dsn, schema)
+    assert orjson.loads(bad_key.stderr)["code"] == "invalid_idempotency_key"  # not told it is missing
     assert count_rows(pg_dsn, schema)["events"] == 0
 
 
