@@ -153,7 +153,9 @@ def parse_command(command: Command | Mapping[str, Any] | str | bytes, catalog: K
     try:
         parsed = cls.model_validate_json(text)
     except ValidationError as e:
-        errors = [{"loc": list(err["loc"]), "msg": err["msg"], "type": err["type"]} for err in e.errors()]
+        # a validator's own words, without pydantic's "Value error, " in front
+        errors = [{"loc": list(err["loc"]), "msg": err["msg"].removeprefix("Value error, "), "type": err["type"]}
+                  for err in e.errors()]
         raise InvalidCommand(data["type"], at_most(errors)) from None
     return command if isinstance(command, Command) else parsed
 

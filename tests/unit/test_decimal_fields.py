@@ -166,8 +166,10 @@ def test_a_decimal_command_field_takes_strings_and_integers_exactly_and_other_fi
     command = parsed({"price": "1.0000000000000000001", "limit": 7, "legs": ["0.1", 2], "weight": 0.5})
     assert command.price == Decimal("1.0000000000000000001") and command.limit == Decimal(7)
     assert command.legs == [Decimal("0.1"), Decimal(2)] and command.weight == 0.5
-    with pytest.raises(InvalidCommand, match="never a binary float"):  # Amount keeps its own refusal
+    with pytest.raises(InvalidCommand, match="never a binary float") as refused:  # Amount keeps its own refusal
         parsed({"price": "1", "amount": 2.5})
+    (problem,) = refused.value.errors
+    assert problem["msg"].startswith("amounts must be given"), problem  # the validator's words, no pydantic prefix
 
 
 def test_the_description_offers_a_decimal_field_integers_and_strings_only() -> None:
