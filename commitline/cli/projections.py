@@ -7,7 +7,7 @@ import sys
 
 from rich.table import Table
 
-from commitline.cli.common import EXIT_OK, EXIT_USAGE, actions, console, declared, print_json
+from commitline.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, actions, console, declared, print_json
 from commitline.cli.followers import add_metrics_options, cmd_intervene
 
 

@@ -81,10 +81,15 @@ def rebuild_in_workers(groups: list[list[str]], here: Callable[[list[str], Progr
     all at once (see the module's docstring); every result, in the groups' order."""
     combined = _CombinedProgress(len(groups), progress)
     workers: list[_Worker] = []
+    failures: list[str] = []
     try:
         for k, group in enumerate(groups[1:], start=1):
             workers.append(_Worker.start(order, group, combined.of(k)))
-        own = here(groups[0], combined.of(0))
+        try:
+            own = here(groups[0], combined.of(0))
+        except RebuildError as e:  # this group stopped (a poison event, a rebuild running): the workers' go on
+            own = []
+            failures.append(str(e))
         outcomes = [worker.wait() for worker in workers]
     except BaseException:
         for worker in workers:
@@ -92,7 +97,7 @@ def rebuild_in_workers(groups: list[list[str]], here: Callable[[list[str], Progr
         for worker in workers:
             worker.wait()
         raise
-    results, failures = list(own), []
+    results = list(own)
     for outcome in outcomes:
         if isinstance(outcome, list):
             results.extend(outcome)

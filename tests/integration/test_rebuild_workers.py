@@ -97,6 +97,34 @@ def test_a_worker_s_poison_event_is_reported_and_the_other_group_still_swapped_i
     assert positions[rebuild_name("payment_states")] == poison_at - 1  # kept, to resume once decided
 
 
+def test_a_poison_event_in_the_command_s_own_group_leaves_the_workers_groups_swapped_in(
+        app: Commitline, pg_dsn: str, schema: str) -> None:
+    """Through the command line: one line on stderr naming both the command that passes the event and what
+    was rebuilt meanwhile, exit 1 (a refusal), never a traceback."""
+    for n in range(40):  # payments outweigh the rest: payment_states is rebuilt by the command's own process
+        app.dispatch({"type": "create_payment", "amount": "1.00", "currency": "EUR", "account": f"a{n}"},
+                     idempotency_key=f"p{n}")
+    task = app.dispatch({"type": "create_survey_task", "title": "t"}, idempotency_key="t").aggregate_id
+    app.dispatch({"type": "issue_survey_task", "task_id": str(task), "user_ids": ["u1", "u2"]}, idempotency_key="i")
+    app.dispatch({"type": "answer_survey_task", "task_id": str(task), "user_id": "u1"}, idempotency_key="a")
+    poison_at = inject_orphan_payment_event(app)
+    head = app.recorder.max_notification_id()
+    groups = groups_of(app)
+    assert "payment_states" in groups[0] and "task_statuses" not in groups[0], groups
+
+    env = {**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn, "COMMITLINE_SCHEMA": schema}
+    done = subprocess.run([sys.executable, "-m", "commitline.cli", "projections", "rebuild", "--all", "--jobs", "2"],
+                          env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr, done.stderr[-3000:]
+    assert f"commitline projections rebuild payment_states --skip {poison_at}" in done.stderr
+    assert "rebuilt and swapped in meanwhile" in done.stderr and "task_statuses" in done.stderr
+    assert app.read_models().task_counts(task) == {"PENDING": 1, "DONE": 1}
+    positions = {r.name: r.position for r in app.status().followers}
+    assert positions["task_statuses"] == head and "task_statuses@rebuild" not in positions
+    assert 40 <= positions[rebuild_name("payment_states")] < poison_at  # kept, to resume once decided
+
+
 def workers_of(pid: int) -> list[int]:
     """The processes whose parent is ``pid``."""
     children = []

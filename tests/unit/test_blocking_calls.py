@@ -226,10 +226,10 @@ def test_the_threads_end_once_their_blocking_calls_is_gone() -> None:
     calls = BlockingCalls(4, "test-gone")
     gate = threading.Barrier(3)
 
-    async def main() -> None:  # three calls at once: three threads
+    async def main(calls: BlockingCalls) -> None:  # three calls at once: three threads
         await asyncio.wait_for(asyncio.gather(*(calls(gate.wait, 30) for _ in range(3))), 30)
 
-    asyncio.run(main())
+    asyncio.run(main(calls))
     assert calls.threads == 3
     del calls
     gc.collect()
