@@ -221,6 +221,12 @@ def test_cli_audit_commands_and_their_errors(app: Commitline, pg_dsn: str, schem
         assert out.returncode == 3 and error["code"] == "history_broken" and "Traceback" not in out.stderr, out
         assert "version 2 is not where it belongs" in error["message"] and f"audit verify --aggregate {pid}" in \
             error["message"]
+    # a command on that stream (a process meeting it for the first time) gets the same typed answer, nothing written
+    out = cli(["dispatch", "-k", "after-the-break", orjson.dumps({"type": "submit_payment", "payment_id": pid}).decode()],
+              pg_dsn, schema)
+    error = orjson.loads(out.stderr)
+    assert out.returncode == 3 and error["code"] == "history_broken" and "Traceback" not in out.stderr, out
+    assert "version 2 is not where it belongs" in error["message"], error
 
 
 def test_the_read_ahead_stops_with_its_reader_and_hands_over_its_errors(app: Commitline, schema: str) -> None:

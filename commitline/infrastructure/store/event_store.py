@@ -43,7 +43,7 @@ import orjson
 from eventsourcing.persistence import StoredEvent
 
 from commitline.application.chain import GENESIS, chain
-from commitline.application.errors import EventTooLarge, WrongAggregateType
+from commitline.application.errors import EventTooLarge, HistoryBroken, WrongAggregateType
 from commitline.application.ports import CommandLoad, ForeignStream, IdempotencyRecord
 from commitline.application.results import DispatchResult
 from commitline.domain import Aggregate, Event
@@ -143,7 +143,8 @@ class PostgresEventStore:
             if entry is not None:
                 self.cache.put(entry, epoch)
             return CommandLoad(None, False, self._revealed(read.idempotency))
-        if entry is not None and read.events and read.events[0].version != known + 1:
+        if entry is not None and read.events and (read.events[0].version != known + 1
+                                                  or read.events[-1].version != known + len(read.events)):
             entry = None  # cannot happen with an append-only store: trust nothing, read it all again
             read = self._read(ReadArgs(aggregate_id, 0, self.snapshot_interval > 0, tenant, key))
         if entry is not None:
@@ -197,6 +198,11 @@ class PostgresEventStore:
     def _replayed(self, cls: type[A], aggregate_id: UUID, stored: list[tuple[int, str, dict[str, Any]]],
                   start: A | None) -> A:
         """``start`` (None: blank) with the stored events applied: (version, type name, parsed state) each."""
+        first = (start.version if start is not None else 0) + 1
+        if stored and (stored[0][0] != first or stored[-1][0] != first + len(stored) - 1):
+            raise HistoryBroken(aggregate_id, f"version {_out_of_place(stored, first)} is not where it belongs "
+                                f"(stored versions after {first - 1}: {', '.join(str(v) for v, *_ in stored[:20])}"
+                                f"{', ...' if len(stored) > 20 else ''})")
         decode = self.codec.decode_state
         events = [decode(topic, aggregate_id, version, state) for version, topic, state in stored]
         if events and (found := self.codec.registry.aggregate_of_event[type(events[0])].__name__) != cls.__name__:
@@ -408,3 +414,8 @@ def stream_owner(snapshot: Snapshot | None, stored: Sequence[StoredEvent]) -> st
 def stored_tenant(state: bytes) -> str:
     """The tenant recorded in one stored event's state."""
     return orjson.loads(state)["tenant"]
+
+
+def _out_of_place(stored: Sequence[tuple[int, str, Any]], first: int) -> int:
+    """The first version missing or out of place among ``stored`` (read in version order from ``first``)."""
+    return next((v for v, (found, *_) in enumerate(stored, start=first) if found != v), first + len(stored))
