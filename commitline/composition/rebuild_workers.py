@@ -143,8 +143,10 @@ class _Worker:
 
     @classmethod
     def start(cls, order: WorkerOrder, names: list[str], progress: Progress) -> _Worker:
-        process = subprocess.Popen([sys.executable, "-m", WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                   text=True, start_new_session=True)
+        # -P: not the working directory first on the path, where another checkout's commitline would be imported
+        # in place of this process's; the worker takes this process's path before it imports the domain.
+        process = subprocess.Popen([sys.executable, "-P", "-m", WORKER], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, text=True, start_new_session=True)
         assert process.stdin is not None
         process.stdin.write(json.dumps({"settings": settings_values(order.settings), "domain": order.domain,
                                         "names": names, "batch_size": order.batch_size, "fresh": order.fresh,

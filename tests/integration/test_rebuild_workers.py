@@ -125,6 +125,21 @@ def test_a_poison_event_in_the_command_s_own_group_leaves_the_workers_groups_swa
     assert 40 <= positions[rebuild_name("payment_states")] < poison_at  # kept, to resume once decided
 
 
+def test_a_worker_runs_the_commitline_its_command_runs_whatever_the_working_directory_holds(
+        app: Commitline, pg_dsn: str, schema: str, tmp_path: Path) -> None:
+    fill(app, streams=20, length=5)
+    head = app.recorder.max_notification_id()
+    impostor = tmp_path / "commitline"  # another checkout where the command is run
+    impostor.mkdir()
+    (impostor / "__init__.py").write_text("raise ImportError('the commitline of the working directory')\n")
+    env = {**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn, "COMMITLINE_SCHEMA": schema}
+    done = subprocess.run([sys.executable, "-P", "-m", "commitline.cli", "projections", "rebuild", "--all", "--jobs",
+                           "2", "--json"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "working directory" not in done.stderr
+    assert {r["projection"]: r["position"] for r in orjson.loads(done.stdout)} == dict.fromkeys(PROJECTIONS, head)
+
+
 def workers_of(pid: int) -> list[int]:
     """The processes whose parent is ``pid``."""
     children = []
