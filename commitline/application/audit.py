@@ -28,6 +28,7 @@ from commitline.application.chain import GENESIS, stream_prefix
 from commitline.application.errors import (AggregateNotFound, AuditQueryError, BeforeCreation, HistoryBroken,
                                           VersionBeyondHead)
 from commitline.domain import Aggregate, Event
+from commitline.domain.fsm import TransitionTable
 
 
 class ChainRecord(NamedTuple):
@@ -166,10 +167,23 @@ def state_of(aggregate: Aggregate, *, compact: bool = False) -> dict[str, Any]:
     return state
 
 
-def transition(before: Mapping[str, str], after: Mapping[str, str]) -> str | None:
-    moves = [f"{machine}: {before.get(machine, '(new)')} -> {state}" for machine, state in after.items()
-             if before.get(machine) != state]
+def transition(before: Mapping[str, str], after: Mapping[str, str], table: TransitionTable | None = None) -> str | None:
+    """The machines' moves an event made, ``machine: BEFORE -> AFTER`` each; one that ``table`` does not allow
+    (a stored history no command could have made: rewritten, or reordered) says so."""
+    moves = [f"{machine}: {before.get(machine, '(new)')} -> {state}" + _refused(table, before.get(machine), state)
+             for machine, state in after.items() if before.get(machine) != state]
     return "; ".join(moves) or None
+
+
+def _refused(table: TransitionTable | None, before: str | None, after: str) -> str:
+    kind = table.enum if table is not None else None
+    if kind is None or before is None:
+        return ""
+    try:
+        allowed = table.can(kind(before), kind(after))  # type: ignore[union-attr]
+    except ValueError:  # a state the table's enumeration does not hold
+        allowed = False
+    return "" if allowed else " (NOT ALLOWED by the transition table)"
 
 
 class Auditor:
@@ -207,7 +221,8 @@ class Auditor:
             aggregate.apply(s.event)
             yield HistoryEntry(s.event.version, s.event.occurred_at, s.event.type_name(), s.event.event_id,
                                TypeAdapter(dict).dump_python(s.event.payload(), mode="json"),
-                               transition(before, aggregate.fsm_states()), state_of(aggregate, compact=compact))
+                               transition(before, aggregate.fsm_states(), cls.TRANSITIONS),
+                               state_of(aggregate, compact=compact))
 
     def current(self, aggregate_id: UUID, *, tenant: str = "default") -> StateAt:
         """The state at the aggregate's last version (replayed, like every other answer here)."""
