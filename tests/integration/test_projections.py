@@ -34,10 +34,11 @@ def projector(app: Commitline, name: str, **kwargs: object) -> FollowerThread:
 
 
 def lease_sessions(app: Commitline, projection: str) -> int:
-    """Open lease connections of a projection's instances (each opens one on its first attempt)."""
+    """Open lease connections of a projection's instances (each opens one on its first attempt), in this
+    database: a projector of the same name on another database of the server is someone else's."""
     with app.datastore.get_connection() as conn:
-        return conn.execute("SELECT count(*) AS n FROM pg_stat_activity WHERE application_name = %s",
-                            (f"commitline {projection}",)).fetchone()["n"]
+        return conn.execute("SELECT count(*) AS n FROM pg_stat_activity WHERE application_name = %s "
+                            "AND datname = current_database()", (f"commitline {projection}",)).fetchone()["n"]
 
 
 def own_status(app: Commitline, name: str) -> tuple[str, int | None]:
