@@ -52,6 +52,10 @@ class StoredHistoryEvent:
 class AuditSource(Protocol):
     def stream(self, aggregate_id: UUID) -> list[StoredHistoryEvent]: ...
 
+    def first_state(self, aggregate_id: UUID) -> bytes | None:
+        """The stored state of the stream's first event (None: it has none): it names the owner, read before the
+        rest, so another tenant's stream costs no more to refuse than an id nobody uses."""
+
     def chain_pages(self, aggregate_id: UUID | None) -> Iterator[Sequence[ChainRecord]]:
         """One stream's records, or all of them, ordered by (aggregate id, version), in pages; each record a
         ``ChainRecord`` or a plain tuple of its fields in the same order."""
@@ -195,6 +199,9 @@ class Auditor:
 
     def _events(self, aggregate_id: UUID, tenant: str) -> tuple[type[Aggregate], list[StoredHistoryEvent]]:
         check_tenant(tenant)
+        first = self.source.first_state(aggregate_id)
+        if first is None or self._tenant_of_state(first) != tenant:
+            raise AggregateNotFound("aggregate", aggregate_id)
         try:
             stored = self.source.stream(aggregate_id)
         except ValueError as e:  # an event that does not decode (a sealed field changed in place, say)
@@ -281,16 +288,16 @@ class Auditor:
         started = time.perf_counter()
         # the total is only shown with the progress (counting the store costs a scan of it)
         total = self.source.event_count() if aggregate_id is None and progress is not None else 0
-        pages: Iterable[Sequence[ChainRecord]] = self.source.chain_pages(aggregate_id)
         if aggregate_id is not None:
             check_tenant(tenant)
-            records = [r for page in pages for r in page]
-            # no event left: the idempotency records still name the owner
-            owner = (self._tenant_of(ChainRecord(*records[0])) if records
+            # the owner before the stream (no more work for another tenant's id than for an unknown one); no event
+            # left: the idempotency records still name the owner
+            first = self.source.first_state(aggregate_id)
+            owner = (self._tenant_of_state(first) if first is not None
                      else self.source.witnessing_tenant(aggregate_id))
             if owner != tenant:
                 raise AggregateNotFound("aggregate", aggregate_id)
-            pages = [records]
+        pages: Iterable[Sequence[ChainRecord]] = self.source.chain_pages(aggregate_id)
         witnesses = self.source.witnessed_versions(aggregate_id)
         streams, events, broken, witnessed_seen = check_chains(pages, witnesses, progress, total)
         if witnessed_seen < sum(1 for version in witnesses.values() if version > 0):  # some have no event left
@@ -310,9 +317,12 @@ class Auditor:
         return self._tenant_of(ChainRecord(*first))
 
     def _tenant_of(self, first: ChainRecord) -> str | None:
+        return self._tenant_of_state(first.state)
+
+    def _tenant_of_state(self, state: bytes) -> str | None:
         # The first stored event names the owner; one too damaged to read proves no ownership.
         try:
-            return self.record_tenant(first.state)
+            return self.record_tenant(state)
         except (ValueError, KeyError, TypeError):
             return None
 

@@ -60,8 +60,48 @@ def test_the_state_as_of_a_time_is_the_events_up_to_the_first_later_one_whatever
         def stream(self, aggregate_id: object) -> list[StoredHistoryEvent]:
             return [StoredHistoryEvent(e, "Member", "default") for e in events]
 
+        def first_state(self, aggregate_id: object) -> bytes:
+            return b'{"tenant": "default"}'
+
     auditor = Auditor(Source(), {"Member": Member}, lambda *args: "default")  # type: ignore[arg-type]
     with pytest.raises(BeforeCreation):  # after v2's time, before v1's: v1 decided later, so nothing yet
         auditor.state_as_of(member, at - timedelta(seconds=0.5))
     assert auditor.state_as_of(member, at).version == 2  # v1 at, v2 before it: both; v3 after
     assert auditor.state_as_of(member, at + timedelta(seconds=2)).version == 3
+
+
+def test_another_tenant_s_stream_is_refused_before_any_of_it_is_read() -> None:
+    """A read of another tenant's aggregate answers as an unknown id, and costs as little: only the first event's
+    state (its owner) is read, never the stream or its chain, however long the stream is."""
+    import orjson
+
+    from commitline.application.audit import Auditor
+    from commitline.application.errors import AggregateNotFound
+
+    member, read = uuid4(), []
+
+    class Source:
+        def first_state(self, aggregate_id: object) -> bytes:
+            read.append("first_state")
+            return b'{"tenant": "acme"}'
+
+        def stream(self, aggregate_id: object) -> list:
+            read.append("stream")
+            return []
+
+        def chain_pages(self, aggregate_id: object) -> list:
+            read.append("chain_pages")
+            return []
+
+        def witnessing_tenant(self, aggregate_id: object) -> str:
+            read.append("witnessing_tenant")
+            return "acme"
+
+    auditor = Auditor(Source(), {"Member": Member}, lambda state: orjson.loads(state)["tenant"])  # type: ignore[arg-type]
+    for ask in (lambda: auditor.history(member, tenant="globex"), lambda: auditor.current(member, tenant="globex"),
+                lambda: auditor.state_at_version(member, 1, tenant="globex"),
+                lambda: auditor.diff(member, 0, 1, tenant="globex"), lambda: auditor.verify(member, tenant="globex")):
+        read.clear()
+        with pytest.raises(AggregateNotFound):
+            ask()
+        assert read == ["first_state"], read

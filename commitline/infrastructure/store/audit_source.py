@@ -41,6 +41,13 @@ class PostgresAuditSource:
         decoded = [self.codec.decode_event(topic, aggregate_id, version, bytes(state)) for version, topic, state in rows]
         return [StoredHistoryEvent(r.event, r.aggregate_type, r.tenant) for r in decoded]
 
+    def first_state(self, aggregate_id: UUID) -> bytes | None:
+        with self.datastore.get_connection() as conn:
+            row = conn.cursor(row_factory=tuple_row).execute(SQL(
+                "SELECT state FROM {} WHERE originator_id = %s ORDER BY originator_version LIMIT 1"
+            ).format(self.events), (aggregate_id,)).fetchone()
+        return bytes(row[0]) if row else None
+
     def chain_pages(self, aggregate_id: UUID | None) -> Iterator[Sequence[ChainRecord]]:
         """Pages of rows (``ChainRecord``'s fields, in order), read ahead by a thread; stopping early (closing
         the iterator) stops the read."""
