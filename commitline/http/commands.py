@@ -24,6 +24,7 @@ import logging
 import re
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import parse_qsl
 
 from fastapi import APIRouter, Request
 from starlette.datastructures import Headers
@@ -34,6 +35,7 @@ from commitline.application.boundary import KEY_WHITE_SPACE, check_idempotency_k
 from commitline.application.errors import CommitlineError, InvalidIdempotencyKey, MissingIdempotencyKey
 from commitline.application.results import DispatchResult
 from commitline.http.auth import presented_in, resolved
+from commitline.http.parameters import refused_query
 from commitline.http.problems import (
     PROBLEM_JSON,
     BodyTooLarge,
@@ -72,6 +74,16 @@ def is_json(content_type: str | None) -> bool:
         if name.strip().lower() == "charset" and value.strip().strip('"').lower() not in ("utf-8", "utf8"):
             return False
     return True
+
+
+def media_type(headers: Headers) -> None:
+    """Refuse a body that is not JSON in UTF-8 (415), or whose Content-Type came several times (which one counts
+    would be a guess)."""
+    sent = headers.getlist("content-type")
+    if len(sent) > 1:
+        raise DuplicateHeader("Content-Type", len(sent))
+    if not is_json(sent[0] if sent else None):
+        raise UnsupportedMediaType(sent[0] if sent else None)
 
 
 def _as_sent(value: str) -> str:
@@ -197,14 +209,18 @@ def declared_route() -> Any:
     return route
 
 
-async def command(commitline: Any, headers: Headers, receive: Receive, threads: Callable[..., Any]
-                  ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+async def command(commitline: Any, headers: Headers, receive: Receive, threads: Callable[..., Any],
+                  query: bytes = b"") -> tuple[int, list[tuple[bytes, bytes]], bytes]:
     """One command request, checked in the documented order, its blocking part (the API key's read and
     ``dispatch``) in one call of ``threads``; CommitlineError for a refusal."""
     api_key = presented_in(headers)
     try:
-        if not is_json(headers.get("content-type")):
-            raise UnsupportedMediaType(headers.get("content-type"))
+        if query:  # the route takes none: a parameter here would be ignored, as if not sent
+            refusal = refused_query([name for name, _ in parse_qsl(query.decode("latin-1"), keep_blank_values=True)]
+                                    or [query.decode("latin-1")])
+            if refusal is not None:
+                raise refusal
+        media_type(headers)
         body = await received_body(headers, receive, commitline.settings.http_max_body_bytes)
         key = idempotency_key(headers)
         utf8_only(body)
@@ -249,7 +265,7 @@ class CommandEndpoint:
             scope["route"] = self.route
         try:
             status, headers, body = await command(fastapi_app.state.commitline, Headers(scope=scope), receive,
-                                                  _threads(fastapi_app.state))
+                                                  _threads(fastapi_app.state), scope.get("query_string", b""))
         except ClientGone:
             return
         except CommitlineError as error:

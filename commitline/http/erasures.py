@@ -32,14 +32,13 @@ from commitline.application.boundary import CommandLimits, at_most, read_json
 from commitline.application.errors import InvalidCommand
 from commitline.composition import RebuildError, RebuildRunning
 from commitline.http.auth import admin_key
-from commitline.http.commands import is_json, read_body, utf8_only
+from commitline.http.commands import media_type, read_body, utf8_only
 from commitline.http.problems import (
     PROBLEM_JSON,
     ErasureIncomplete,
     InvalidBody,
     InvalidQuery,
     MalformedJson,
-    UnsupportedMediaType,
     as_http_error,
 )
 
@@ -151,8 +150,7 @@ def subject_of(body: bytes, limits: CommandLimits) -> str:
 )
 async def post_erasure(request: Request, key: Any = Depends(admin_key)) -> Response:
     commitline = request.app.state.commitline
-    if not is_json(request.headers.get("content-type")):
-        raise UnsupportedMediaType(request.headers.get("content-type"))
+    media_type(request.headers)
     body = await read_body(request, commitline.settings.http_max_body_bytes)
     subject = subject_of(body, commitline.settings.command_limits())
     try:

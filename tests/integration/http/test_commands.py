@@ -206,6 +206,16 @@ def test_a_body_that_is_not_json_is_refused_415(served: Server, rows: Any, conte
     assert document["content_type"] == content_type
 
 
+def test_a_content_type_sent_twice_is_refused_400(served: Server, rows: Any) -> None:
+    """Which one counts would be a guess (as for Authorization and Idempotency-Key): even when the first is JSON."""
+    headers = [("Authorization", f"Bearer {served.key('acme')}"), ("Idempotency-Key", key()),
+               ("Content-Type", "application/json"), ("Content-Type", "text/plain")]
+    with httpx.Client(base_url=served.base_url, timeout=60) as client:
+        document = refused(rows, lambda: client.post("/v1/commands", content=orjson.dumps(PAYMENT), headers=headers),
+                           400, "duplicate_header")
+    assert "Content-Type" in document["detail"], document
+
+
 def test_json_with_a_charset_or_a_json_suffix_is_accepted(acme: httpx.Client) -> None:
     for content_type in ("application/json; charset=utf-8", "application/vnd.commitline+json",
                          'application/json;charset="UTF-8"'):

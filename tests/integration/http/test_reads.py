@@ -263,7 +263,7 @@ def test_bad_parameters(server: Server, pg_dsn: str, schema: str) -> None:
     assert count_rows(pg_dsn, schema) == before
 
 
-def test_a_parameter_the_route_does_not_take_is_refused_not_ignored(server: Server) -> None:
+def test_a_parameter_the_route_does_not_take_is_refused_not_ignored(server: Server, pg_dsn: str, schema: str) -> None:
     """A typo in a query parameter would otherwise answer as if it had not been sent: the current state for
     ``?at_verison=1``, every row for a misspelt filter of a domain query."""
     acme = server.client(A)
@@ -281,6 +281,14 @@ def test_a_parameter_the_route_does_not_take_is_refused_not_ignored(server: Serv
     problem(server.client().get(f"/v1/aggregates/{pid}?x=1"), 401, "unauthorized")  # no key: 401 first
     problem(server.client().get("/v1/status?x=1"), 400, "invalid_query")  # a route without a key is checked too
     assert server.client().get("/healthz?probe=1").status_code == 200  # probes outside /v1 are left alone
+    # a write's too, and nothing is written: POST /v1/commands takes no query parameter
+    before = count_rows(pg_dsn, schema)
+    posted = problem(acme.post("/v1/commands?dry_run=1", json={"type": "create_payment", "amount": "1.00",
+                                                               "currency": "EUR", "account": "a"},
+                               headers={"Idempotency-Key": "with-a-query"}), 400, "invalid_query")
+    assert posted["errors"][0]["loc"] == ["query", "dry_run"] and "it takes no query parameters" in posted["detail"]
+    assert count_rows(pg_dsn, schema) == before
+    problem(server.client().post("/v1/commands?dry_run=1", json={}), 401, "unauthorized")  # no key: 401 first
 
     # a parameter given twice: which one would count is a guess, so neither does
     twice = problem(acme.get(f"/v1/aggregates/{pid}/state?at_version=1&at_version=2"), 400, "invalid_query")
