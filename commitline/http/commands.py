@@ -109,7 +109,7 @@ def idempotency_key(headers: Headers) -> str:
         raise MissingIdempotencyKey(_REQUEST, "send an Idempotency-Key header (1-255 printable ASCII characters, "
                                     "one per command; a retry sends the same key)")
     raw = _as_sent(raw).strip(KEY_WHITE_SPACE)
-    if len(raw) >= 2 and raw[0] == raw[-1] == '"':
+    if raw[:1] == raw[-1:] == '"':  # a lone '"' too: it begins and ends with one
         if not _QUOTED.fullmatch(raw):  # "x"y" is neither x"y nor "x"y": two clients could mean either
             raise InvalidIdempotencyKey(_REQUEST, 'the idempotency key begins and ends with \'"\' but is not one '
                                         'quoted string: escape a quote or backslash inside it with \\, or send the '

@@ -137,7 +137,7 @@ def test_a_quoted_key_is_one_quoted_string_or_refused(server: Server, pg_dsn: st
         return status, orjson.loads(content)
 
     rows = count_rows(pg_dsn, schema)
-    for malformed in (b'"x"y"', b'"w\\"', b'""x"'):
+    for malformed in (b'"x"y"', b'"w\\"', b'""x"', b'"', b' " '):
         status, problem = send(malformed)
         assert (status, problem["code"]) == (400, "invalid_idempotency_key"), (malformed, problem)
         assert "is not one quoted string" in problem["detail"]
