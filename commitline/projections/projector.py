@@ -15,6 +15,7 @@ status ``retrying`` with the error, until a process that can read it takes over 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +28,10 @@ from commitline.infrastructure.store.codec import EventCodec
 from commitline.infrastructure.store.recorder import EventRecorder
 from commitline.projections.base import Projection
 from commitline.projections.batches import apply_batch
-from commitline.projections.storage import ProjectionNeedsRebuild, check_shape, create_tables
+from commitline.projections.storage import ProjectionNeedsRebuild, check_shape, create_tables, empty_stale_tables
+
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -54,18 +58,25 @@ class Projector(Follower):
         self.metrics = ProjectorMetrics()
 
     async def on_owner(self) -> None:
-        """Create the tables on a first start; when they exist with another shape than declared, record
+        """Create the tables on a first start (at position 0, empty them of rows another history left:
+        ``empty_stale_tables``); when they exist with another shape than declared, record
         ``ProjectionNeedsRebuild`` as the follower's error (``status`` and ``projections list`` show it) and wait
         for the rebuild (``WaitingForOperator``)."""
 
-        def prepare(conn: Any) -> list[str]:
+        def prepare(conn: Any) -> tuple[list[str], list[str]]:
             with conn.transaction():
-                differences = check_shape(conn, self.schema, self.projection)
+                differences, stale = check_shape(conn, self.schema, self.projection), []
                 if not differences:
                     create_tables(conn, self.schema, self.projection)
-                return differences
+                    if self.lease.positions.read(conn, self.lease.name)[0] == 0:
+                        stale = empty_stale_tables(conn, self.schema, self.projection)
+                return differences, stale
 
-        differences = await asyncio.to_thread(self.lease.run, prepare)
+        differences, stale = await asyncio.to_thread(self.lease.run, prepare)
+        if stale:
+            log.warning("projection %s has applied no event yet its tables held rows (%s), left from another "
+                        "history (a restore of a backup older than the projection?): emptied them, it projects "
+                        "from the first event", self.projection.name, ", ".join(stale))
         if differences:
             refused = ProjectionNeedsRebuild(self.projection.name, differences)
             position = await asyncio.to_thread(self.lease.position)

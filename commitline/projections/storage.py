@@ -57,6 +57,18 @@ def create_tables(conn: psycopg.Connection[Any], schema: str, projection: Projec
             table_ident(schema, table, suffix), columns, SQL(", ").join(map(Identifier, table.key))))
 
 
+def empty_stale_tables(conn: psycopg.Connection[Any], schema: str, projection: Projection) -> list[str]:
+    """For a projection at position 0 (it has applied no event: its rows and its position move in one
+    transaction): empty its tables when any holds rows, which can only be left from another history (a restore
+    of a backup older than the projection, whose tables the restore did not drop), and would be counted twice
+    by a replay from the first event. The tables that held rows (none: nothing done)."""
+    stale = [table.name for table in projection.tables if conn.execute(
+        SQL("SELECT EXISTS (SELECT FROM {})").format(table_ident(schema, table))).fetchone()[0]]
+    if stale:
+        conn.execute(SQL("TRUNCATE {}").format(SQL(", ").join(table_ident(schema, t) for t in projection.tables)))
+    return stale
+
+
 class ProjectionNeedsRebuild(RuntimeError):
     """A projection's tables exist with another shape than it declares (a newer or older commitline made
     them): it must not write into them. The message names the projection, the differences and the command."""

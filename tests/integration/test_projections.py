@@ -214,6 +214,21 @@ def test_projector_killed_mid_batch_never_double_counts(app: Commitline, pg_dsn:
     assert app.read_models().task_counts(task_id) == {"PENDING": 0, "DONE": 3000}
 
 
+def test_a_projection_at_position_0_never_counts_rows_another_history_left(
+        app: Commitline, pg_dsn: str, schema: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A restore of a backup older than the projection drops its position but not its tables (pg_restore --clean
+    drops only what the dump holds): its replay from the first event must not add to the rows left there."""
+    project_live(app, "a")
+    live = {table: table_rows(pg_dsn, schema, table) for table in ALL_TABLES}
+    assert live["rm_inventory_levels"], "the workload moves stock: the table has rows to double"
+    with psycopg.connect(pg_dsn) as conn:  # what such a restore leaves: the tables, and no position
+        conn.execute(f"DELETE FROM {schema}.follower_positions WHERE name = ANY(%s)", (list(PROJECTIONS),))
+    with caplog.at_level("WARNING", logger="commitline.projections.projector"):
+        project_live(app)
+    assert {table: table_rows(pg_dsn, schema, table) for table in ALL_TABLES} == live
+    assert "tables held rows" in caplog.text and "inventory_levels" in caplog.text
+
+
 def test_two_instances_one_works_the_other_waits(app: Commitline) -> None:
     mixed_workload(app, "x")
     with projector(app, "inventory_levels", owner="first") as first:
