@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from pathlib import Path
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -220,6 +221,26 @@ def test_a_wrong_master_key_is_refused_and_writes_nothing(app: Commitline, pg_ds
     with psycopg.connect(pg_dsn) as conn:
         assert conn.execute(f'SELECT count(*) FROM "{schema}".data_keys').fetchone() == (1,)
     assert wrong not in caplog.text and MASTER_KEY not in caplog.text
+
+
+def test_a_development_key_that_is_not_the_store_s_names_its_file_not_the_variable(
+        app: Commitline, pg_dsn: str, schema: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store restored into another data folder, whose development key was not copied: that folder makes a key
+    of its own, which the store refuses. The refusal says so, and what to copy, instead of blaming an unset
+    COMMITLINE_MASTER_KEY."""
+    import commitline.composition.wiring as wiring
+    from commitline.infrastructure.personal.master import development_key
+
+    create(app)
+    monkeypatch.setattr(wiring, "master_key_source", lambda settings: lambda: development_key(tmp_path))
+    with bootstrap(settings_for(pg_dsn, schema)) as other:
+        before = count_rows(pg_dsn, schema)
+        with pytest.raises(WrongMasterKey) as refused:
+            create(other, "another")
+        assert refused.value.variable == "COMMITLINE_DATA_DIR", refused.value
+        assert str(tmp_path / "master-key") in str(refused.value) and "copy the master-key file" in str(refused.value)
+        assert (tmp_path / "master-key").read_text().strip() not in str(refused.value)
+        assert count_rows(pg_dsn, schema) == before
 
 
 def test_a_wrong_master_key_is_refused_after_every_subject_was_erased(app: Commitline, pg_dsn: str,

@@ -108,6 +108,12 @@ class PersonalData:
             refused = self.keys.claim_master(master.key_ids)
             if refused is not None:
                 which = " or ".join(master.key_ids)
+                origin = master.current.origin
+                if origin is not None:  # made in this data folder: the store's key is in the one it came from
+                    raise WrongMasterKey(variable="COMMITLINE_DATA_DIR", reason=(
+                        f"the development master key {which} in {origin} (COMMITLINE_MASTER_KEY is unset) is not the "
+                        f"store's: {refused}; copy the master-key file of the data folder the store comes from over "
+                        "it, or set COMMITLINE_MASTER_KEY; nothing was written"))
                 raise WrongMasterKey(reason=f"the configured master key {which} is not the store's: {refused}; nothing "
                                      "was written")
             self._master = master

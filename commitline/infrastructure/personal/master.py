@@ -39,9 +39,10 @@ def wrapping_context(key_id: str, tenant: str, subject: str) -> bytes:
 class MasterKey:
     """One master key; ``key_id`` is public, the key itself is never shown."""
 
-    __slots__ = ("key_id", "_aead")
+    __slots__ = ("key_id", "_aead", "origin")
 
     def __init__(self, secret: bytes):
+        self.origin: Path | None = None  # the development key's file; None: from COMMITLINE_MASTER_KEY
         if len(secret) != KEY_BYTES:
             raise ValueError(f"must be the base64 of {KEY_BYTES} random bytes (e.g. `openssl rand -base64 32`)")
         self.key_id = hmac.new(secret, b"commitline master key id", hashlib.sha256).hexdigest()[:16]
@@ -134,4 +135,6 @@ def development_key(data_dir: Path) -> MasterKey:
             pass
         finally:
             temporary.unlink()
-    return MasterKey.parse(path.read_text())
+    key = MasterKey.parse(path.read_text())
+    key.origin = path
+    return key
