@@ -42,6 +42,7 @@ from commitline.http.problems import (
     DuplicateHeader,
     InternalError,
     MalformedJson,
+    UnsupportedContentEncoding,
     UnsupportedMediaType,
     problem_response,
 )
@@ -77,13 +78,16 @@ def is_json(content_type: str | None) -> bool:
 
 
 def media_type(headers: Headers) -> None:
-    """Refuse a body that is not JSON in UTF-8 (415), or whose Content-Type came several times (which one counts
-    would be a guess)."""
+    """Refuse a body that is not JSON in UTF-8 (415), sent under a content coding (415: gzip and the like are not
+    read), or whose Content-Type came several times (which one counts would be a guess)."""
     sent = headers.getlist("content-type")
     if len(sent) > 1:
         raise DuplicateHeader("Content-Type", len(sent))
     if not is_json(sent[0] if sent else None):
         raise UnsupportedMediaType(sent[0] if sent else None)
+    codings = [c.strip() for value in headers.getlist("content-encoding") for c in value.split(",") if c.strip()]
+    if any(c.lower() != "identity" for c in codings):
+        raise UnsupportedContentEncoding(sent[0], ", ".join(codings))
 
 
 def _as_sent(value: str) -> str:

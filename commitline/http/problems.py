@@ -137,6 +137,15 @@ class UnsupportedMediaType(HttpProblem):
     shown = property(lambda error: repr(error.content_type) if error.content_type else "a body without a Content-Type")
 
 
+class UnsupportedContentEncoding(UnsupportedMediaType):
+    """A body sent under a content coding (``Content-Encoding: gzip``...): read as it is, it would be refused
+    as malformed JSON, which would not say why."""
+
+    fields = ("content_type", "content_encoding")
+    message = ("the body must be sent as it is (no Content-Encoding), not under {content_encoding!r}: send plain JSON "
+               "in UTF-8")
+
+
 class MalformedJson(HttpProblem):
     """A body that is not JSON (or not UTF-8), with where it stops being so."""
 

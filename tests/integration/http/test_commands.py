@@ -216,6 +216,20 @@ def test_a_content_type_sent_twice_is_refused_400(served: Server, rows: Any) -> 
     assert "Content-Type" in document["detail"], document
 
 
+@pytest.mark.parametrize("coding", ["gzip", "br, identity"])
+def test_a_body_under_a_content_coding_is_refused_415_naming_it(served: Server, acme: httpx.Client, rows: Any,
+                                                                coding: str) -> None:
+    import gzip
+
+    headers = {"Authorization": f"Bearer {served.key('acme')}", "Idempotency-Key": key(),
+               "Content-Type": "application/json", "Content-Encoding": coding}
+    with httpx.Client(base_url=served.base_url, timeout=60) as client:
+        document = refused(rows, lambda: client.post("/v1/commands", content=gzip.compress(orjson.dumps(PAYMENT)),
+                                                     headers=headers), 415, "unsupported_media_type")
+    assert document["content_encoding"] == coding and "no Content-Encoding" in document["detail"], document
+    assert post(acme, PAYMENT, key(), Content_Encoding="identity").status_code == 201  # no coding at all
+
+
 def test_json_with_a_charset_or_a_json_suffix_is_accepted(acme: httpx.Client) -> None:
     for content_type in ("application/json; charset=utf-8", "application/vnd.commitline+json",
                          'application/json;charset="UTF-8"'):
