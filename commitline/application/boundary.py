@@ -19,7 +19,7 @@ import json
 import math
 import re
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -133,8 +133,10 @@ def _exactly(literal: str, whole: int) -> bool:
         return False
 
 
-def read_json(text: str | bytes | bytearray, limits: CommandLimits = DEFAULT_LIMITS) -> Any:
-    """Parse JSON text within ``limits`` and check the value (``check_json``); raise InvalidCommand.
+def read_json(text: str | bytes | bytearray, limits: CommandLimits = DEFAULT_LIMITS,
+              known: Callable[[str], bool] | None = None) -> Any:
+    """Parse JSON text within ``limits`` and check the value (``check_json``); raise InvalidCommand, naming the
+    command's ``type`` when the text parsed to an object whose type ``known`` accepts.
 
     Bytes must be UTF-8: invalid sequences become lone surrogates (surrogateescape), reported at the
     string that holds them. Duplicate keys, ``NaN`` and ``Infinity`` are refused. A number whose value is
@@ -153,7 +155,8 @@ def read_json(text: str | bytes | bytearray, limits: CommandLimits = DEFAULT_LIM
                                             "json_invalid")]) from None
     except RecursionError:
         raise InvalidCommand(None, [problem([], f"nested deeper than {limits.max_depth} levels", "too_deep")]) from None
-    check_json(data, limits)
+    kind = data.get("type") if isinstance(data, dict) else None
+    check_json(data, limits, command_type=kind if isinstance(kind, str) and known is not None and known(kind) else None)
     return data
 
 

@@ -126,7 +126,7 @@ def parse_command(command: Command | Mapping[str, Any] | str | bytes, catalog: K
             raise InvalidCommand(command.type, [problem([], f"not JSON: {e}", "json_type")]) from None
         check_json(data, limits, command_type=command.type)
     elif isinstance(command, (str, bytes, bytearray)):
-        value = read_json(command, limits)
+        value = read_json(command, limits, known=catalog.public.__contains__)
         if not isinstance(value, dict):
             raise InvalidCommand(None, [problem([], "a command must be a JSON object", "json_type")])
         data, cls = value, _command_class(value, catalog)

@@ -396,3 +396,16 @@ def test_a_model_of_another_class_with_a_known_type_is_named_as_such() -> None:
     with pytest.raises(E.InvalidCommand, match=r"this domain's create_payment is commitline\.examples\.payments\."
                                                r"CreatePayment, not tests\.unit\.test_command_boundary\."):
         parse_command(CreatePayment(amount="1"))
+
+
+@pytest.mark.parametrize("text", [task_text('"a\\u0000b"'), payment_text("18446744073709551616"),
+                                  payment_text("1e400")])
+def test_json_text_refused_at_the_boundary_names_its_known_command_type(text: str) -> None:
+    """A client reads which command was refused from ``command_type``, and the metrics count it under it: also
+    when the refusal comes from reading the text (a NUL, an integer beyond 64 bits, a number beyond a float)."""
+    with pytest.raises(E.InvalidCommand) as refused:
+        parse_command(text.encode())
+    assert refused.value.command_type == json.loads(text.replace("1e400", "1"))["type"], refused.value
+    with pytest.raises(E.InvalidCommand) as unknown:  # an unknown type is not named as a command's
+        parse_command(text.replace("create_", "make_").encode())
+    assert unknown.value.command_type is None
