@@ -118,6 +118,8 @@ class Operations:
             todo = migrations.pending(conn, schema)
             applied = migrations.migrate(conn, schema) if apply else []
             after = migrations.schema_version(conn, schema)
+        if apply and not applied and after != before:  # another process applied them meanwhile: none was ours
+            before, todo = after, []
         return MigrationReport(schema, before, after, migrations.LATEST, todo, applied)
 
     def store_generation(self) -> generations.Generation:

@@ -340,3 +340,21 @@ def test_starting_commitline_on_a_store_from_before_the_hash_chains_upgrades_it(
             conn.execute(f"UPDATE {schema}.events SET topic = 'x' WHERE originator_version = 1")
         hash_backfill.upgrade(conn, schema, batch_rows=2)  # running it again changes nothing
     assert event_rows(pg_dsn, schema) == before
+
+
+def test_migrations_another_process_applied_meanwhile_are_not_reported_as_pending_here(
+        pg_dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two processes migrating at once: the one that finds every step applied when it gets the lock says the
+    schema was at that version, not that it was at 0 and applied nothing."""
+    with bootstrap(settings_for(pg_dsn, schema), apply_migrations=False) as app:
+        assert version(pg_dsn, schema) < migrations.LATEST
+        real = migrations.migrate
+
+        def beaten(conn: psycopg.Connection, name: str) -> list[migrations.Migration]:
+            with psycopg.connect(pg_dsn, autocommit=True) as other:  # the other process, first to the lock
+                real(other, name)
+            return real(conn, name)
+
+        monkeypatch.setattr(migrations, "migrate", beaten)
+        done = app.migrate()
+    assert (done.was, done.version, done.applied, done.pending) == (migrations.LATEST, migrations.LATEST, [], [])
