@@ -172,8 +172,8 @@ def state_of(aggregate: Aggregate, *, compact: bool = False) -> dict[str, Any]:
 
 
 def transition(before: Mapping[str, str], after: Mapping[str, str], table: TransitionTable | None = None) -> str | None:
-    """The machines' moves an event made, ``machine: BEFORE -> AFTER`` each; one that ``table`` does not allow
-    (a stored history no command could have made: rewritten, or reordered) says so."""
+    """The machines' moves an event made, ``machine: BEFORE -> AFTER`` each; one that ``table`` (the current one)
+    does not allow says so: a stored history rewritten or reordered, or a table changed since."""
     moves = [f"{machine}: {before.get(machine, '(new)')} -> {state}" + _refused(table, before.get(machine), state)
              for machine, state in after.items() if before.get(machine) != state]
     return "; ".join(moves) or None
@@ -187,7 +187,7 @@ def _refused(table: TransitionTable | None, before: str | None, after: str) -> s
         allowed = table.can(kind(before), kind(after))  # type: ignore[union-attr]
     except ValueError:  # a state the table's enumeration does not hold
         allowed = False
-    return "" if allowed else " (NOT ALLOWED by the transition table)"
+    return "" if allowed else " (NOT ALLOWED by the current transition table)"
 
 
 class Auditor:

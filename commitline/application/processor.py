@@ -31,7 +31,8 @@ from commitline.application.boundary import CommandLimits, check_idempotency_key
 from commitline.application.catalog import CommandCatalog
 from commitline.application.commands import Command, parse_command
 from commitline.application.dispatching import Dispatch, derived_id
-from commitline.application.errors import CommitlineError, ConfigurationError, StoreUnavailable, UnexpectedFailure
+from commitline.application.errors import (CommitlineError, ConfigurationError, HistoryBroken, StoreUnavailable,
+                                           UnexpectedFailure)
 from commitline.application.ports import EventStore, IdempotencyRecordBroken
 from commitline.application.results import DispatchResult
 from commitline.application.retry import RetryPolicy
@@ -180,7 +181,7 @@ class CommandProcessor:
             command_type = cmd.type
             result = self._dispatch(cmd, idempotency_key, tenant, observer)
         except CommitlineError as e:
-            failed = isinstance(e, (StoreUnavailable, ConfigurationError))
+            failed = isinstance(e, (StoreUnavailable, ConfigurationError, HistoryBroken))  # not the command's fault
             observer.on_outcome(command_type or _reported_type(self.catalog, command, e), FAILED if failed else REFUSED,
                                 e.code, time.perf_counter() - started)
             raise

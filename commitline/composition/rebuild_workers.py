@@ -31,15 +31,24 @@ import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pydantic import SecretStr
 
+import commitline
 from commitline.infrastructure.config import Settings
 from commitline.projections.rebuild import Progress, RebuildError, RebuildResult
 
-#: The worker's module, run as ``python -m``.
+#: The worker's module, run as ``python -m`` would, on the path its command line gives (``_BOOT``).
 WORKER = "commitline.composition.rebuild_worker"
+_BOOT = ("import runpy, sys; sys.path[:0] = sys.argv[1:]; del sys.argv[1:]; "
+         f"runpy.run_module({WORKER!r}, run_name='__main__', alter_sys=True)")
+
+
+def _package_root() -> str:
+    """The folder holding the commitline package this process runs."""
+    return str(Path(commitline.__file__).resolve().parents[1])
 
 #: How long an interrupted worker may take to stop (finish its batch, release its leases) before it is killed.
 STOP_SECONDS = 60.0
@@ -143,10 +152,10 @@ class _Worker:
 
     @classmethod
     def start(cls, order: WorkerOrder, names: list[str], progress: Progress) -> _Worker:
-        # -P: not the working directory first on the path, where another checkout's commitline would be imported
-        # in place of this process's; the worker takes this process's path before it imports the domain.
-        process = subprocess.Popen([sys.executable, "-P", "-m", WORKER], stdin=subprocess.PIPE,
-                                   stdout=subprocess.PIPE, text=True, start_new_session=True)
+        # The folder this process's commitline comes from, then this process's path, before anything is imported
+        # (-P: not the working directory first, where another checkout's commitline would be found instead).
+        process = subprocess.Popen([sys.executable, "-P", "-c", _BOOT, _package_root(), *sys.path],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
         assert process.stdin is not None
         process.stdin.write(json.dumps({"settings": settings_values(order.settings), "domain": order.domain,
                                         "names": names, "batch_size": order.batch_size, "fresh": order.fresh,

@@ -32,8 +32,9 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from commitline.application.boundary import KEY_WHITE_SPACE, check_idempotency_key
-from commitline.application.errors import CommitlineError, InvalidIdempotencyKey, MissingIdempotencyKey
+from commitline.application.errors import CommitlineError, InvalidIdempotencyKey, MissingIdempotencyKey, printable
 from commitline.application.results import DispatchResult
+from commitline.http.access_log import without_keys
 from commitline.http.auth import presented_in, resolved
 from commitline.http.parameters import refused_query
 from commitline.http.problems import (
@@ -87,7 +88,7 @@ def media_type(headers: Headers) -> None:
         raise UnsupportedMediaType(sent[0] if sent else None)
     codings = [c.strip() for value in headers.getlist("content-encoding") for c in value.split(",") if c.strip()]
     if any(c.lower() != "identity" for c in codings):
-        raise UnsupportedContentEncoding(sent[0], ", ".join(codings))
+        raise UnsupportedContentEncoding(sent[0], without_keys(printable(", ".join(codings), 64)))
 
 
 def _as_sent(value: str) -> str:
@@ -220,8 +221,7 @@ async def command(commitline: Any, headers: Headers, receive: Receive, threads: 
     api_key = presented_in(headers)
     try:
         if query:  # the route takes none: a parameter here would be ignored, as if not sent
-            refusal = refused_query([name for name, _ in parse_qsl(query.decode("latin-1"), keep_blank_values=True)]
-                                    or [query.decode("latin-1")])
+            refusal = refused_query([name for name, _ in parse_qsl(query.decode("latin-1"), keep_blank_values=True)])
             if refusal is not None:
                 raise refusal
         media_type(headers)

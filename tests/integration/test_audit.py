@@ -168,7 +168,7 @@ def test_every_tampering_is_detected_and_named(app: Commitline, pg_dsn: str, sch
     assert single.broken == report.broken and single.streams == 1
     if case == "two events swapped":  # replayed, the history makes a move its transition table refuses: shown so
         moves = [e.transition for e in auditor(app).history(target).entries]
-        assert moves[1] == "payment: CREATED -> FAILED (NOT ALLOWED by the transition table)", moves
+        assert moves[1] == "payment: CREATED -> FAILED (NOT ALLOWED by the current transition table)", moves
         assert [m for m in moves if "NOT ALLOWED" in (m or "")] == [moves[1]], moves
 
 

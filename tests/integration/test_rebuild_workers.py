@@ -133,8 +133,10 @@ def test_a_worker_runs_the_commitline_its_command_runs_whatever_the_working_dire
     impostor.mkdir()
     (impostor / "__init__.py").write_text("raise ImportError('the commitline of the working directory')\n")
     env = {**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn, "COMMITLINE_SCHEMA": schema}
-    done = subprocess.run([sys.executable, "-P", "-m", "commitline.cli", "projections", "rebuild", "--all", "--jobs",
-                           "2", "--json"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    # as an operator runs it: the installed script (its own commitline), the working directory on the path too
+    done = subprocess.run([str(Path(sys.executable).parent / "commitline"), "projections", "rebuild", "--all",
+                           "--jobs", "2", "--json"], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "working directory" not in done.stderr
     assert {r["projection"]: r["position"] for r in orjson.loads(done.stdout)} == dict.fromkeys(PROJECTIONS, head)

@@ -111,9 +111,9 @@ class PersonalData:
                 origin = master.current.origin
                 if origin is not None:  # made in this data folder: the store's key is in the one it came from
                     raise WrongMasterKey(variable="COMMITLINE_DATA_DIR", reason=(
-                        f"the development master key {which} in {origin} (COMMITLINE_MASTER_KEY is unset) is not the "
-                        f"store's: {refused}; copy the master-key file of the data folder the store comes from over "
-                        "it, or set COMMITLINE_MASTER_KEY; nothing was written"))
+                        f"the development master key {which} (the data folder's master-key file: COMMITLINE_MASTER_KEY "
+                        f"is unset) is not the store's: {refused}; copy the master-key file of the data folder the "
+                        "store comes from over it, or set COMMITLINE_MASTER_KEY; nothing was written"))
                 raise WrongMasterKey(reason=f"the configured master key {which} is not the store's: {refused}; nothing "
                                      "was written")
             self._master = master
