@@ -28,7 +28,7 @@ from uuid import UUID, uuid4
 
 from commitline.application.errors import AggregateNotFound
 from commitline.domain.aggregate import Aggregate, Event, utcnow
-from commitline.domain.decimals import decimal_fields, refuse_floats
+from commitline.domain.decimals import number_fields, refuse_inexact
 from commitline.domain.errors import CommitlineError
 
 __all__ = ["Fact", "When", "event", "given", "loader", "recorded"]
@@ -63,8 +63,8 @@ def event(event_type: type[Event], **payload: Any) -> Fact:
     if missing := [name for name in fields if name not in payload and name not in defaults]:
         raise TypeError(f"event({event_type.__qualname__}, ...) leaves out {', '.join(map(repr, missing))}, "
                         f"which has no default")
-    if decimals := decimal_fields(event_type, event_type.ENVELOPE):
-        refuse_floats(event_type, payload, decimals)
+    if numbers := number_fields(event_type, event_type.ENVELOPE):
+        refuse_inexact(event_type, payload, numbers)
     return Fact(event_type, {**defaults, **payload})
 
 

@@ -64,7 +64,10 @@ class Command(BaseModel):
     """Base of every command. ``type`` names it in JSON (by default the class name in snake case). The
     aggregate a command changes, and how its id is found, are declared with its handler (``Domain.handles``)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, str_strip_whitespace=False)
+    # allow_inf_nan: JSON (over HTTP) cannot carry a NaN or an infinity, and an event could not store one: a
+    # command given one in Python is refused as invalid, naming the field, as any other value out of its range
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, str_strip_whitespace=False,
+                              allow_inf_nan=False)
 
     type: str
 

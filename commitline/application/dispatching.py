@@ -84,7 +84,7 @@ from commitline.application.ports import (
     KeyAlreadyRecorded,
     StreamMoved,
 )
-from commitline.application.results import FINGERPRINT_BYTES, DispatchResult, payload_json, result, view
+from commitline.application.results import FINGERPRINT_BYTES, DispatchResult, payload_json, result, unstorable, view
 from commitline.application.retry import RetryPolicy
 from commitline.domain import Aggregate, Event
 from commitline.domain.errors import InvalidPersonalValue, InvalidValue
@@ -270,7 +270,14 @@ class Dispatch:
         if not events and not verified:
             # Nothing to append means nothing that would fail on a stale copy: decide again on the stored stream.
             raise _Unverified
-        answer = applied(cmd, tenant, changed, events)
+        try:
+            answer = applied(cmd, tenant, changed, events)
+        except orjson.JSONEncodeError:
+            if (refusal := unstorable(cmd.type, events)) is None:
+                raise
+            if not verified:
+                raise _Unverified from None  # a used key's outcome still comes first
+            raise refusal from None
         # What a replay needs besides the events (read back then): their count, and the type of an aggregate
         # whose command recorded none.
         record = IdempotencyRecord(tenant, self.key, self.digest[:FINGERPRINT_BYTES], cmd.type, self.aggregate_id,

@@ -203,6 +203,16 @@ class EventTooLarge(CommitlineError):
                "(COMMITLINE_MAX_EVENT_BYTES); nothing was written")
 
 
+class EventNotStorable(CommitlineError):
+    """The command would store an event with a value its JSON cannot hold (an integer beyond 64 bits, bytes, an
+    object of no JSON form); nothing was written."""
+
+    code = "event_not_storable"
+    fields = ("command_type", "event_type", "field", "reason")
+    message = ("{command_type} would store a {event_type} event whose field {field} cannot be stored as JSON "
+               "({reason}); nothing was written")
+
+
 class ConfigurationError(CommitlineError):
     """A setting is missing or unusable (an environment variable, a flag, the database's schema version); nothing
     was done."""

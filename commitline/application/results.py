@@ -16,6 +16,7 @@ from uuid import UUID
 import orjson
 from pydantic import BaseModel, ConfigDict
 
+from commitline.application.errors import EventNotStorable
 from commitline.domain.personal import ERASED_JSON, Erased
 
 #: The bytes of a request's fingerprint an idempotency record keeps (a SHA-256 prefix: 128 bits tell two requests
@@ -100,6 +101,19 @@ def json_default(value: Any) -> Any:
     if isinstance(value, Erased):
         return ERASED_JSON
     raise TypeError(f"cannot encode {type(value).__name__}")
+
+
+def unstorable(command_type: str, events: Any) -> EventNotStorable | None:
+    """The refusal naming the first of ``events`` (domain events) with a field whose value the store's JSON cannot
+    hold (an integer beyond 64 bits, bytes, an object of no JSON form), None if there is none. Only called once an
+    encoding failed: it encodes each field again, alone."""
+    for event in events:
+        for name, value in event.payload().items():
+            try:
+                orjson.dumps(value, default=json_default)
+            except orjson.JSONEncodeError as e:
+                return EventNotStorable(command_type, event.type_name(), name, str(e))
+    return None
 
 
 def payload_json(payload: dict[str, Any]) -> dict[str, Any]:

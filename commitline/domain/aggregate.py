@@ -21,7 +21,7 @@ from enum import Enum
 from typing import Any, ClassVar, Self, dataclass_transform
 from uuid import UUID
 
-from commitline.domain.decimals import decimal_fields, refuse_floats
+from commitline.domain.decimals import number_fields, refuse_inexact
 from commitline.domain.errors import IllegalTransition
 from commitline.domain.frozen import frozen, may_hold_containers
 from commitline.domain.fsm import TransitionTable
@@ -266,8 +266,8 @@ class Aggregate:
         return None
 
     def _new(self, event_type: type[Event], payload: dict[str, Any]) -> Event:
-        if decimals := decimal_fields(event_type, event_type.ENVELOPE):
-            refuse_floats(event_type, payload, decimals)
+        if numbers := number_fields(event_type, event_type.ENVELOPE):
+            refuse_inexact(event_type, payload, numbers)
         return event_type(event_id=new_id(), aggregate_id=self.id, version=self.version + 1, occurred_at=utcnow(),
                           **payload)
 

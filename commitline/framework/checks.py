@@ -27,11 +27,16 @@ import linecache
 import re
 import string
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping
-from typing import Any, Literal, Protocol, get_args, get_origin, get_type_hints
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping, MutableSequence, MutableSet, Sequence
+from collections.abc import Set as AbstractSet
+from datetime import date, datetime, time
+from decimal import Decimal
+from enum import Enum
+from types import UnionType
+from typing import Any, ClassVar, Literal, Protocol, TypeVar, Union, get_args, get_origin, get_type_hints, is_typeddict
 from uuid import UUID
 
-from pydantic import TypeAdapter
+from pydantic import BaseModel, TypeAdapter
 
 from commitline.application.commands import Command
 from commitline.application.process import ProcessManager
@@ -298,6 +303,10 @@ def _events(aggregates: dict[type[Aggregate], str], say: Any) -> dict[type[Event
             for field, key in _non_string_keys(event):
                 say(event_where, f"event {event.__name__}'s field {field} holds a dict keyed by {key}: an event is "
                     "stored as JSON, whose object keys are strings; key it by str")
+            for field, kind in _unstorable_fields(event):
+                say(event_where, f"event {event.__name__}'s field {field} holds {kind}, which an event's JSON cannot "
+                    "store and read back: use str, int, float, bool, Decimal, UUID, datetime, date, time, an Enum, "
+                    "a dataclass of such fields, or lists, tuples, sets and str-keyed dicts of them")
             missing = event.missing_upcasters()
             if missing:
                 say(event_where, f"event {event.__name__}'s upcaster chain has a hole: it is at class_version "
@@ -328,6 +337,61 @@ def _non_string_keys(event: type[Event]) -> Iterator[tuple[str, str]]:
                 yield field, getattr(args[0], "__name__", None) or str(args[0])
                 break
             stack.extend(a for a in args if a is not Ellipsis)
+
+
+#: What an event's JSON holds and reads back to the same type (``infrastructure/store/codec``): orjson's own types
+#: (their subclasses too: a str or int Enum, a NewType), Decimal (as text); containers and dataclasses of them.
+_STORABLE = (str, int, float, bool, type(None), Decimal, UUID, datetime, date, time, Enum)
+_CONTAINERS = (list, tuple, set, frozenset, dict, Sequence, MutableSequence, AbstractSet, MutableSet, Mapping,
+               MutableMapping)
+
+
+def _unstorable_fields(event: type[Event]) -> Iterator[tuple[str, str]]:
+    """Each field of ``event`` whose type holds (anywhere) a type the store's JSON cannot hold, with that type's
+    name: bytes, a timedelta, a pydantic model, any other class. ``Any`` and ``object`` pass: their values are
+    checked as each event is stored (``EventNotStorable``)."""
+    try:
+        hints = get_type_hints(event)
+    except Exception:  # a name the module cannot resolve: the class is checked no further here
+        return
+    for field in (f.name for f in dataclasses.fields(event) if f.name not in Event.ENVELOPE):
+        kind = _unstorable(hints.get(field, Any), set())
+        if kind is not None:
+            yield field, kind
+
+
+def _unstorable(hint: Any, seen: set[type]) -> str | None:
+    while (supertype := getattr(hint, "__supertype__", None)) is not None:  # a NewType
+        hint = supertype
+    origin = get_origin(hint)
+    if hint in (Any, object) or isinstance(hint, TypeVar) or origin is ClassVar:
+        return None
+    if origin is Literal:
+        bad = [a for a in get_args(hint) if not isinstance(a, (str, int, bool, type(None), Enum))]
+        return f"the literal {bad[0]!r}" if bad else None
+    if origin is not None:
+        if not (origin in (Union, UnionType) or origin in _CONTAINERS):
+            return getattr(origin, "__name__", str(origin))
+        for arg in get_args(hint):
+            if arg is not Ellipsis and (kind := _unstorable(arg, seen)) is not None:
+                return kind
+        return None
+    if not isinstance(hint, type):
+        return None  # a string annotation or another form this check cannot read: left to the encoder
+    if issubclass(hint, _STORABLE) and not issubclass(hint, BaseModel):
+        return None
+    if hint in _CONTAINERS:
+        return None
+    if dataclasses.is_dataclass(hint) or is_typeddict(hint):
+        if hint in seen:
+            return None
+        seen.add(hint)
+        try:
+            nested = get_type_hints(hint)
+        except Exception:
+            return None
+        return next((k for h in nested.values() if (k := _unstorable(h, seen)) is not None), None)
+    return hint.__name__
 
 
 def _string_like(key: Any) -> bool:

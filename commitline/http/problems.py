@@ -52,6 +52,7 @@ STATUS: dict[str, int] = {
     "invalid_command": 422,
     "unknown_command_type": 422,
     "idempotency_key_reused": 422,
+    "event_not_storable": 422,
     "invalid_value": 422,
     "invalid_body": 422,
     # the state the command met

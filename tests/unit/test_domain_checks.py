@@ -509,3 +509,15 @@ def test_a_handler_with_a_keyword_only_option_is_called_without_the_loader() -> 
     run = with_loader(lambda aggregate, command, *, note="": calls.append((aggregate, command, note)))
     run("ledger", "close", "the loader")
     assert calls == [("ledger", "close", "")]
+
+
+def test_an_event_field_its_json_cannot_store_is_refused_at_load_naming_the_field_and_the_type() -> None:
+    from tests.domains import unstorable
+
+    with pytest.raises(InvalidDomain) as refused:
+        unstorable.domain.check()
+    found = {re.sub(r"^\S+: event Filed's field (\w+) holds (.+?), which an event's JSON cannot store.*$", r"\1 \2", p)
+             for p in refused.value.problems if "cannot store and read back" in p}
+    assert found == {"digest bytes", "phase complex", "wait timedelta", "blob Blob", "note Note",
+                     "attachments bytes"}, refused.value.problems
+    assert all(p.startswith("tests/domains/unstorable.py:") for p in refused.value.problems), refused.value.problems

@@ -45,7 +45,7 @@ from eventsourcing.persistence import StoredEvent
 from commitline.application.chain import GENESIS, chain
 from commitline.application.errors import EventTooLarge, HistoryBroken, WrongAggregateType
 from commitline.application.ports import CommandLoad, ForeignStream, IdempotencyRecord
-from commitline.application.results import DispatchResult
+from commitline.application.results import DispatchResult, unstorable
 from commitline.domain import Aggregate, Event
 from commitline.domain.personal import personal_fields
 from commitline.infrastructure.personal import outcomes, snapshots
@@ -291,7 +291,13 @@ class PostgresEventStore:
         """Seal and encode the events (a new subject's key into ``new_keys``) and append them with the key's
         record and those keys, in one transaction; their chain links."""
         traceparent = trace.traceparent if trace is not None else None
-        stored = [self.codec.encode(e, tenant, traceparent, aggregate, new_keys) for e in events]
+        try:
+            stored = [self.codec.encode(e, tenant, traceparent, aggregate, new_keys) for e in events]
+        except orjson.JSONEncodeError:  # dispatch refuses these before (building the answer), other callers here
+            refusal = unstorable(idempotency.command_type if idempotency else "the command", events)
+            if refusal is None:
+                raise
+            raise refusal from None
         if idempotency is not None and idempotency.outcome is not None and new_keys is not None:
             idempotency = dataclasses.replace(idempotency, outcome=outcomes.protect(idempotency.outcome, stored))
         for s in stored:
@@ -419,3 +425,4 @@ def stored_tenant(state: bytes) -> str:
 def _out_of_place(stored: Sequence[tuple[int, str, Any]], first: int) -> int:
     """The first version missing or out of place among ``stored`` (read in version order from ``first``)."""
     return next((v for v, (found, *_) in enumerate(stored, start=first) if found != v), first + len(stored))
+
