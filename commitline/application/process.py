@@ -85,6 +85,16 @@ class NotParked(RuntimeError):
                          "record the failure on the instance's own aggregate and go on with the others)")
 
 
+class ParkFailed(NotParked):
+    """An instance kept failing, and recording it as parked failed too (``park`` raised): passing it over would lose
+    it, so its runner holds at the event that triggered it, as for ``NotParked``, until the cause is fixed."""
+
+    def __init__(self, manager: str, instance_id: UUID, attempts: int, reason: str, park_error: str):
+        RuntimeError.__init__(self, f"{manager} {instance_id} kept failing after {attempts} attempts: {reason}; and "
+                              f"parking it failed too: {park_error} (its runner retries the instance until the cause "
+                              "is fixed, passing nothing over)")
+
+
 class ProcessManager:
     """Base of a domain's process managers; see the module's docstring. Subclasses set ``name`` (also the
     runner's follower name, shown by ``status``) and ``triggers``, and implement ``advance``."""

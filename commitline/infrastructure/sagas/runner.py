@@ -9,7 +9,8 @@ One instance's failure never holds up the others: an instance whose advance keep
 step handles (a bug, data an external system cannot take) is tried ``manager.attempts`` times with
 back-off, then parked with the error as its reason (``manager.park``; the personal values of the events
 that triggered it are withheld from it) and the batch moves on;
-``commitline sagas retry`` resumes it. Only an outage of the store (which every instance would meet)
+``commitline sagas retry`` resumes it. An instance that cannot be parked (``park`` not overridden, or
+raising) is never passed over: the runner holds at its event, ``retrying`` with the reason in ``status``. Only an outage of the store (which every instance would meet)
 retries the whole batch.
 """
 
@@ -28,8 +29,8 @@ from uuid import UUID
 import psycopg
 from eventsourcing.persistence import Notification
 
-from commitline.application.errors import Closed, CommitlineError, StoreUnavailable, printable
-from commitline.application.process import ProcessManager
+from commitline.application.errors import Closed, StoreUnavailable, printable
+from commitline.application.process import NotParked, ParkFailed, ProcessManager
 from commitline.domain.personal import error_text, personal_values
 from commitline.infrastructure.followers.engine import Follower, Handled
 from commitline.infrastructure.store.codec import EventCodec
@@ -117,8 +118,9 @@ class ProcessRunner(Follower):
                     time.sleep(manager.backoff * 2 ** (attempt - 1))
         try:
             manager.park(instance, reason, attempts, tenant)
-        except OUTAGES:
+        except (*OUTAGES, NotParked):
             raise
-        except CommitlineError as e:  # nothing to park (no such instance): never hold up the others for it
-            log.critical("cannot advance nor park %s %s: %s", manager.name, instance, e)
+        except Exception as e:  # not recorded as parked: passing it over would lose it, so the runner holds here
+            raise ParkFailed(manager.name, instance, attempts, reason,
+                             printable(error_text(e, values or {}), 500)) from None
         return PARKED
