@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from uuid import UUID
 
-from commitline import Aggregate, AggregateNotFound, Command, Domain, Event, Id, ProcessManager, Stream
+from commitline import Aggregate, Command, Domain, Event, Id, ProcessManager, Stream
 
 domain = Domain("forgetful")
 FAILING: set[UUID] = set()
