@@ -22,7 +22,7 @@ from functools import cache
 from types import UnionType
 from typing import Annotated, Any, Union, get_args, get_origin
 
-from pydantic import BaseModel, BeforeValidator, Field, WithJsonSchema
+from pydantic import BaseModel, BeforeValidator, Field
 
 from commitline.application.boundary import problem
 
@@ -47,11 +47,80 @@ def _decimal_only(value: Any) -> Any:
     return value
 
 
+_BOUNDS = ("gt", "ge", "lt", "le", "decimal_places", "max_digits", "multiple_of")
+
+
+class _AmountJsonSchema:
+    """An ``Amount``'s JSON schema: an integer, or a string written as ``DECIMAL_TEXT``; with the bounds a field
+    puts on it (``Annotated[Amount, Field(gt=0, le=..., decimal_places=2)]``) written in as far as JSON Schema
+    can say them: the integer's minimum and maximum, the string's sign and decimal places, all in the
+    description. (pydantic's own ``WithJsonSchema`` would replace them all by one fixed schema.)"""
+
+    def __get_pydantic_json_schema__(self, core_schema: Any, handler: Any) -> dict[str, Any]:
+        return amount_json_schema(_bounds(core_schema))
+
+    def __hash__(self) -> int:
+        return hash(type(self))
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self)
+
+
+def _bounds(schema: Any) -> dict[str, Any]:
+    """The constraints on a decimal's core schema: its own keys, and those of the validators pydantic wraps it in
+    (a constraint on an annotated type whose validator runs first becomes a function after it)."""
+    found: dict[str, Any] = {}
+    while isinstance(schema, dict):
+        for key in _BOUNDS:
+            if key in schema:
+                found.setdefault(key, schema[key])
+        function = schema.get("function")
+        keywords = getattr(function.get("function"), "keywords", None) if isinstance(function, dict) else None
+        for key, value in (keywords or {}).items():
+            if key in _BOUNDS:
+                found.setdefault(key, value)
+        schema = schema.get("schema")
+    return found
+
+
+def amount_json_schema(bounds: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON schema of an ``Amount`` with ``bounds`` (pydantic's names: gt, ge, lt, le, decimal_places,
+    max_digits, multiple_of)."""
+    integer: dict[str, Any] = {"type": "integer"}
+    words = []
+    for key, json_key, word in (("gt", "exclusiveMinimum", "above"), ("ge", "minimum", "at least"),
+                                ("lt", "exclusiveMaximum", "below"), ("le", "maximum", "at most")):
+        if key in bounds:
+            value = Decimal(bounds[key])
+            integer[json_key] = int(value) if value == value.to_integral_value() else float(value)
+            words.append(f"{word} {format(value, 'f')}")
+    if "multiple_of" in bounds:
+        step = Decimal(bounds["multiple_of"])
+        integer["multipleOf"] = int(step) if step == step.to_integral_value() else float(step)
+        words.append(f"a multiple of {format(step, 'f')}")
+    places = bounds.get("decimal_places")
+    if places is not None:
+        words.append(f"at most {places} decimal places")
+    if bounds.get("max_digits") is not None:
+        words.append(f"at most {bounds['max_digits']} digits")
+    fraction = r"(\.[0-9]+)?" if places is None else r"(\.0+)?" if places == 0 else rf"(\.[0-9]{{1,{places}}}0*)?"
+    lower = Decimal(bounds["gt"]) if "gt" in bounds else None
+    at_least = Decimal(bounds["ge"]) if "ge" in bounds else None
+    if lower == 0:  # above zero: no sign, and not zero itself
+        small = (None if places == 0 else r"0\.[0-9]*[1-9][0-9]*" if places is None
+                 else rf"0\.[0-9]{{0,{places - 1}}}[1-9]0*")
+        pattern = rf"^([1-9][0-9]*{fraction}" + (f"|{small}" if small else "") + ")$"
+    elif (lower is not None and lower > 0) or (at_least is not None and at_least >= 0):
+        pattern = rf"^(0|[1-9][0-9]*){fraction}$"
+    else:
+        pattern = rf"^-?(0|[1-9][0-9]*){fraction}$"
+    description = 'a decimal: a string such as "12.50", or an integer' + (f"; {', '.join(words)}" if words else "")
+    return {"anyOf": [integer, {"type": "string", "pattern": pattern}], "description": description}
+
+
 # pydantic refuses NaN and infinities in a Decimal by default; its allow_inf_nan=False would check through a float,
 # refusing 10^309 and beyond as "not finite".
-Amount = Annotated[Decimal, BeforeValidator(_decimal_only), Field(strict=False),
-                   WithJsonSchema({"anyOf": [{"type": "integer"}, {"type": "string", "pattern": DECIMAL_TEXT}],
-                                   "description": 'a decimal: a string such as "12.50", or an integer'})]
+Amount = Annotated[Decimal, BeforeValidator(_decimal_only), Field(strict=False), _AmountJsonSchema()]
 """a decimal given as a string (``12.50``) or an integer, never a binary float"""
 
 
