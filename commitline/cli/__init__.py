@@ -9,6 +9,7 @@ the path, never a traceback). Each subcommand lives in its own module.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
@@ -16,7 +17,7 @@ from commitline import __version__
 from commitline.application.errors import ConfigurationError, InvalidApp, InvalidDomain, StoreUnavailable
 from commitline.cli import (audit, demo, dispatch, followers, init, migrate, personal, projections, sagas, serve,
                             services, store, tenants)
-from commitline.cli.common import EXIT_UNAVAILABLE, print_error, use_domain
+from commitline.cli.common import EXIT_REFUSED, EXIT_UNAVAILABLE, print_error, print_json, use_domain
 from commitline.composition import logs
 
 LOG_LEVELS = logs.LOG_LEVELS
@@ -96,6 +97,12 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_UNAVAILABLE
     except KeyboardInterrupt:
         return 130
+    except Exception as e:  # a defect (the domain's code, most likely): its traceback logged, then the usual error
+        logging.getLogger("commitline.cli").exception("commitline %s failed unexpectedly", args.subcommand)
+        print_json({"error": "InternalError", "code": "internal_error", "details": {"exception": type(e).__name__},
+                    "message": f"internal error: {type(e).__name__} (the traceback above), a defect, in the "
+                    "domain's code most likely"}, sys.stderr)
+        return EXIT_REFUSED
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 keeps failing it records nothing, so its runner must stop at the event rather than pass over it
 (``tests/integration/test_process_managers.py``). ``FAILING`` holds the loans whose payout fails for now. A
 second one, ``audit_payout``, overrides ``park``, and its park fails for the loans in ``UNPARKABLE`` (a domain
-error, or a plain bug): its runner must hold there too."""
+error, or a plain bug): its runner must hold there too; its ``retry`` always fails with a plain bug."""
 
 from __future__ import annotations
 
@@ -68,4 +68,7 @@ class AuditPayout(ProcessManager):
         if instance_id in UNPARKABLE:
             raise UNPARKABLE[instance_id]
         PARKED.append(instance_id)
+
+    def retry(self, instance_id: UUID, tenant: str, key: str) -> str:
+        raise RuntimeError(f"the auditor's retry endpoint is down (loan {instance_id})")
 

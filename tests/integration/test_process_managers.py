@@ -4,8 +4,13 @@ so ``status --check`` is unhealthy), and goes on by itself once the cause is gon
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from uuid import uuid4
 
+import orjson
 import pytest
 
 from commitline import AggregateNotFound
@@ -64,3 +69,18 @@ def test_an_instance_whose_park_fails_holds_the_runner_until_it_advances(pg_dsn:
             forgetful.FAILING.discard(failing)  # the cause fixed: it goes on by itself
             runner.wait_until_at(failing_at)
     assert {good, failing} <= set(forgetful.AUDITED) and failing not in forgetful.PARKED
+
+
+def test_a_command_meeting_a_defect_in_the_domains_code_prints_an_internal_error_after_its_traceback(
+        pg_dsn: str, schema: str) -> None:
+    loan = uuid4()
+    with bootstrap(settings_for(pg_dsn, schema), domain=forgetful.domain) as app:
+        app.dispatch({"type": "approve_loan", "loan_id": str(loan)}, idempotency_key="loan")
+    env = {**os.environ, "COMMITLINE_DATABASE_URL": pg_dsn, "COMMITLINE_SCHEMA": schema}
+    out = subprocess.run([sys.executable, "-m", "commitline.cli", "--app", "tests.domains.forgetful:domain", "sagas",
+                          "retry", "--saga", "audit_payout", str(loan)], capture_output=True, text=True, env=env, timeout=120,
+                         cwd=Path(__file__).parents[2])
+    assert out.returncode == 1 and out.stdout == "", out
+    assert "RuntimeError: the auditor's retry endpoint is down" in out.stderr  # the traceback, logged
+    printed = orjson.loads(out.stderr.strip().splitlines()[-1])
+    assert (printed["code"], printed["details"]) == ("internal_error", {"exception": "RuntimeError"}), out.stderr
