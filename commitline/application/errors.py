@@ -327,7 +327,7 @@ class HistoryBroken(CommitlineError):
     fields = ("aggregate_id", "reason")
     text_fields = ("aggregate_id",)
     message = ("the stored history of {aggregate_id} cannot be replayed: {reason}; run `commitline audit verify "
-               "--aggregate {aggregate_id}`")
+               "--aggregate {aggregate_id} --tenant TENANT` (the stream's tenant; `--all` checks every tenant's)")
 
 
 __all__ = [

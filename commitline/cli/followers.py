@@ -121,7 +121,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         try:
             only = report.follower_names(n.strip() for n in args.check.split(",") if n.strip())
             if not only:
-                raise UnknownFollower([repr(args.check)], [s.name for s in report.followers])
+                raise UnknownFollower([repr(args.check)], [s.name for s in report.followers],
+                                      ("publisher", "sagas") if report.sagas else ("publisher",))
         except UnknownFollower as e:
             print(f"commitline status: {e}", file=sys.stderr)
             return EXIT_USAGE

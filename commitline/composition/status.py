@@ -3,7 +3,7 @@ person, and the judgement of what is unhealthy (``commitline status``, ``--check
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,9 +22,10 @@ __all__ = ["FOLLOWER_ALIASES", "PUBLISHER", "FollowerStatus", "StatusReport", "U
 
 
 class UnknownFollower(LookupError):
-    def __init__(self, unknown: Iterable[str], known: Iterable[str]):
-        super().__init__(f"unknown follower(s) {', '.join(unknown)}; known: {', '.join(known)} "
-                         f"(aliases: {', '.join(FOLLOWER_ALIASES)})")
+    def __init__(self, unknown: Iterable[str], known: Iterable[str], aliases: Sequence[str] = ("publisher",)):
+        """``aliases``: those that name followers here (``sagas`` only where the domain has process managers)."""
+        said = f"alias: {aliases[0]}" if len(aliases) == 1 else f"aliases: {', '.join(aliases)}"
+        super().__init__(f"unknown follower(s) {', '.join(unknown)}; known: {', '.join(known)} ({said})")
 
 
 FOLLOWER_ALIASES = ("publisher", "sagas")  # the publisher; every process manager
@@ -54,7 +55,7 @@ class StatusReport:
                 unknown.append(name)
             resolved += expanded
         if unknown:
-            raise UnknownFollower(unknown, known)
+            raise UnknownFollower(unknown, known, FOLLOWER_ALIASES if self.sagas else FOLLOWER_ALIASES[:1])
         return list(dict.fromkeys(resolved))
 
     def problems(self, only: Collection[str] | None = None) -> list[Problem]:

@@ -156,7 +156,7 @@ class Settings(BaseSettings):
                                       validation_alias="COMMITLINE_KAFKA_SASL_MECHANISM")
     """`PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`"""
     kafka_username: str | None = Field(None, validation_alias="COMMITLINE_KAFKA_USERNAME")
-    """SASL user name (required with `SASL_PLAINTEXT` and `SASL_SSL`)"""
+    """SASL user name (required with `SASL_PLAINTEXT` and `SASL_SSL`, refused with the others)"""
     kafka_password: SecretStr | None = Field(None, validation_alias="COMMITLINE_KAFKA_PASSWORD")
     """SASL password, required with a SASL protocol (secret: never printed)"""
     kafka_ssl_cafile: FilePath | None = Field(None, validation_alias="COMMITLINE_KAFKA_SSL_CAFILE",
@@ -332,6 +332,12 @@ class Settings(BaseSettings):
                     raise ConfigurationError(_VARIABLE_OF[name], f"is required with COMMITLINE_KAFKA_SECURITY_PROTOCOL"
                                              f"={protocol} (SASL {self.kafka_sasl_mechanism} needs a user and a "
                                              "password)")
+        else:  # credentials given for a protocol that sends none: the operator meant SASL, and would not be told
+            for name in ("kafka_username", "kafka_password"):
+                if getattr(self, name) is not None:
+                    raise ConfigurationError(_VARIABLE_OF[name], f"is set but COMMITLINE_KAFKA_SECURITY_PROTOCOL is "
+                                             f"{protocol}, which sends no credentials: choose SASL_SSL or "
+                                             "SASL_PLAINTEXT")
         if not protocol.endswith("SSL"):
             for name in ("kafka_ssl_cafile", "kafka_ssl_certfile", "kafka_ssl_keyfile", "kafka_ssl_key_password"):
                 if getattr(self, name) is not None:

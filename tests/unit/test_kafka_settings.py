@@ -36,11 +36,21 @@ def test_sasl_without_a_user_or_a_password_is_refused_naming_the_variable(protoc
 @pytest.mark.parametrize("protocol", ["PLAINTEXT", "SASL_PLAINTEXT"])
 def test_tls_files_without_a_tls_protocol_are_refused_rather_than_silently_unused(variable: str,
                                                                                  protocol: str) -> None:
-    environ = {"COMMITLINE_KAFKA_SECURITY_PROTOCOL": protocol, "COMMITLINE_KAFKA_USERNAME": "svc",
-               "COMMITLINE_KAFKA_PASSWORD": "pa55word", variable: AN_EXISTING_FILE}
+    credentials = {"COMMITLINE_KAFKA_USERNAME": "svc", "COMMITLINE_KAFKA_PASSWORD": "pa55word"}
+    environ = {"COMMITLINE_KAFKA_SECURITY_PROTOCOL": protocol, **(credentials if protocol.startswith("SASL") else {}),
+               variable: AN_EXISTING_FILE}
     error = refused(environ)
     assert error.variable == variable and protocol in str(error) and "SSL" in str(error)
     assert "pa55word" not in str(error)
+
+
+@pytest.mark.parametrize("variable", ["COMMITLINE_KAFKA_USERNAME", "COMMITLINE_KAFKA_PASSWORD"])
+@pytest.mark.parametrize("protocol", ["PLAINTEXT", "SSL"])
+def test_sasl_credentials_without_a_sasl_protocol_are_refused_rather_than_silently_unused(variable: str,
+                                                                                         protocol: str) -> None:
+    error = refused({"COMMITLINE_KAFKA_SECURITY_PROTOCOL": protocol, variable: "pa55word"})
+    assert error.variable == variable and protocol in str(error) and "SASL_SSL" in str(error)
+    assert "pa55word" not in str(error) and "pa55word" not in str(error.to_dict())
 
 
 def test_inconsistent_or_missing_tls_files_are_refused_naming_the_variable() -> None:
@@ -71,8 +81,9 @@ def test_sasl_plaintext_options_carry_the_credentials_and_no_tls() -> None:
 
 @pytest.mark.parametrize("protocol", ["SSL", "SASL_SSL"])
 def test_tls_protocols_get_a_verifying_ssl_context(protocol: str) -> None:
+    credentials = {"COMMITLINE_KAFKA_USERNAME": "svc", "COMMITLINE_KAFKA_PASSWORD": "pa55word"}
     settings = load_settings({**BROKERS, "COMMITLINE_KAFKA_SECURITY_PROTOCOL": protocol,
-                              "COMMITLINE_KAFKA_USERNAME": "svc", "COMMITLINE_KAFKA_PASSWORD": "pa55word"})
+                              **(credentials if protocol.startswith("SASL") else {})})
     options = client_options(settings)
     context = options["ssl_context"]
     assert isinstance(context, ssl.SSLContext)

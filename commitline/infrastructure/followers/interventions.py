@@ -109,8 +109,9 @@ def reset(datastore: PostgresDatastore, name: str, choice: str, position: int | 
         worked = [r for r in rows if r[0] != name] or rows
         running = [n for n, _, status, _, _ in worked if n in held and status != "failed"]
         if running:
-            raise InterventionRefused(f"{name}: {', '.join(running)} run in a live instance and are not stopped: "
-                                      "stop it first (a reset would be overwritten by what it saves)")
+            what = "it runs" if running == [name] else f"{', '.join(running)} run"
+            raise InterventionRefused(f"{name}: {what} in a live instance and {'is' if running == [name] else 'are'} "
+                                      "not stopped: stop it first (a reset would be overwritten by what it saves)")
         for row_name, was, status, error, saved in rows:
             to = head if choice == "from-head" else position if choice == "from" else was
             positions.reset(conn, row_name, to, "running" if row_name in held else "stopped", generation)

@@ -223,8 +223,9 @@ class PostgresEventStore:
         if state is None:
             if sealed and not snapshot.state.startswith(snapshots.MARK):
                 log.error("the snapshot of %s %s at version %d is not sealed, as every snapshot of %s is: not used "
-                          "(replayed from the first event); run `commitline audit verify --aggregate %s`",
-                          cls.__name__, snapshot.aggregate_id, snapshot.version, cls.__name__, snapshot.aggregate_id)
+                          "(replayed from the first event); run `commitline audit verify --aggregate %s --tenant %s`",
+                          cls.__name__, snapshot.aggregate_id, snapshot.version, cls.__name__, snapshot.aggregate_id,
+                          owner or "default")
             return None
         try:
             return decode_snapshot(cls, state)  # type: ignore[return-value]
