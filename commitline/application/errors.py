@@ -49,6 +49,14 @@ class InvalidCommand(CommitlineError):
     subject = property(lambda error: error.command_type or "command")
     summary = joined("errors", at_location("<command>"))
 
+    @property
+    def not_json(self) -> bool:
+        """Whether the command was not JSON at all (a malformed request, not an invalid command: HTTP answers 400
+        ``malformed_json``, and the metrics count it under that code)."""
+        errors = self.errors
+        return bool(errors) and all(isinstance(e, dict) and e.get("type") in ("json_invalid", "json_invalid_utf8")
+                                    for e in errors)
+
 
 class UnknownCommandType(CommitlineError):
     """The command's ``type`` names no command the domain accepts; ``known`` lists those it does."""

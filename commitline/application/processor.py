@@ -31,8 +31,8 @@ from commitline.application.boundary import CommandLimits, check_idempotency_key
 from commitline.application.catalog import CommandCatalog
 from commitline.application.commands import Command, parse_command
 from commitline.application.dispatching import Dispatch, derived_id
-from commitline.application.errors import (CommitlineError, ConfigurationError, HistoryBroken, StoreUnavailable,
-                                           UnexpectedFailure)
+from commitline.application.errors import (CommitlineError, ConfigurationError, HistoryBroken, InvalidCommand,
+                                           StoreUnavailable, UnexpectedFailure)
 from commitline.application.ports import EventStore, IdempotencyRecordBroken
 from commitline.application.results import DispatchResult
 from commitline.application.retry import RetryPolicy
@@ -182,8 +182,9 @@ class CommandProcessor:
             result = self._dispatch(cmd, idempotency_key, tenant, observer)
         except CommitlineError as e:
             failed = isinstance(e, (StoreUnavailable, ConfigurationError, HistoryBroken))  # not the command's fault
+            code = "malformed_json" if isinstance(e, InvalidCommand) and e.not_json else e.code  # as HTTP answers
             observer.on_outcome(command_type or _reported_type(self.catalog, command, e), FAILED if failed else REFUSED,
-                                e.code, time.perf_counter() - started)
+                                code, time.perf_counter() - started)
             raise
         except Exception:
             observer.on_outcome(command_type or _reported_type(self.catalog, command), FAILED, "internal_error",

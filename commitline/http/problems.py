@@ -236,8 +236,7 @@ _outage_told = OncePerCause()
 def as_http_error(error: CommitlineError) -> CommitlineError:
     """A command that is not JSON at all is a malformed request (400), not an invalid command (422); a store that
     cannot be used is told without the database's address and user (logged instead)."""
-    if isinstance(error, InvalidCommand) and error.errors and all(
-            e["type"] in ("json_invalid", "json_invalid_utf8") for e in error.errors):
+    if isinstance(error, InvalidCommand) and error.not_json:
         return MalformedJson(error.errors)
     if isinstance(error, StoreUnavailable) and error.reason != STORE_UNAVAILABLE_TO_CALLERS:
         _outage_told.note(error.reason)

@@ -146,6 +146,9 @@ def test_metrics_count_commands_by_type_outcome_and_code(served: Server, acme: h
     assert illegal.status_code == 409 and illegal.json()["code"] == "illegal_transition"
     unknown = acme.post("/v1/commands", json={"type": "drop_tables"}, headers={"Idempotency-Key": key()})
     assert unknown.status_code == 422 and unknown.json()["code"] == "unknown_command_type"
+    malformed = acme.post("/v1/commands", content=b'{"type":', headers={"Idempotency-Key": key(),
+                                                                         "Content-Type": "application/json"})
+    assert malformed.status_code == 400 and malformed.json()["code"] == "malformed_json"
 
     response, after = scrape(served.base_url)
     assert response.headers["content-type"].startswith("text/plain")
@@ -162,6 +165,8 @@ def test_metrics_count_commands_by_type_outcome_and_code(served: Server, acme: h
     assert commands_delta("complete_payment", "refused", "concurrency_conflict") == 1
     assert commands_delta("submit_payment", "refused", "illegal_transition") == 1
     assert commands_delta("unknown", "refused", "unknown_command_type") == 1  # never the caller's text
+    assert commands_delta("unknown", "refused", "malformed_json") == 1  # the code the caller was answered
+    assert commands_delta("unknown", "refused", "invalid_command") == 0
     assert "drop_tables" not in response.text
     assert delta("commitline_conflicts_total", type="complete_payment") == 1
     assert delta("commitline_conflicts_total", type="submit_payment") == 0
@@ -181,7 +186,8 @@ def test_metrics_count_commands_by_type_outcome_and_code(served: Server, acme: h
     assert delta("commitline_http_requests_total", **route, status="200") == 1
     assert delta("commitline_http_requests_total", **route, status="409") == 2
     assert delta("commitline_http_requests_total", **route, status="422") == 1
-    assert delta("commitline_http_request_seconds_count", **route) == 6
+    assert delta("commitline_http_requests_total", **route, status="400") == 1
+    assert delta("commitline_http_request_seconds_count", **route) == 7
 
     # read from PostgreSQL at scrape time: the log head and every known follower (none runs here)
     head, events = log_head(pg_dsn, module_schema), count_rows(pg_dsn, module_schema)["events"]
