@@ -97,9 +97,15 @@ def test_keys_rotate_with_the_previous_key_configured_rewraps_every_key_to_the_c
             rolled.data_keys().rewrap(master.previous, CutShort(master.current), batch=2)  # type: ignore[arg-type]
     assert sorted(wrapped_by(pg_dsn, schema).values()).count(MasterKey.parse(new).key_id) == 3
 
+    assert app.unready() == []  # the old key alone still opens what it wrapped
     done = rotate(pg_dsn, schema, master=new, previous=OLD)
     assert done.returncode == 0, done.stderr
     assert orjson.loads(done.stdout) == {"rewrapped": 3, "already": 3, "master_key_id": MasterKey.parse(new).key_id}
+    # A process left with the old key alone opens nothing any more: it says so at its next readiness probe (it
+    # once stayed ready, answering every personal command 503 wrong_master_key).
+    (reason,) = app.unready()
+    assert reason.startswith("personal fields cannot be written or read") and "retired by a rotation" in reason
+    assert not secrets_in(reason, OLD, new)
     assert "COMMITLINE_PREVIOUS_MASTER_KEY can be dropped" in done.stderr
     assert not secrets_in(done.stdout + done.stderr, OLD, new)
     assert set(wrapped_by(pg_dsn, schema).values()) == {MasterKey.parse(new).key_id}

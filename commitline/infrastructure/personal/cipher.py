@@ -119,6 +119,15 @@ class PersonalData:
             self._master = master
         return self._master
 
+    def master_still_passes(self) -> None:
+        """``master``, and then its check again against the store as it is now (a read): WrongMasterKey once a
+        rotation elsewhere retired this process's key, which then opens and wraps no key the store holds."""
+        master = self.master()
+        refused = self.keys.check_master(master.key_ids)
+        if refused is not None:
+            raise WrongMasterKey(reason=f"the configured master key {' or '.join(master.key_ids)} is not the store's "
+                                 f"any more: {refused}; nothing was written")
+
     # -- sealing ---------------------------------------------------------------------------
 
     def seal(self, tenant: str, subject: str, event_id: str, field: str, value: Any, plain: bytes,

@@ -185,6 +185,11 @@ class DataKeys(SmallTable):
         except psycopg.errors.ReadOnlySqlTransaction:  # a read-only server (a hot standby): check, record nothing
             return self._claim(ids, lock=False)
 
+    def check_master(self, master_key_ids: Sequence[str]) -> str | None:
+        """Why the configured master keys no longer pass ``claim_master``'s check (a rotation retired the current
+        one since, say), or None: a read, nothing recorded."""
+        return self._claim(list(master_key_ids), lock=False)
+
     def _claim(self, ids: list[str], lock: bool) -> str | None:
         with self._connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=tuple_row)
