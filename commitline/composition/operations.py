@@ -25,6 +25,7 @@ from commitline.application.errors import ConfigurationError, StoreUnavailable
 from commitline.infrastructure import migrations
 from commitline.infrastructure.followers import interventions
 from commitline.infrastructure.followers.buckets import bucket_name
+from commitline.infrastructure.followers.group_status import count_in_use
 from commitline.infrastructure.followers.interventions import InterventionRefused
 from commitline.infrastructure.followers.positions import Positions
 from commitline.infrastructure.kafka.publisher import PUBLISHER
@@ -187,7 +188,7 @@ class Operations:
             message = "\n".join(interventions.retry(self.datastore, bucket) for bucket, _ in stopped)
         with self.datastore.get_connection() as conn:
             _, status, _ = positions.read(conn, PUBLISHER)
-            buckets = self.settings.publish_buckets
+            buckets = count_in_use(conn, self.datastore.schema, PUBLISHER, self.settings.publish_buckets)
             positions.write_summary(conn, PUBLISHER, [bucket_name(PUBLISHER, b, buckets) for b in range(buckets)], None,
                                     "stopped" if status in ("failed", "retrying", "never run") else status)
         return message

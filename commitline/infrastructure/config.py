@@ -175,7 +175,7 @@ class Settings(BaseSettings):
     publish_max_backoff_ms: float = Field(10_000, gt=0, validation_alias="COMMITLINE_PUBLISH_MAX_BACKOFF_MS")
     """longest pause between attempts while the broker fails"""
     publish_buckets: int = Field(16, ge=1, le=1024, validation_alias="COMMITLINE_PUBLISH_BUCKETS")
-    """buckets of aggregates shared by `publish` instances, each owned by one; instances of another count wait"""
+    """buckets of aggregates shared by `publish` instances, each owned by one; instances of another count wait (`status` and the metrics show the count the running instances use)"""
     project_batch_size: int = Field(5000, ge=1, le=100_000, validation_alias="COMMITLINE_PROJECT_BATCH_SIZE")
     """events applied per projection transaction (live and rebuild)"""
     metrics_interval_s: float = Field(30, gt=0, validation_alias="COMMITLINE_METRICS_INTERVAL_S")

@@ -363,3 +363,22 @@ def test_status_reads_the_publishers_position_and_lag_from_its_buckets(pg_dsn: s
         (row,) = [s for s in report.followers if s.name == PUBLISHER]
         assert (row.position, row.lag_events, row.lag_seconds) == (head, 0, 0.0)
         assert not [p for p in report.problems() if PUBLISHER in p.subject], report.problems()
+
+
+def test_status_shows_the_bucket_count_the_running_instances_use_not_its_own_setting(
+        pg_dsn: str, schema: str, kafka_bootstrap: str) -> None:
+    """After COMMITLINE_PUBLISH_BUCKETS changed for the publishers (16 to 4), a status read with the old setting
+    (an operator's shell, a serve not restarted) showed 16 buckets owned by nobody, and /metrics every bucket
+    dead, while the 4 published fine: it reads the count the instances use, live or last written."""
+    four = kafka_settings(pg_dsn, schema, kafka_bootstrap, publish_buckets=4)
+    with bootstrap(kafka_settings(pg_dsn, schema, kafka_bootstrap, publish_buckets=BUCKETS)) as app:
+        assert app.status().publisher.bucket_count == BUCKETS  # nothing ran yet: its own setting
+        for n in range(20):
+            app.dispatch({"type": "receive_stock", "item_id": str(uuid4()), "quantity": 1}, idempotency_key=f"k{n}")
+        with FollowerThread(lambda: app.publisher(four, owner="four")):
+            running = wait_for(lambda: (lambda g: g if g.bucket_count == 4 and not g.unowned and g.members else None)(
+                app.status().publisher), "status to show the 4 buckets the running instance owns")
+            assert [m.buckets for m in running.members] == [[0, 1, 2, 3]]
+            assert not [p for p in app.status().problems() if PUBLISHER in p.subject and "unowned" in p.reason]
+        stopped = app.status().publisher
+        assert stopped.bucket_count == 4 and {b.status for b in stopped.buckets} == {"stopped"}

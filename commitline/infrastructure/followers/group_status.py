@@ -14,8 +14,8 @@ import orjson
 from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Identifier
 
-from commitline.infrastructure.followers.buckets import bucket_name, sequence_of
-from commitline.infrastructure.followers.positions import Positions
+from commitline.infrastructure.followers.buckets import bucket_name, parse_bucket_name, sequence_of
+from commitline.infrastructure.followers.positions import POSITIONS_TABLE, Positions
 from commitline.infrastructure.followers.status import (
     NEVER_RUN,
     Backend,
@@ -76,10 +76,40 @@ class GroupStatus:
         return f"{sequence_of(buckets)} ({len(buckets)})" if buckets else "none"
 
 
-def group_status(recorder: EventRecorder, name: str, bucket_count: int, head: int) -> GroupStatus:
+#: The bucket counts of the group's live members (each holds a shared lock whose second key is its count).
+_LIVE_COUNTS = SQL("""
+SELECT DISTINCT l.objid::int8 FROM pg_locks l
+WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+ AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+ AND l.classid = hashtext(%(count_key)s)::oid
+""")
+#: The bucket rows of the group, for the count they were written with and when.
+_BUCKET_ROWS = SQL("SELECT name, updated_at FROM {} WHERE starts_with(name, %s)")
+
+
+def count_in_use(conn: Any, schema: str, name: str, configured: int) -> int:
+    """The bucket count the group's instances use: that of its live members (the one most of them use, should
+    they disagree), else that of its most recently written bucket rows, else ``configured`` (this process's
+    ``COMMITLINE_PUBLISH_BUCKETS``, which need not be the running instances' after a change of it)."""
+    cur = conn.cursor(row_factory=tuple_row)
+    live = [int(count) for (count,) in cur.execute(_LIVE_COUNTS, {"count_key": f"{schema}/{name}@buckets"})]
+    if live:
+        return configured if configured in live else max(live)
+    latest: dict[int, Any] = {}
+    for row_name, updated_at in cur.execute(_BUCKET_ROWS.format(Identifier(schema, POSITIONS_TABLE)),
+                                            (f"{name}/",)):
+        parsed = parse_bucket_name(row_name)
+        if parsed is not None and parsed.group == name and updated_at is not None:
+            latest[parsed.buckets] = max(latest.get(parsed.buckets, updated_at), updated_at)
+    return max(latest, key=latest.__getitem__) if latest else configured
+
+
+def group_status(recorder: EventRecorder, name: str, configured_count: int, head: int) -> GroupStatus:
+    """Where the group ``name`` stands, with the bucket count its instances use (``count_in_use``)."""
     schema = recorder.datastore.schema
-    names = [bucket_name(name, b, bucket_count) for b in range(bucket_count)]
     with recorder.datastore.get_connection() as conn:
+        bucket_count = count_in_use(conn, schema, name, configured_count)
+        names = [bucket_name(name, b, bucket_count) for b in range(bucket_count)]
         cur = conn.cursor(row_factory=tuple_row)
         members = cur.execute(_MEMBERS, {"count_key": f"{schema}/{name}@buckets", "count": bucket_count}).fetchall()
         rows = Positions(schema).status_rows(conn, [*names, name])
