@@ -92,8 +92,9 @@ def _inexact(value: Any, hint: Any, path: str) -> tuple[str, float | Decimal, bo
     origin = get_origin(hint)
     if origin is Union or isinstance(hint, UnionType):
         decimal = _decimal_only(hint)
-        arms = [Decimal] if decimal else [arm for arm in map(_plain, get_args(hint))
-                                          if isinstance(kind := get_origin(arm) or arm, type) and isinstance(value, kind)]
+        arms = [Decimal] if decimal else [
+            arm for arm in map(_plain, get_args(hint))
+            if isinstance(kind := get_origin(arm) or arm, type) and isinstance(value, kind)]
         hint = arms[0] if len(arms) == 1 else (Decimal if decimal else Any)
         origin = get_origin(hint)
     if isinstance(value, Mapping):
