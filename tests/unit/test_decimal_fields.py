@@ -6,6 +6,7 @@ the command is kept."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from decimal import Decimal
 from typing import NewType
@@ -245,3 +246,59 @@ def test_a_stored_decimal_read_by_a_release_that_declares_the_field_a_number_is_
     assert "the field's type changed" in message and "upcast_v1_v2" in message
     same = EventCodec(_release(Decimal)[1].check().registry)  # the release that wrote it reads it as it was
     assert same.decode_event(record.topic, record.originator_id, 1, record.state).event.price == Decimal(stored)
+
+
+@dataclass(frozen=True)
+class Leg:
+    account: str
+    amount: Decimal
+    rate: float = 0.0
+
+
+class Split(Event):
+    legs: list[Leg]
+    ratio: float = 0.0
+    extra: dict[str, object] | None = None
+
+
+@domain.aggregate
+class Ledger(Aggregate):
+    EVENTS = (Split,)
+
+    def split(self, **payload: object) -> None:
+        self._emit(Split, **payload)
+
+    def _evolve(self, event: Event) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("payload", "refusal", "message"), [
+    ({"legs": [Leg("m", Decimal("0.2")), Leg("fee", 0.1 + 0.2)]}, TypeError,  # type: ignore[arg-type]
+     r"^Split\.legs\.amount is a Decimal field, emitted with the binary float 0\.30000000000000004"),
+    ({"legs": [], "ratio": float("inf")}, ValueError, r"^Split\.ratio was emitted with inf, which is not a finite"),
+    ({"legs": [Leg("a", Decimal(1), float("nan"))]}, ValueError, r"^Split\.legs\.rate was emitted with nan"),
+    ({"legs": [], "extra": {"x": [1, float("-inf")]}}, ValueError, r"^Split\.extra was emitted with -inf"),
+    ({"legs": [Leg("a", Decimal("NaN"))]}, ValueError, r"^Split\.legs\.amount was emitted with Decimal\('NaN'\)"),
+], ids=["float-in-nested-decimal", "infinite-float", "nan-in-nested-float", "infinity-in-any", "decimal-nan"])
+def test_a_number_json_cannot_store_exactly_is_refused_at_any_depth_and_nothing_is_kept(
+        payload: dict[str, object], refusal: type[Exception], message: str) -> None:
+    """A NaN or an infinity was stored as null, and no load could read the stream back again; a float in a Decimal
+    inside a dataclass was stored as its binary digits."""
+    ledger = Ledger.blank(uuid4())
+    with pytest.raises(refusal, match=message):
+        ledger.split(**payload)
+    assert ledger.version == 0 and not ledger.collect_events()
+
+
+def test_finite_floats_and_decimals_in_nested_fields_are_taken() -> None:
+    ledger = Ledger.blank(uuid4())
+    ledger.split(legs=[Leg("a", Decimal("1.5"), 0.5)], ratio=0.25, extra={"x": 0.5, "y": [Decimal(2)]})
+    (event,) = ledger.collect_events()
+    assert event.legs[0].amount == Decimal("1.5") and event.ratio == 0.25
+
+
+@pytest.mark.parametrize("weight", [float("nan"), float("inf"), float("-inf")])
+def test_a_command_given_a_nan_or_an_infinity_in_python_is_invalid_naming_the_field(weight: float) -> None:
+    with pytest.raises(InvalidCommand) as refused:  # JSON cannot carry one; a Python caller can
+        parse_command({"type": "place_price", "price": "1", "weight": weight}, domain.catalog)
+    assert [e["loc"] for e in refused.value.errors] == [["weight"]]
