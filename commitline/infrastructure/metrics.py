@@ -281,11 +281,18 @@ class _QuietHandler(WSGIRequestHandler):
 
 
 def _with_health(metrics_app: Any, problem: Callable[[], str | None]) -> Any:
-    """``/healthz``: 200 while ``problem()`` is None, else 503 with its text; every other path: the metrics."""
+    """``/healthz``: 200 while ``problem()`` is None, else 503 with its text; ``/metrics``: the metrics; any other
+    path 404 (a mistyped scrape path would otherwise look like a healthy target)."""
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        if environ.get("PATH_INFO") != "/healthz":
+        path = environ.get("PATH_INFO")
+        if path == "/metrics":
             return metrics_app(environ, start_response)
+        if path != "/healthz":
+            body = b"not found: this port serves /metrics and /healthz\n"
+            start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8"),
+                                             ("Content-Length", str(len(body)))])
+            return [b"" if environ.get("REQUEST_METHOD") == "HEAD" else body]
         reason = problem()
         body = f"{reason or 'ok'}\n".encode()
         start_response("200 OK" if reason is None else "503 Service Unavailable",

@@ -397,6 +397,8 @@ def test_project_metrics_port_reports_positions_reaching_the_log_head(served: Se
             assert value(samples, "commitline_follower_batches_total", follower=name) >= 1
         assert value(samples, "commitline_follower_events_handled_total", follower="payment_states") >= 3
         assert value(samples, "commitline_follower_position", follower="kafka-publisher") == 0  # not run
+        mistyped = httpx.get(f"http://127.0.0.1:{port}/metric", timeout=10)  # never a healthy-looking target
+        assert mistyped.status_code == 404 and "/metrics and /healthz" in mistyped.text
     finally:
         project.send_signal(signal.SIGINT)
         try:
