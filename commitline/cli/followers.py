@@ -21,10 +21,10 @@ log = logging.getLogger(__name__)
 
 def add_metrics_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-port", type=tcp_port, metavar="PORT",
-                        help="serve Prometheus metrics at http://HOST:PORT/metrics (any other path but /healthz: 404): every follower's position and "
+                        help="serve Prometheus metrics at http://HOST:PORT/metrics: every follower's position and "
                         "lag (read from PostgreSQL at each scrape) and this process's own counters; and "
                         "/healthz: 200 while this process's followers run (its liveness, for a container health "
-                        "check), 503 when they hang or stopped; no API key")
+                        "check), 503 when they hang or stopped; any other path 404; no API key")
     parser.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
                         help="the address --metrics-port listens on (default 127.0.0.1)")
 
