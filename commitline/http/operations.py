@@ -50,7 +50,8 @@ async def healthz() -> dict[str, str]:
 
 @router.get(
     "/readyz",
-    summary="Readiness: the database answers and its schema is at this commitline's migration",
+    summary="Readiness: the database answers, its schema has every migration this commitline needs (a newer one "
+            "too: migrations only add), and a master key opens the personal fields",
     responses={200: {"content": {"application/json": {"schema": {
                   "type": "object", "properties": {"status": {"type": "string", "enum": ["ready"]}},
                   "required": ["status"]}}}},
