@@ -249,14 +249,14 @@ def test_a_stored_decimal_read_by_a_release_that_declares_the_field_a_number_is_
 
 
 @dataclass(frozen=True)
-class Leg:
+class Posting:
     account: str
     amount: Decimal
     rate: float = 0.0
 
 
 class Split(Event):
-    legs: list[Leg]
+    legs: list[Posting]
     ratio: float = 0.0
     extra: dict[str, object] | None = None
 
@@ -273,12 +273,12 @@ class Ledger(Aggregate):
 
 
 @pytest.mark.parametrize(("payload", "refusal", "message"), [
-    ({"legs": [Leg("m", Decimal("0.2")), Leg("fee", 0.1 + 0.2)]}, TypeError,  # type: ignore[arg-type]
+    ({"legs": [Posting("m", Decimal("0.2")), Posting("fee", 0.1 + 0.2)]}, TypeError,  # type: ignore[arg-type]
      r"^Split\.legs\.amount is a Decimal field, emitted with the binary float 0\.30000000000000004"),
     ({"legs": [], "ratio": float("inf")}, ValueError, r"^Split\.ratio was emitted with inf, which is not a finite"),
-    ({"legs": [Leg("a", Decimal(1), float("nan"))]}, ValueError, r"^Split\.legs\.rate was emitted with nan"),
+    ({"legs": [Posting("a", Decimal(1), float("nan"))]}, ValueError, r"^Split\.legs\.rate was emitted with nan"),
     ({"legs": [], "extra": {"x": [1, float("-inf")]}}, ValueError, r"^Split\.extra was emitted with -inf"),
-    ({"legs": [Leg("a", Decimal("NaN"))]}, ValueError, r"^Split\.legs\.amount was emitted with Decimal\('NaN'\)"),
+    ({"legs": [Posting("a", Decimal("NaN"))]}, ValueError, r"^Split\.legs\.amount was emitted with Decimal\('NaN'\)"),
 ], ids=["float-in-nested-decimal", "infinite-float", "nan-in-nested-float", "infinity-in-any", "decimal-nan"])
 def test_a_number_json_cannot_store_exactly_is_refused_at_any_depth_and_nothing_is_kept(
         payload: dict[str, object], refusal: type[Exception], message: str) -> None:
@@ -292,7 +292,7 @@ def test_a_number_json_cannot_store_exactly_is_refused_at_any_depth_and_nothing_
 
 def test_finite_floats_and_decimals_in_nested_fields_are_taken() -> None:
     ledger = Ledger.blank(uuid4())
-    ledger.split(legs=[Leg("a", Decimal("1.5"), 0.5)], ratio=0.25, extra={"x": 0.5, "y": [Decimal(2)]})
+    ledger.split(legs=[Posting("a", Decimal("1.5"), 0.5)], ratio=0.25, extra={"x": 0.5, "y": [Decimal(2)]})
     (event,) = ledger.collect_events()
     assert event.legs[0].amount == Decimal("1.5") and event.ratio == 0.25
 
