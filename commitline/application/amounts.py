@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from decimal import Decimal
 from functools import cache
 from types import UnionType
@@ -50,6 +51,7 @@ def _decimal_only(value: Any) -> Any:
 _BOUNDS = ("gt", "ge", "lt", "le", "decimal_places", "max_digits", "multiple_of")
 
 
+@dataclass(frozen=True)  # hashable and equal to itself, as pydantic's annotations are
 class _AmountJsonSchema:
     """An ``Amount``'s JSON schema: an integer, or a string written as ``DECIMAL_TEXT``; with the bounds a field
     puts on it (``Annotated[Amount, Field(gt=0, le=..., decimal_places=2)]``) written in as far as JSON Schema
@@ -58,12 +60,6 @@ class _AmountJsonSchema:
 
     def __get_pydantic_json_schema__(self, core_schema: Any, handler: Any) -> dict[str, Any]:
         return amount_json_schema(_bounds(core_schema))
-
-    def __hash__(self) -> int:
-        return hash(type(self))
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is type(self)
 
 
 def _bounds(schema: Any) -> dict[str, Any]:

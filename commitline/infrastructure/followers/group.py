@@ -41,7 +41,8 @@ from commitline.infrastructure.store.datastore import store_failures
 log = logging.getLogger(__name__)
 UNOWNED_GRACE_SECONDS = 3.0
 
-_MEMBERS = SQL(
+#: Each live member of a group with its bucket count (the second key of its shared count lock).
+MEMBER_COUNTS = SQL(
     "SELECT l.pid, l.objid::int8 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 "
     "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
     "AND l.classid = hashtext(%(count_key)s)::oid")
@@ -137,7 +138,7 @@ class GroupLease(FencedConnection):
                 return f"another instance holds {self.name} alone (a commitline publishing without buckets)"
             cur = conn.cursor(row_factory=tuple_row)
             cur.execute("SELECT pg_try_advisory_lock_shared(hashtext(%s), %s::int4)", (self._count_key, self.buckets))
-            others = sorted({count for _, count in cur.execute(_MEMBERS, {"count_key": self._count_key}).fetchall()
+            others = sorted({count for _, count in cur.execute(MEMBER_COUNTS, {"count_key": self._count_key}).fetchall()
                              if count != self.buckets})
             if others:
                 self._drop()
@@ -155,7 +156,7 @@ class GroupLease(FencedConnection):
     def state(self) -> GroupState:
         def read(conn: psycopg.Connection[Any]) -> GroupState:
             members = sorted(pid for pid, count in conn.cursor(row_factory=tuple_row).execute(
-                _MEMBERS, {"count_key": self._count_key}).fetchall() if count == self.buckets)
+                MEMBER_COUNTS, {"count_key": self._count_key}).fetchall() if count == self.buckets)
             holders = lease_holders(conn, self.schema, self.names)
             owners = {b: holders[n].pid for b, n in enumerate(self.names) if n in holders}
             return GroupState(members, owners, self.pid)

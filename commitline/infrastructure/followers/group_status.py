@@ -15,6 +15,7 @@ from psycopg.rows import tuple_row
 from psycopg.sql import SQL, Identifier
 
 from commitline.infrastructure.followers.buckets import bucket_name, parse_bucket_name, sequence_of
+from commitline.infrastructure.followers.group import MEMBER_COUNTS
 from commitline.infrastructure.followers.positions import POSITIONS_TABLE, Positions
 from commitline.infrastructure.followers.status import (
     NEVER_RUN,
@@ -76,13 +77,6 @@ class GroupStatus:
         return f"{sequence_of(buckets)} ({len(buckets)})" if buckets else "none"
 
 
-#: The bucket counts of the group's live members (each holds a shared lock whose second key is its count).
-_LIVE_COUNTS = SQL("""
-SELECT DISTINCT l.objid::int8 FROM pg_locks l
-WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
- AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
- AND l.classid = hashtext(%(count_key)s)::oid
-""")
 #: The bucket rows of the group, for the count they were written with and when.
 _BUCKET_ROWS = SQL("SELECT name, updated_at FROM {} WHERE starts_with(name, %s)")
 
@@ -92,7 +86,7 @@ def count_in_use(conn: Any, schema: str, name: str, configured: int) -> int:
     they disagree), else that of its most recently written bucket rows, else ``configured`` (this process's
     ``COMMITLINE_PUBLISH_BUCKETS``, which need not be the running instances' after a change of it)."""
     cur = conn.cursor(row_factory=tuple_row)
-    live = [int(count) for (count,) in cur.execute(_LIVE_COUNTS, {"count_key": f"{schema}/{name}@buckets"})]
+    live = {int(count) for _, count in cur.execute(MEMBER_COUNTS, {"count_key": f"{schema}/{name}@buckets"})}
     if live:
         return configured if configured in live else max(live)
     latest: dict[int, Any] = {}
