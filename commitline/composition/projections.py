@@ -13,7 +13,6 @@ from typing import Any
 import psycopg
 
 from commitline.composition.errors import UnknownProjection
-from commitline.application.errors import ConfigurationError
 from commitline.composition.rebuild_workers import WorkerOrder, rebuild_in_workers, split
 from commitline.projections.base import Projection
 from commitline.projections.projector import Projector
@@ -50,8 +49,8 @@ class Projections:
                      progress: Progress | None = None, fresh: bool = False, jobs: int = 1) -> list[RebuildResult]:
         """Rebuild the named projections (all, if none are named), reading the log once for all of them;
         ``fresh``: from the first event, discarding what an interrupted rebuild built. ``jobs`` above 1: split
-        into that many groups, each rebuilt by a process of its own, this one included (``rebuild_workers.py``);
-        the domain must then be importable as ``module:attribute``."""
+        into that many groups, each rebuilt by a process of its own, this one included (``rebuild_workers.py``:
+        the others forked from this one)."""
         chosen = list(dict.fromkeys(names)) or sorted(self.domain.projections)
         projections = [self.projection(name) for name in chosen]
         batch_size = batch_size or self.settings.project_batch_size
@@ -60,17 +59,12 @@ class Projections:
         if jobs == 1 or len(projections) == 1:
             return rebuild_many(projections, self.codec, self.recorder, self.conninfo,
                                 batch_size=batch_size, progress=progress, fresh=fresh)
-        spec = self.domain.loaded_as[1]
-        if spec is None:
-            raise ConfigurationError("COMMITLINE_APP", "rebuilding in several processes needs the domain as "
-                                     "module:attribute (COMMITLINE_APP, --app, or bootstrap(domain=\"module:attribute\")),"
-                                     " for each worker to import it; or rebuild with jobs=1")
         counts = self.recorder.topic_counts()
         groups = split({p.name: sum(counts.get(t, 0) for t in p.handled_topics()) for p in projections}, jobs)
         results = rebuild_in_workers(
             groups, lambda group, progress: self.rebuild_many(group, batch_size=batch_size, progress=progress,
                                                               fresh=fresh),
-            WorkerOrder(self.settings, spec, batch_size, fresh), progress)
+            WorkerOrder(self.settings, self.domain, batch_size, fresh), progress)
         return sorted(results, key=lambda r: chosen.index(r.projection))
 
     def abort_rebuild(self, name: str) -> bool:

@@ -4,10 +4,12 @@
 One process rebuilds on one core however many projections it rebuilds: decoding and applying events is Python
 work under one interpreter lock. With ``jobs`` above 1 the projections are split into that many groups,
 balanced by the events of the types each one handles (``split``, weighed with ``recorder.topic_counts``); this
-process rebuilds the largest group (reading the log once for it, as ``rebuild_many`` does: no start-up cost),
-and each other group is rebuilt by a worker process of its own (``rebuild_worker.py``), bootstrapped with this
-process's settings, sent on its stdin (no secret is put on its command line or in its environment: it inherits
-this process's environment as it is), and its domain (``module:attribute``).
+process rebuilds the largest group (reading the log once for it, as ``rebuild_many`` does), and each other group
+is rebuilt by a worker process of its own, forked from this one: it starts with commitline and the domain already
+imported and checked, and with this process's settings in memory (no secret passes through a command line, an
+environment or a pipe), and opens connections of its own (``_work``). It uses nothing of this process's threads:
+not a connection, pool or lock of theirs; and it ends with ``os._exit``, so nothing of this process is closed or
+flushed twice.
 
 Each projection's rebuild is the one ``rebuild`` does: its own lease, ``__next`` tables, saved position and
 atomic swap, so groups never meet. A group that fails or is interrupted leaves the others standing (a projection
@@ -17,38 +19,28 @@ worker as Ctrl-C would, and waits for them to stop; workers run in sessions of t
 reaches them once, from here. Killed (``kill -9``), it leaves none rebuilding: each worker is interrupted when its
 parent dies.
 
-A worker says what happens as one JSON object per line on its stdout (``rebuild_worker.py``); its log goes to
-stderr, this process's.
+A worker says what happens as one JSON object per line on a pipe to this process: ``{"progress": [position,
+head, applied]}`` per batch, then ``{"results": [...]}``, ``{"error": "..."}`` or ``{"interrupted": true}``; its
+log goes to stderr, this process's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from pydantic import SecretStr
-
-import commitline
+from commitline.composition.orphans import end_with_parent
+from commitline.framework.domain import Domain
 from commitline.infrastructure.config import Settings
 from commitline.projections.rebuild import Progress, RebuildError, RebuildResult
-
-#: The worker's module, run as ``python -m`` would, on the path its command line gives (``_BOOT``).
-WORKER = "commitline.composition.rebuild_worker"
-_BOOT = ("import runpy, sys; sys.path[:0] = sys.argv[1:]; del sys.argv[1:]; "
-         f"runpy.run_module({WORKER!r}, run_name='__main__', alter_sys=True)")
-
-
-def _package_root() -> str:
-    """The folder holding the commitline package this process runs."""
-    return str(Path(commitline.__file__).resolve().parents[1])
 
 #: How long an interrupted worker may take to stop (finish its batch, release its leases) before it is killed.
 STOP_SECONDS = 60.0
@@ -75,11 +67,10 @@ def split(weights: Mapping[str, int], jobs: int) -> list[list[str]]:
 
 @dataclass(frozen=True)
 class WorkerOrder:
-    """What every worker is given, besides its group: the settings, the domain as ``module:attribute``, and the
-    rebuild's options."""
+    """What every worker is given, besides its group: the settings, the domain, and the rebuild's options."""
 
     settings: Settings
-    domain: str
+    domain: Domain
     batch_size: int
     fresh: bool
 
@@ -139,61 +130,75 @@ class _CombinedProgress:
 
 
 class _Worker:
-    """One worker process and the thread reading what it says."""
+    """One forked worker process and the thread reading what it says."""
 
-    def __init__(self, names: list[str], process: subprocess.Popen[str], progress: Progress):
+    def __init__(self, names: list[str], pid: int, said: IO[str], progress: Progress):
         self.names = names
-        self.process = process
+        self.pid = pid
+        self.said = said
         self.progress = progress
         self.outcome: list[RebuildResult] | str = f"the worker rebuilding {', '.join(names)} said nothing"
         self.interrupted = False
-        self.reader = threading.Thread(target=self._read, name=f"rebuild-worker-{process.pid}", daemon=True)
+        self.code: int | None = None
+        self.reader = threading.Thread(target=self._read, name=f"rebuild-worker-{pid}", daemon=True)
         self.reader.start()
 
     @classmethod
     def start(cls, order: WorkerOrder, names: list[str], progress: Progress) -> _Worker:
-        # The folder this process's commitline comes from, then this process's path, before anything is imported
-        # (-P: not the working directory first, where another checkout's commitline would be found instead).
-        process = subprocess.Popen([sys.executable, "-P", "-c", _BOOT, _package_root(), *sys.path],
-                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
-        assert process.stdin is not None
-        process.stdin.write(json.dumps({"settings": settings_values(order.settings), "domain": order.domain,
-                                        "names": names, "batch_size": order.batch_size, "fresh": order.fresh,
-                                        "path": sys.path, "parent": os.getpid()}) + "\n")
-        process.stdin.close()
-        return cls(names, process, progress)
+        parent = os.getpid()
+        readable, writable = os.pipe()
+        for stream in (sys.stdout, sys.stderr):  # what this process wrote is not the worker's to write again
+            stream.flush()
+        with warnings.catch_warnings():
+            # Python 3.12+ warns of fork() beside threads: a lock another thread holds stays held in the child.
+            # The worker takes none of theirs: it opens its own connections and pools (``_work``).
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.close(readable)
+                code = _work(order, names, parent, os.fdopen(writable, "w"))
+            finally:
+                os._exit(code)
+        os.close(writable)
+        return cls(names, pid, os.fdopen(readable), progress)
 
     def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            try:
+        with self.said:
+            for line in self.said:
                 said = json.loads(line)
-            except ValueError:
-                continue  # not the protocol's (something the domain's code printed)
-            if "progress" in said:
-                self.progress(*said["progress"])
-            elif "results" in said:
-                self.outcome = [RebuildResult(**r) for r in said["results"]]
-            elif "error" in said:
-                self.outcome = str(said["error"])
-            elif said.get("interrupted"):
-                self.outcome = f"the rebuild of {', '.join(self.names)} was interrupted: run it again to resume"
+                if "progress" in said:
+                    self.progress(*said["progress"])
+                elif "results" in said:
+                    self.outcome = [RebuildResult(**r) for r in said["results"]]
+                elif "error" in said:
+                    self.outcome = str(said["error"])
+                elif said.get("interrupted"):
+                    self.outcome = f"the rebuild of {', '.join(self.names)} was interrupted: run it again to resume"
+
+    def _signal(self, sig: int) -> None:
+        if self.code is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:  # a zombie is still there to be reaped, so this is not a reused pid
+                pass
 
     def interrupt(self) -> None:
         """As Ctrl-C would: the worker stops after its batch, releasing its leases (``wait`` kills it after
         ``STOP_SECONDS``)."""
         self.interrupted = True
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
+        self._signal(signal.SIGINT)
 
     def wait(self) -> list[RebuildResult] | str:
         """Its results, or why it has none."""
-        try:
-            code = self.process.wait(timeout=STOP_SECONDS if self.interrupted else None)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            code = self.process.wait()
-        self.reader.join()
+        if self.code is None:
+            self.reader.join(STOP_SECONDS if self.interrupted else None)  # its pipe closes when it ends
+            if self.reader.is_alive():
+                self._signal(signal.SIGKILL)
+                self.reader.join()
+            self.code = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        code = self.code
         if isinstance(self.outcome, list) and code != 0:
             return f"the worker rebuilding {', '.join(self.names)} ended with exit status {code}"
         if not isinstance(self.outcome, list) and code < 0:
@@ -201,10 +206,39 @@ class _Worker:
         return self.outcome
 
 
-def settings_values(settings: Settings) -> dict[str, Any]:
-    """``settings`` as JSON values ``Settings(**values)`` takes back, secrets in clear (for a worker's stdin only)."""
-    values = {}
-    for name in type(settings).model_fields:
-        value = getattr(settings, name)
-        values[name] = value.get_secret_value() if isinstance(value, SecretStr) else value
-    return json.loads(json.dumps(values, default=str))
+def _work(order: WorkerOrder, names: list[str], parent: int, out: IO[str]) -> int:
+    """The forked worker: rebuild ``names`` on connections of its own, saying what happens on ``out``; its exit
+    status. It runs in a session of its own (a terminal's Ctrl-C reaches it from its parent only), interrupted,
+    as by Ctrl-C, by SIGINT and by its parent's death: a worker never rebuilds on unattended."""
+    from commitline.composition.wiring import bootstrap  # not at the top: the wiring imports this module
+
+    def say(message: dict[str, Any]) -> None:
+        try:
+            out.write(json.dumps(message) + "\n")
+            out.flush()
+        except OSError:  # the parent is gone (its end of the pipe with it): it is interrupting this one
+            pass
+
+    try:
+        os.setsid()
+        # SIGINT made Python's own: a command started in the background by a script (``cmd &`` in a
+        # non-interactive shell) has it ignored, and the parent's Ctrl-C as well as its death would do nothing.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if not end_with_parent(signal.SIGINT, parent):
+            raise KeyboardInterrupt
+        with bootstrap(order.settings, domain=order.domain, apply_migrations=False) as app:
+            results = app.rebuild_many(names, batch_size=order.batch_size, fresh=order.fresh,
+                                       progress=lambda position, head, applied: say(
+                                           {"progress": [position, head, applied]}))
+    except KeyboardInterrupt:
+        say({"interrupted": True})
+        return 130
+    except Exception as e:  # every error is said to the parent, which reports it with the others
+        say({"error": str(e) if isinstance(e, RebuildError) else f"{type(e).__name__}: {e}"})
+        return 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+    say({"results": [dataclasses.asdict(r) for r in results]})
+    return 0

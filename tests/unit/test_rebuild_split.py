@@ -1,13 +1,8 @@
-"""How ``rebuild_many(..., jobs=N)`` splits projections between processes, and what a worker is told."""
+"""How ``rebuild_many(..., jobs=N)`` splits projections between processes."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from pydantic import SecretStr
-
-from commitline.composition.rebuild_workers import settings_values, split
-from commitline.infrastructure.config import Settings
+from commitline.composition.rebuild_workers import split
 
 
 def test_projections_are_split_into_balanced_groups_heaviest_first() -> None:
@@ -23,13 +18,3 @@ def test_never_more_groups_than_projections_nor_an_empty_one() -> None:
     assert split({"a": 5, "b": 0}, 8) == [["a"], ["b"]]
     assert split({"a": 0, "b": 0, "c": 0}, 2) == [["a", "c"], ["b"]]
     assert split({"only": 3}, 4) == [["only"]]
-
-
-def test_a_worker_gets_the_settings_back_whole_secrets_included() -> None:
-    settings = Settings(database_url="postgresql://u:pw@db:5432/x", master_key="A" * 43 + "=", schema_name="team",
-                        data_dir=Path("/tmp/somewhere"), pool_size=3)
-    values = settings_values(settings)
-    assert values["database_url"] == "postgresql://u:pw@db:5432/x"
-    again = Settings(**values)
-    assert again == settings
-    assert isinstance(again.database_url, SecretStr)
