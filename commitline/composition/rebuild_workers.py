@@ -149,11 +149,16 @@ class _Worker:
         readable, writable = os.pipe()
         for stream in (sys.stdout, sys.stderr):  # what this process wrote is not the worker's to write again
             stream.flush()
-        with warnings.catch_warnings():
-            # Python 3.12+ warns of fork() beside threads: a lock another thread holds stays held in the child.
-            # The worker takes none of theirs: it opens its own connections and pools (``_work``).
-            warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
+        try:
+            with warnings.catch_warnings():
+                # Python 3.12+ warns of fork() beside threads: a lock another thread holds stays held in the child.
+                # The worker takes none of theirs: it opens its own connections and pools (``_work``).
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
+        except OSError:
+            os.close(readable)
+            os.close(writable)
+            raise
         if pid == 0:
             code = 1
             try:
@@ -167,7 +172,10 @@ class _Worker:
     def _read(self) -> None:
         with self.said:
             for line in self.said:
-                said = json.loads(line)
+                try:
+                    said = json.loads(line)
+                except ValueError:  # a line cut short by the worker's death: its exit status says the rest
+                    continue
                 if "progress" in said:
                     self.progress(*said["progress"])
                 elif "results" in said:
@@ -225,6 +233,7 @@ def _work(order: WorkerOrder, names: list[str], parent: int, out: IO[str]) -> in
         # non-interactive shell) has it ignored, and the parent's Ctrl-C as well as its death would do nothing.
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.set_wakeup_fd(-1)  # the parent's event loop, if it has one, must not hear this process's signals
         if not end_with_parent(signal.SIGINT, parent):
             raise KeyboardInterrupt
         with bootstrap(order.settings, domain=order.domain, apply_migrations=False) as app:
