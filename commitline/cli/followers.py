@@ -168,14 +168,16 @@ def cmd_intervene(args: argparse.Namespace) -> int:
 
     name = getattr(args, "name", PUBLISHER)
     with bootstrap(create_store=False) as app:
+        # what a retry tries again, read before it (the retry clears it); a skip names its position itself
+        positions = app.stopped_positions(name) if args.action == "retry" else [getattr(args, "position", None)]
         try:
             message = app.intervene(name, args.action, getattr(args, "position", None), getattr(args, "reason", ""))
         except InterventionRefused as e:
             print(str(e), file=sys.stderr)
             return EXIT_REFUSED
-    if args.json:
-        print_json({"follower": name, "action": args.action, "position": getattr(args, "position", None),
-                    "message": message})
+    if args.json:  # "position": the (lowest) event retried or skipped; "positions": each stopped bucket's
+        print_json({"follower": name, "action": args.action, "position": positions[0] if positions else None,
+                    "positions": positions, "message": message})
     else:
         print(message)
     return EXIT_OK

@@ -172,6 +172,17 @@ class Operations:
             return interventions.skip(self.datastore, name, position, reason)
         return interventions.retry(self.datastore, name)
 
+    def stopped_positions(self, name: str) -> list[int]:
+        """The positions of the poison events follower ``name`` is stopped at (one per stopped bucket, for the
+        publisher): what a ``retry`` tries again. Empty when it is not stopped at one."""
+        positions = Positions(self.datastore.schema)
+        with self.datastore.get_connection() as conn:
+            stopped = [error for _, error in positions.stopped_in_group(conn, name)] if name == PUBLISHER else []
+            if not stopped:
+                _, status, error = positions.read(conn, name)
+                stopped = [error] if status == "failed" and error else []
+        return sorted(int(e["position"]) for e in stopped if isinstance(e.get("position"), int))
+
     def _intervene_in_buckets(self, action: str, position: int | None, reason: str) -> str:
         """A poison record stops only its publisher bucket: ``skip`` finds the bucket stopped at ``position``,
         ``retry`` retries every stopped bucket; then the publisher's own row is brought up to date."""

@@ -200,8 +200,11 @@ def test_a_record_above_the_broker_limit_stops_the_publisher_until_an_operator_d
     assert (stopped["stopped_at_poison"], stopped["store_went_back"]) == (True, False)
     assert publisher_row(pg_dsn, schema, kafka_bootstrap)["error"]["position"] == second
 
-    retried = cli(pg_dsn, schema, kafka_bootstrap, "publisher", "retry")
+    retried = cli(pg_dsn, schema, kafka_bootstrap, "publisher", "retry", "--json")
     assert retried.returncode == 0, retried.stderr[-3000:]
+    said = json.loads(retried.stdout)  # the event retried, as the message says it
+    assert (said["action"], said["position"], said["positions"]) == ("retry", second, [second])
+    assert f"position {second}" in said["message"]
     finished = cli(pg_dsn, schema, kafka_bootstrap, "publish", "--drain")  # the default, 1 MB limit
     assert finished.returncode == 0, finished.stderr[-3000:]
     row = publisher_row(pg_dsn, schema, kafka_bootstrap)

@@ -267,6 +267,7 @@ def test_poison_event_stops_the_projection_until_an_operator_decides(app: Commit
         assert "LookupError" in status.error["message"]
         assert app.read_models().payment_state(after.aggregate_id) is None
 
+        assert app.stopped_positions("payment_states") == [poison_at]  # what `projections retry --json` reports
         retry(app.datastore, "payment_states")  # same code, same event: it stops again
         wait_for(lambda: own_status(app, "payment_states") == ("failed", poison_at), "the retried event to fail again")
         assert running.follower.metrics.position == poison_at - 1
@@ -274,6 +275,7 @@ def test_poison_event_stops_the_projection_until_an_operator_decides(app: Commit
             skip(app.datastore, "payment_states", poison_at + 1, "wrong position")
         skip(app.datastore, "payment_states", poison_at, "orphan event from a bad import, ticket 42")
         running.wait_until_at(app.recorder.max_notification_id())
+        assert app.stopped_positions("payment_states") == []
     assert app.read_models().payment_state(after.aggregate_id) == "CREATED"
     with psycopg.connect(app.settings.database_url.get_secret_value()) as conn:
         actions = conn.execute(f"SELECT action, position FROM {app.settings.schema_name}.follower_interventions "
