@@ -55,15 +55,15 @@ def cmd_tenants(args: argparse.Namespace) -> int:
             revoked = keys.revoke(args.name, key_id)
         except CommitlineError as e:
             return error_exit(e, EXIT_USAGE)
-        if args.json:
-            print_json([_row(k) for k in revoked])
-        for k in revoked if not args.json else ():
-            print(f"revoked {k.key_id} of tenant {k.tenant}")
-        if not revoked:
+        if not revoked:  # a refusal: on stderr only, with or without --json (as every refusal)
             which = f"active key {printable(key_id)}" if key_id else "active key"
             print(f"tenant {args.name} has no {which} to revoke (revoked already, or not one of its keys)",
                   file=sys.stderr)
             return EXIT_REFUSED
+        if args.json:
+            print_json([_row(k) for k in revoked])
+        for k in revoked if not args.json else ():
+            print(f"revoked {k.key_id} of tenant {k.tenant}")
         return EXIT_OK
 
 

@@ -112,6 +112,8 @@ def test_revoke_one_key_then_all(pg_dsn: str, schema: str) -> None:
     assert revoked() == {ids[0]: True, ids[1]: True, ids[2]: True, ids[3]: False}
     nothing_left = tenants(pg_dsn, schema, "revoke", "acme")
     assert nothing_left.returncode == 1 and "no active key" in nothing_left.stderr
+    refused = tenants(pg_dsn, schema, "revoke", "acme", "--json")  # a refusal says nothing on stdout, JSON or not
+    assert (refused.returncode, refused.stdout) == (1, "") and "no active key" in refused.stderr
 
 
 @pytest.mark.parametrize("args", [
