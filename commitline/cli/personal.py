@@ -156,4 +156,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     erasures = ksub.add_parser("erasures", help="every erasure recorded (when, tenant, subject, key id, by whom)")
     erasures.add_argument("--tenant", help="only this tenant's")
     for parser_ in (rotate, erasures):
+        # their output is JSON already: the flag every other command offers is taken, so scripts can pass it
+        parser_.add_argument("--json", action="store_true", help="machine-readable output (always JSON)")
         parser_.set_defaults(run=cmd_keys)

@@ -170,6 +170,8 @@ def test_erase_and_audit_from_the_command_line(app: Commitline, pg_dsn: str, sch
     assert nothing.returncode == 0 and "nothing to erase" in nothing.stderr
     listed = cli(pg_dsn, schema, "keys", "erasures")
     assert [e["subject"] for e in orjson.loads(listed.stdout)] == [str(pid)]
+    as_json = cli(pg_dsn, schema, "keys", "erasures", "--json")  # taken, as by every command: the same JSON
+    assert as_json.returncode == 0 and orjson.loads(as_json.stdout) == orjson.loads(listed.stdout), as_json.stderr
 
 
 def test_an_erasure_leaves_another_tenants_subject_of_the_same_id_untouched(customers_app: Commitline) -> None:
@@ -263,7 +265,7 @@ def test_a_wrong_master_key_is_refused_after_every_subject_was_erased(app: Commi
     after = create(app, "after")  # the store's own key goes on working
     app.erase("default", str(after))
     new = generate()
-    rotated = cli(pg_dsn, schema, "keys", "rotate", stdin=new + "\n")  # nothing left to rewrap
+    rotated = cli(pg_dsn, schema, "keys", "rotate", "--json", stdin=new + "\n")  # nothing left to rewrap
     assert rotated.returncode == 0, rotated.stderr
     with bootstrap(settings_for(pg_dsn, schema, master_key=new)) as rotated_app:
         create(rotated_app, "under the new key")
