@@ -59,12 +59,14 @@ class Projections:
         if jobs == 1 or len(projections) == 1:
             return rebuild_many(projections, self.codec, self.recorder, self.conninfo,
                                 batch_size=batch_size, progress=progress, fresh=fresh)
+        if self.reopen is None:  # type: ignore[attr-defined]
+            raise ValueError("rebuilding in several processes needs a Commitline made by bootstrap(); or jobs=1")
         counts = self.recorder.topic_counts()
         groups = split({p.name: sum(counts.get(t, 0) for t in p.handled_topics()) for p in projections}, jobs)
         results = rebuild_in_workers(
             groups, lambda group, progress: self.rebuild_many(group, batch_size=batch_size, progress=progress,
                                                               fresh=fresh),
-            WorkerOrder(self.settings, self.domain, batch_size, fresh), progress)
+            WorkerOrder(self.reopen, batch_size, fresh), progress)
         return sorted(results, key=lambda r: chosen.index(r.projection))
 
     def abort_rebuild(self, name: str) -> bool:

@@ -38,8 +38,6 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from commitline.composition.orphans import end_with_parent
-from commitline.framework.domain import Domain
-from commitline.infrastructure.config import Settings
 from commitline.projections.rebuild import Progress, RebuildError, RebuildResult
 
 #: How long an interrupted worker may take to stop (finish its batch, release its leases) before it is killed.
@@ -67,10 +65,10 @@ def split(weights: Mapping[str, int], jobs: int) -> list[list[str]]:
 
 @dataclass(frozen=True)
 class WorkerOrder:
-    """What every worker is given, besides its group: the settings, the domain, and the rebuild's options."""
+    """What every worker is given, besides its group: how to open a Commitline of its own (``Commitline.reopen``:
+    this process's settings and domain, new connections), and the rebuild's options."""
 
-    settings: Settings
-    domain: Domain
+    reopen: Callable[[], Any]
     batch_size: int
     fresh: bool
 
@@ -218,8 +216,6 @@ def _work(order: WorkerOrder, names: list[str], parent: int, out: IO[str]) -> in
     """The forked worker: rebuild ``names`` on connections of its own, saying what happens on ``out``; its exit
     status. It runs in a session of its own (a terminal's Ctrl-C reaches it from its parent only), interrupted,
     as by Ctrl-C, by SIGINT and by its parent's death: a worker never rebuilds on unattended."""
-    from commitline.composition.wiring import bootstrap  # not at the top: the wiring imports this module
-
     def say(message: dict[str, Any]) -> None:
         try:
             out.write(json.dumps(message) + "\n")
@@ -236,7 +232,7 @@ def _work(order: WorkerOrder, names: list[str], parent: int, out: IO[str]) -> in
         signal.set_wakeup_fd(-1)  # the parent's event loop, if it has one, must not hear this process's signals
         if not end_with_parent(signal.SIGINT, parent):
             raise KeyboardInterrupt
-        with bootstrap(order.settings, domain=order.domain, apply_migrations=False) as app:
+        with order.reopen() as app:
             results = app.rebuild_many(names, batch_size=order.batch_size, fresh=order.fresh,
                                        progress=lambda position, head, applied: say(
                                            {"progress": [position, head, applied]}))

@@ -12,6 +12,7 @@ server, the demo, the tests and the benchmarks only call it and render what it r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -70,6 +71,9 @@ class Commitline(Followers, Projections, Sagas, Operations, PersonalDataOperatio
     liveness: LoopLiveness = field(default_factory=LoopLiveness, repr=False)  # probed by /healthz of --metrics-port
     #: this process made the store: the schema held none (a read-only command says so: a mistyped schema?)
     created_store: bool = False
+    #: a new Commitline on these settings and this domain, with connections of its own (set by bootstrap; a forked
+    #: rebuild worker opens its own with it)
+    reopen: Callable[[], Commitline] | None = field(default=None, repr=False)
     _closed: bool = field(default=False, repr=False)
     _api_keys: ApiKeys | None = field(default=None, repr=False)
 

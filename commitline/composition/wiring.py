@@ -208,4 +208,5 @@ def bootstrap(settings: Settings | None = None, *, domain: Domain | str | None =
     processor = CommandProcessor(store, domain.catalog, retry, settings.command_limits(), CommandMetrics(), cpu.enter,
                                  tracing)
     return Commitline(settings, datastore, recorder, store, processor, parts, shared.instance if shared else None,
-                      shared_postgres=shared, dispatch_cpu=cpu, domain=domain, tracing=tracing, created_store=created)
+                      shared_postgres=shared, dispatch_cpu=cpu, domain=domain, tracing=tracing, created_store=created,
+                      reopen=lambda: bootstrap(settings, domain=domain, apply_migrations=False))
