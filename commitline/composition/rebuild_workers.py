@@ -83,6 +83,8 @@ def rebuild_in_workers(groups: list[list[str]], here: Callable[[list[str], Progr
     try:
         for k, group in enumerate(groups[1:], start=1):
             workers.append(_Worker.start(order, group, combined.of(k)))
+        for worker in workers:  # once every worker is forked: no fork happens while a reader holds a lock
+            worker.listen()
         try:
             own = here(groups[0], combined.of(0))
         except RebuildError as e:  # this group stopped (a poison event, a rebuild running): the workers' go on
@@ -139,7 +141,11 @@ class _Worker:
         self.interrupted = False
         self.code: int | None = None
         self.reader = threading.Thread(target=self._read, name=f"rebuild-worker-{pid}", daemon=True)
-        self.reader.start()
+
+    def listen(self) -> None:
+        """Start reading what it says (once)."""
+        if self.reader.ident is None:
+            self.reader.start()
 
     @classmethod
     def start(cls, order: WorkerOrder, names: list[str], progress: Progress) -> _Worker:
@@ -199,6 +205,7 @@ class _Worker:
     def wait(self) -> list[RebuildResult] | str:
         """Its results, or why it has none."""
         if self.code is None:
+            self.listen()
             self.reader.join(STOP_SECONDS if self.interrupted else None)  # its pipe closes when it ends
             if self.reader.is_alive():
                 self._signal(signal.SIGKILL)

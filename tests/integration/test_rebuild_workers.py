@@ -84,6 +84,17 @@ def test_a_domain_built_in_python_rebuilds_in_two_processes(pg_dsn: str, schema:
         assert {table: table_rows(pg_dsn, schema, table) for table in tables} == in_two
 
 
+def test_a_process_per_projection_builds_what_one_process_builds(app: Commitline, pg_dsn: str, schema: str) -> None:
+    """Four groups: three workers, each forked before any of them is listened to."""
+    project_live(app, "a")
+    head = app.recorder.max_notification_id()
+    results = app.rebuild_many(list(PROJECTIONS), batch_size=23, jobs=4)
+    assert {r.projection: r.position for r in results} == dict.fromkeys(PROJECTIONS, head)
+    in_four = {table: table_rows(pg_dsn, schema, table) for table in ALL_TABLES}
+    app.rebuild_many(list(PROJECTIONS), jobs=1, fresh=True)
+    assert {table: table_rows(pg_dsn, schema, table) for table in ALL_TABLES} == in_four
+
+
 def test_a_worker_s_poison_event_is_reported_and_the_other_group_still_swapped_in(app: Commitline) -> None:
     task = app.dispatch({"type": "create_survey_task", "title": "t"}, idempotency_key="t").aggregate_id
     app.dispatch({"type": "issue_survey_task", "task_id": str(task), "user_ids": [f"u{n}" for n in range(40)]},
